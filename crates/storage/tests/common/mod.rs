@@ -1,0 +1,3 @@
+//! Shared helpers of the storage tests.
+#[cfg(feature = "etcd")]
+pub mod etcd_server;
