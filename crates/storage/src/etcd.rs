@@ -17,6 +17,9 @@ use crate::{
     Revision, Storage, StorageError, Txn, TxnOutcome, WatchStream, prefix_end,
 };
 
+/// The largest gRPC response accepted (kube-apiserver uses `math.MaxInt32` too).
+const MAX_MESSAGE: usize = i32::MAX as usize;
+
 /// Settings of the etcd engine.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
@@ -101,6 +104,13 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// A KV client that accepts responses as large as kube-apiserver does (a whole large list).
+    fn kv(&self) -> etcd::KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE)
+    }
+
     fn full_key(&self, key: &str) -> Vec<u8> {
         let mut full = Vec::with_capacity(self.prefix.len() + key.len());
         full.extend_from_slice(self.prefix.as_bytes());
@@ -158,7 +168,7 @@ impl Storage for EtcdStore {
         if let Some(r) = at {
             options = options.with_revision(r);
         }
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         let response = match kv.get(self.full_key(key), Some(options)).await {
             Ok(response) => response,
             Err(e) => return Err(self.read_failure(e, at.unwrap_or(0)).await),
@@ -206,7 +216,7 @@ impl Storage for EtcdStore {
         if let Some(r) = at {
             options = options.with_revision(r);
         }
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         let response = match kv.get(start, Some(options)).await {
             Ok(response) => response,
             Err(e) => return Err(self.read_failure(e, at.unwrap_or(0)).await),
@@ -268,7 +278,7 @@ impl Storage for EtcdStore {
             .map(|c| etcd::TxnOp::get(self.full_key(c.key()), None))
             .collect();
         let request = etcd::Txn::new().when(compares).and_then(ops).or_else(reads);
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         let response = kv.txn(request).await.map_err(other)?;
         let revision = Self::revision_of(response.header())?;
         let responses = response.op_responses();
@@ -308,7 +318,7 @@ impl Storage for EtcdStore {
         let probe = etcd::GetOptions::new()
             .with_count_only()
             .with_revision(after.max(1));
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         if let Err(e) = kv.get(self.full_key(prefix), Some(probe)).await {
             match classify(&e) {
                 Failure::Compacted => return Err(self.compacted_error(after)),
@@ -323,7 +333,10 @@ impl Storage for EtcdStore {
             .with_range(end)
             .with_start_revision(after + 1)
             .with_prev_key();
-        let mut watch_client = self.client.watch_client();
+        let mut watch_client = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(MAX_MESSAGE);
         let stream = watch_client
             .watch(full_prefix, Some(options))
             .await
@@ -334,7 +347,7 @@ impl Storage for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         let response = kv
             .get(
                 self.prefix.as_bytes().to_vec(),
@@ -346,7 +359,7 @@ impl Storage for EtcdStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv();
         match kv.compact(revision, None).await {
             Ok(_) => {
                 self.known_compacted.fetch_max(revision, Ordering::Relaxed);
