@@ -1,21 +1,25 @@
 //! The embedded engine: the storage contract on one machine, on top of `redb`.
 //!
 //! # Layout
-//! One redb file, `store.redb`, in the data directory, with four tables:
-//! - `live`: key → the key's current value (create revision, version, mod revision, bytes). Latest
-//!   reads and transaction compares use only this table.
-//! - `revs`: (key, revision) → the value written (or a tombstone) at that revision. Reads at an
-//!   older revision take, per key, the newest entry at or below it; watch catch-up reads the
-//!   entry at the event's revision and the one before it (the previous value).
+//! One redb file, `store.redb`, in the data directory, with three tables:
+//! - `revs`: (key, revision) → the value written (or a tombstone) at that revision, with the
+//!   key's create revision and version. Reads at an older revision take, per key, the newest
+//!   entry at or below it; watch catch-up reads the entry at the event's revision and the one
+//!   before it (the previous value).
 //! - `log`: revision → the keys that revision changed, in op order. Watches catch up from it,
 //!   and compaction walks it to find the history it may drop.
 //! - `meta`: the current revision, the compaction point, and how far compaction has cleaned.
 //!
+//! The current state of every key is also held in memory ([`LiveState`]), rebuilt from `revs`
+//! on open — the way etcd keeps its key index in memory. Latest reads, ranges and transaction
+//! compares are served from it without touching the disk; each value is written to disk once.
+//!
 //! # Writes
 //! Every transaction goes to one writer thread. It takes all requests queued at that moment,
 //! applies them one after another in a single redb write transaction (each successful mutating
-//! request gets its own revision), commits with an fsync, and only then answers the callers
-//! and publishes their events to the watch hub. Concurrent writers therefore share one fsync
+//! request gets its own revision; later requests of the batch see earlier ones through an
+//! overlay), commits with an fsync, and only then updates the in-memory state, answers the
+//! callers and publishes their events to the watch hub. Concurrent writers therefore share one fsync
 //! (group commit) and are serialised in revision order. A crash before the commit loses the
 //! whole batch, none of which was acknowledged.
 //!
@@ -25,18 +29,15 @@
 //! large compaction never stalls writers for long. Only history no read at or above the
 //! compaction point can need is dropped, so the chunks need not be durable on their own.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc as std_mpsc};
+use std::sync::{Arc, PoisonError, RwLock, mpsc as std_mpsc};
 use std::thread;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redb::{
-    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
-    WriteTransaction,
-};
+use redb::{Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::watch::{CloseReason, Hub, Registration};
@@ -45,7 +46,6 @@ use crate::{
     Revision, Storage, StorageError, Txn, TxnOutcome, WatchStream, prefix_end,
 };
 
-const LIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("live");
 const REVS: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("revs");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -91,6 +91,7 @@ pub struct EmbeddedStore {
 
 struct Shared {
     db: Arc<Database>,
+    live: Arc<RwLock<LiveState>>,
     hub: Arc<Hub>,
     writer: Option<std_mpsc::Sender<WriteRequest>>,
     writer_thread: Option<thread::JoinHandle<()>>,
@@ -107,6 +108,14 @@ impl Drop for Shared {
             let _ = thread.join();
         }
     }
+}
+
+/// The committed current state, in memory: every live key and the revision it is at.
+/// Only the writer changes it, after each commit.
+struct LiveState {
+    revision: Revision,
+    compacted: Revision,
+    keys: BTreeMap<Arc<str>, KeyValue>,
 }
 
 enum WriteRequest {
@@ -128,7 +137,7 @@ impl EmbeddedStore {
                 options.data_dir.display()
             ))
         })?;
-        let path = options.data_dir.join("store.redb");
+        let path = Self::database_path(&options.data_dir);
         let db = Database::builder()
             .set_cache_size(options.cache_bytes)
             .create(&path)
@@ -140,23 +149,28 @@ impl EmbeddedStore {
                 other => db_err(other),
             })?;
         let db = Arc::new(db);
-        let revision = initialise(&db)?;
+        let live = Arc::new(RwLock::new(load(&db)?));
         let hub = Arc::new(Hub::default());
-        hub.set_published(revision);
+        hub.set_published(read_live(&live).revision);
 
-        let (writer, requests) = std_mpsc::channel();
-        let writer_db = db.clone();
-        let writer_hub = hub.clone();
+        let (sender, requests) = std_mpsc::channel();
+        let writer = Writer {
+            db: db.clone(),
+            live: live.clone(),
+            hub: hub.clone(),
+            cleanup_pending: true,
+        };
         let writer_thread = thread::Builder::new()
             .name("capstan-storage-writer".into())
-            .spawn(move || Writer::new(writer_db, writer_hub).run(requests))
+            .spawn(move || writer.run(requests))
             .map_err(|e| StorageError::Embedded(format!("cannot start writer thread: {e}")))?;
 
         Ok(Self {
             shared: Arc::new(Shared {
                 db,
+                live,
                 hub,
-                writer: Some(writer),
+                writer: Some(sender),
                 writer_thread: Some(writer_thread),
                 watch_buffer: options.watch_buffer,
             }),
@@ -168,6 +182,7 @@ impl EmbeddedStore {
         data_dir.join("store.redb")
     }
 
+    /// Reads history from a disk snapshot, off the async runtime.
     async fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -188,20 +203,65 @@ impl EmbeddedStore {
         writer.send(request(tx)).map_err(|_| StorageError::Closed)?;
         rx.await.map_err(|_| StorageError::Closed)?
     }
+
+    /// The in-memory state when `at` asks for the latest revision, `None` when it asks for
+    /// history (or a revision not reached yet), which the disk answers.
+    fn latest(&self, at: Option<Revision>) -> Option<std::sync::RwLockReadGuard<'_, LiveState>> {
+        let state = read_live(&self.shared.live);
+        match at {
+            None => Some(state),
+            Some(r) if r <= 0 || r == state.revision => Some(state),
+            Some(_) => None,
+        }
+    }
 }
 
-/// Creates the tables on first open and returns the current revision.
-fn initialise(db: &Database) -> Result<Revision> {
+fn read_live(live: &RwLock<LiveState>) -> std::sync::RwLockReadGuard<'_, LiveState> {
+    live.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Creates the tables on first open and rebuilds the in-memory state from `revs`.
+fn load(db: &Database) -> Result<LiveState> {
     let wt = db.begin_write().map_err(db_err)?;
-    let revision = {
-        wt.open_table(LIVE).map_err(db_err)?;
+    {
         wt.open_table(REVS).map_err(db_err)?;
         wt.open_table(LOG).map_err(db_err)?;
-        let meta = wt.open_table(META).map_err(db_err)?;
-        read_meta(&meta, META_REVISION)?
-    };
+        wt.open_table(META).map_err(db_err)?;
+    }
     wt.commit().map_err(db_err)?;
-    Ok(revision)
+
+    let rt = db.begin_read().map_err(db_err)?;
+    let meta = rt.open_table(META).map_err(db_err)?;
+    let revision = read_meta(&meta, META_REVISION)?;
+    let compacted = read_meta(&meta, META_COMPACTED)?;
+    let revs = rt.open_table(REVS).map_err(db_err)?;
+    let mut keys = BTreeMap::new();
+    // Entries come grouped by key, oldest first; the last of each group is the current state.
+    let mut newest: Option<(Vec<u8>, u64, Vec<u8>)> = None;
+    let mut keep = |entry: Option<(Vec<u8>, u64, Vec<u8>)>| -> Result<()> {
+        if let Some((key, rev, bytes)) = entry {
+            let mut record = Record::decode(&bytes)?;
+            record.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
+            if let Some(kv) = record.into_kv(&key)? {
+                keys.insert(kv.key.clone(), kv);
+            }
+        }
+        Ok(())
+    };
+    for entry in revs.iter().map_err(db_err)? {
+        let (k, v) = entry.map_err(db_err)?;
+        let (key, rev) = k.value();
+        if newest.as_ref().is_some_and(|(nk, _, _)| nk.as_slice() != key) {
+            keep(newest.take())?;
+        }
+        newest = Some((key.to_vec(), rev, v.value().to_vec()));
+    }
+    keep(newest)?;
+    Ok(LiveState {
+        revision,
+        compacted,
+        keys,
+    })
 }
 
 fn read_meta(table: &impl ReadableTable<&'static str, u64>, name: &str) -> Result<Revision> {
@@ -215,8 +275,8 @@ fn to_u64(revision: Revision) -> u64 {
 
 // ---- record encoding -------------------------------------------------------------------------
 
-/// A value as kept in `live` or `revs`: create revision, version, and bytes; `None` bytes is a
-/// tombstone (only in `revs`). The mod revision is the `revs` key, or stored in `live`.
+/// A value as kept in `revs`: create revision, version, and bytes; `None` bytes is a
+/// tombstone. The mod revision is the `revs` key's revision.
 struct Record {
     create_revision: Revision,
     version: i64,
@@ -327,62 +387,46 @@ impl Snapshot {
         })
     }
 
-    /// Which revision to read at: `None` for the latest state, `Some(r)` for history.
-    fn resolve(&self, at: Option<Revision>) -> Result<Option<Revision>> {
-        match at {
-            None => Ok(None),
-            Some(r) if r <= 0 || r == self.revision => Ok(None),
-            Some(r) if r > self.revision => Err(StorageError::FutureRevision {
+    /// Checks that revision `r` can be read from this snapshot.
+    fn check(&self, r: Revision) -> Result<u64> {
+        if r > self.revision {
+            return Err(StorageError::FutureRevision {
                 requested: r,
                 current: self.revision,
-            }),
-            Some(r) if r < self.compacted => Err(StorageError::Compacted {
-                requested: r,
-                compacted: self.compacted,
-            }),
-            Some(r) => Ok(Some(r)),
-        }
-    }
-
-    fn get(&self, key: &str, at: Option<Revision>) -> Result<GetResponse> {
-        let kv = match self.resolve(at)? {
-            None => {
-                let live = self.rt.open_table(LIVE).map_err(db_err)?;
-                let found = live.get(key.as_bytes()).map_err(db_err)?;
-                match found {
-                    Some(v) => Record::decode(v.value())?.into_kv(key.as_bytes())?,
-                    None => None,
-                }
-            }
-            Some(r) => {
-                let revs = self.rt.open_table(REVS).map_err(db_err)?;
-                newest_at(&revs, key.as_bytes(), to_u64(r))?
-                    .and_then(|(_, rec)| rec.into_kv(key.as_bytes()).transpose())
-                    .transpose()?
-            }
-        };
-        let revision = at.filter(|r| *r > 0).unwrap_or(self.revision);
-        Ok(GetResponse { kv, revision })
-    }
-
-    fn range(&self, request: &RangeRequest) -> Result<RangeResponse> {
-        let at = self.resolve(request.at_revision)?;
-        let prefix = request.prefix.as_bytes();
-        let end = prefix_end(prefix);
-        if let (Some(after), Some(end)) = (&request.start_after, &end)
-            && after.as_bytes() >= end.as_slice()
-        {
-            return Ok(RangeResponse {
-                kvs: Vec::new(),
-                more: false,
-                remaining: 0,
-                revision: at.unwrap_or(self.revision),
             });
         }
-        let start = match &request.start_after {
-            Some(after) if after.as_bytes() >= prefix => Bound::Excluded(after.as_bytes()),
-            _ => Bound::Included(prefix),
+        if r < self.compacted {
+            return Err(StorageError::Compacted {
+                requested: r,
+                compacted: self.compacted,
+            });
+        }
+        Ok(to_u64(r))
+    }
+
+    fn get_at(&self, key: &str, r: Revision) -> Result<GetResponse> {
+        let at = self.check(r)?;
+        let revs = self.rt.open_table(REVS).map_err(db_err)?;
+        let kv = match newest_at(&revs, key.as_bytes(), at)? {
+            Some((_, record)) => record.into_kv(key.as_bytes())?,
+            None => None,
         };
+        Ok(GetResponse { kv, revision: r })
+    }
+
+    fn range_at(&self, request: &RangeRequest, r: Revision) -> Result<RangeResponse> {
+        let at = self.check(r)?;
+        let prefix = request.prefix.as_bytes();
+        let end = prefix_end(prefix);
+        let lower = match &request.start_after {
+            Some(after) if after.as_bytes() >= prefix => {
+                Bound::Excluded((after.as_bytes(), u64::MAX))
+            }
+            _ => Bound::Included((prefix, 0)),
+        };
+        let upper = end
+            .as_deref()
+            .map_or(Bound::Unbounded, |e| Bound::Excluded((e, 0)));
         let limit = if request.limit == 0 {
             usize::MAX
         } else {
@@ -390,71 +434,55 @@ impl Snapshot {
         };
         let mut kvs = Vec::new();
         let mut remaining = 0u64;
-        match at {
-            None => {
-                let live = self.rt.open_table(LIVE).map_err(db_err)?;
-                let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-                for entry in live.range::<&[u8]>((start, end)).map_err(db_err)? {
-                    let (key, value) = entry.map_err(db_err)?;
-                    if kvs.len() < limit {
-                        if let Some(kv) = Record::decode(value.value())?.into_kv(key.value())? {
-                            kvs.push(kv);
-                        }
-                    } else {
-                        remaining += 1;
-                    }
+        if let (Bound::Excluded((after, _)), Bound::Excluded((end, _))) = (&lower, &upper)
+            && after >= end
+        {
+            return Ok(RangeResponse {
+                kvs,
+                more: false,
+                remaining,
+                revision: r,
+            });
+        }
+        let revs = self.rt.open_table(REVS).map_err(db_err)?;
+        // Entries come grouped by key, oldest first: keep the newest at or below `at` of the
+        // current key and count it when the key changes.
+        let mut current: Option<(Vec<u8>, Option<Record>)> = None;
+        let mut emit = |key: Vec<u8>, record: Option<Record>| -> Result<()> {
+            if let Some(record) = record.filter(|record| record.value.is_some()) {
+                if kvs.len() < limit {
+                    kvs.extend(record.into_kv(&key)?);
+                } else {
+                    remaining += 1;
                 }
             }
-            Some(r) => {
-                let revs = self.rt.open_table(REVS).map_err(db_err)?;
-                let lower = match start {
-                    Bound::Excluded(k) => Bound::Excluded((k, u64::MAX)),
-                    Bound::Included(k) => Bound::Included((k, 0)),
-                    Bound::Unbounded => Bound::Unbounded,
-                };
-                let upper = end
-                    .as_deref()
-                    .map_or(Bound::Unbounded, |e| Bound::Excluded((e, 0)));
-                // Entries come grouped by key, oldest first: remember the newest at or below
-                // `r` for the current key and emit it when the key changes.
-                let mut current: Option<(Vec<u8>, Option<Record>)> = None;
-                let mut emit = |key: Vec<u8>, rec: Option<Record>| -> Result<()> {
-                    if let Some(rec) = rec.filter(|rec| rec.value.is_some()) {
-                        if kvs.len() < limit {
-                            kvs.extend(rec.into_kv(&key)?);
-                        } else {
-                            remaining += 1;
-                        }
-                    }
-                    Ok(())
-                };
-                for entry in revs.range::<(&[u8], u64)>((lower, upper)).map_err(db_err)? {
-                    let (k, v) = entry.map_err(db_err)?;
-                    let (key, rev) = k.value();
-                    if current.as_ref().is_none_or(|(ck, _)| ck.as_slice() != key) {
-                        if let Some((ck, rec)) = current.take() {
-                            emit(ck, rec)?;
-                        }
-                        current = Some((key.to_vec(), None));
-                    }
-                    if rev <= to_u64(r) {
-                        let mut rec = Record::decode(v.value())?;
-                        rec.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
-                        if let Some((_, slot)) = current.as_mut() {
-                            *slot = Some(rec);
-                        }
-                    }
+            Ok(())
+        };
+        for entry in revs.range::<(&[u8], u64)>((lower, upper)).map_err(db_err)? {
+            let (k, v) = entry.map_err(db_err)?;
+            let (key, rev) = k.value();
+            if current.as_ref().is_none_or(|(ck, _)| ck.as_slice() != key) {
+                if let Some((ck, record)) = current.take() {
+                    emit(ck, record)?;
                 }
-                if let Some((ck, rec)) = current.take() {
-                    emit(ck, rec)?;
+                current = Some((key.to_vec(), None));
+            }
+            if rev <= at {
+                let mut record = Record::decode(v.value())?;
+                record.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
+                if let Some((_, slot)) = current.as_mut() {
+                    *slot = Some(record);
                 }
             }
+        }
+        if let Some((ck, record)) = current.take() {
+            emit(ck, record)?;
         }
         Ok(RangeResponse {
             kvs,
             more: remaining > 0,
             remaining,
-            revision: at.unwrap_or(self.revision),
+            revision: r,
         })
     }
 
@@ -558,6 +586,7 @@ fn deleted_kv(key: Arc<str>, revision: Revision) -> KeyValue {
 
 struct Writer {
     db: Arc<Database>,
+    live: Arc<RwLock<LiveState>>,
     hub: Arc<Hub>,
     cleanup_pending: bool,
 }
@@ -575,15 +604,30 @@ enum Applied {
     },
 }
 
-impl Writer {
-    fn new(db: Arc<Database>, hub: Arc<Hub>) -> Self {
-        Self {
-            db,
-            hub,
-            cleanup_pending: true,
+/// The writes of one batch: what it will change in memory once committed.
+struct Batch {
+    revision: Revision,
+    compacted: Revision,
+    /// Keys the batch wrote, with their new state (`None`: deleted).
+    overlay: HashMap<Arc<str>, Option<KeyValue>>,
+}
+
+impl Batch {
+    fn current(&self, state: &LiveState, key: &str) -> Option<KeyValue> {
+        match self.overlay.get(key) {
+            Some(value) => value.clone(),
+            None => state.keys.get(key).cloned(),
         }
     }
+}
 
+/// The tables a batch writes, opened once per batch.
+struct Tables<'t> {
+    revs: redb::Table<'t, (&'static [u8], u64), &'static [u8]>,
+    log: redb::Table<'t, u64, &'static [u8]>,
+}
+
+impl Writer {
     fn run(mut self, requests: std_mpsc::Receiver<WriteRequest>) {
         loop {
             let first = if self.cleanup_pending {
@@ -612,46 +656,70 @@ impl Writer {
         }
     }
 
-    fn commit_batch(&mut self, batch: Vec<WriteRequest>) {
-        let mut applied = Vec::with_capacity(batch.len());
+    fn commit_batch(&mut self, requests: Vec<WriteRequest>) {
+        let mut applied = Vec::with_capacity(requests.len());
+        let (revision, compacted) = {
+            let state = read_live(&self.live);
+            (state.revision, state.compacted)
+        };
+        let mut batch = Batch {
+            revision,
+            compacted,
+            overlay: HashMap::new(),
+        };
         let committed = (|| -> Result<()> {
             let mut wt = self.db.begin_write().map_err(db_err)?;
             wt.set_durability(Durability::Immediate).map_err(db_err)?;
-            for request in batch {
-                applied.push(match request {
-                    WriteRequest::Txn(txn, reply) => match apply_txn(&wt, &txn) {
-                        Ok((outcome, events)) => Applied::Txn {
-                            reply,
-                            outcome: Ok(outcome),
-                            events,
-                        },
-                        // A malformed request fails alone; anything else fails the batch.
-                        Err(e @ StorageError::InvalidTxn(_)) => Applied::Txn {
-                            reply,
-                            outcome: Err(e),
-                            events: Vec::new(),
-                        },
-                        Err(e) => {
-                            applied.push(Applied::Txn {
-                                reply,
-                                outcome: Err(StorageError::Closed),
-                                events: Vec::new(),
-                            });
-                            return Err(e);
+            {
+                let mut tables = Tables {
+                    revs: wt.open_table(REVS).map_err(db_err)?,
+                    log: wt.open_table(LOG).map_err(db_err)?,
+                };
+                let state = read_live(&self.live);
+                for request in requests {
+                    match request {
+                        WriteRequest::Txn(txn, reply) => {
+                            match apply_txn(&mut tables, &state, &mut batch, &txn) {
+                                Ok((outcome, events)) => applied.push(Applied::Txn {
+                                    reply,
+                                    outcome: Ok(outcome),
+                                    events,
+                                }),
+                                // A malformed request fails alone; anything else fails the batch.
+                                Err(e @ StorageError::InvalidTxn(_)) => applied.push(Applied::Txn {
+                                    reply,
+                                    outcome: Err(e),
+                                    events: Vec::new(),
+                                }),
+                                Err(e) => {
+                                    applied.push(Applied::Txn {
+                                        reply,
+                                        outcome: Err(StorageError::Closed),
+                                        events: Vec::new(),
+                                    });
+                                    return Err(e);
+                                }
+                            }
                         }
-                    },
-                    WriteRequest::Compact(revision, reply) => {
-                        let outcome = set_compaction_point(&wt, revision);
-                        if let Err(e) = &outcome
-                            && !matches!(e, StorageError::FutureRevision { .. })
-                        {
-                            let error = StorageError::Embedded(e.to_string());
+                        WriteRequest::Compact(target, reply) => {
+                            let outcome = if target > batch.revision {
+                                Err(StorageError::FutureRevision {
+                                    requested: target,
+                                    current: batch.revision,
+                                })
+                            } else {
+                                batch.compacted = batch.compacted.max(target);
+                                Ok(())
+                            };
                             applied.push(Applied::Compact { reply, outcome });
-                            return Err(error);
                         }
-                        Applied::Compact { reply, outcome }
                     }
-                });
+                }
+                let mut meta = wt.open_table(META).map_err(db_err)?;
+                meta.insert(META_REVISION, to_u64(batch.revision))
+                    .map_err(db_err)?;
+                meta.insert(META_COMPACTED, to_u64(batch.compacted))
+                    .map_err(db_err)?;
             }
             wt.commit().map_err(db_err)
         })();
@@ -668,6 +736,19 @@ impl Writer {
             }
             return;
         }
+
+        {
+            let mut state = self.live.write().unwrap_or_else(PoisonError::into_inner);
+            for (key, value) in batch.overlay {
+                match value {
+                    Some(kv) => state.keys.insert(key, kv),
+                    None => state.keys.remove(&key),
+                };
+            }
+            self.cleanup_pending |= batch.compacted > state.compacted;
+            state.revision = batch.revision;
+            state.compacted = batch.compacted;
+        }
         for done in applied {
             match done {
                 Applied::Txn {
@@ -683,7 +764,6 @@ impl Writer {
                     let _ = reply.send(outcome);
                 }
                 Applied::Compact { reply, outcome } => {
-                    self.cleanup_pending |= outcome.is_ok();
                     let _ = reply.send(outcome);
                 }
             }
@@ -702,8 +782,13 @@ impl Writer {
     }
 }
 
-/// Applies one transaction inside the batch's write transaction.
-fn apply_txn(wt: &WriteTransaction, txn: &Txn) -> Result<(TxnOutcome, Vec<Event>)> {
+/// Applies one transaction inside the batch.
+fn apply_txn(
+    tables: &mut Tables<'_>,
+    state: &LiveState,
+    batch: &mut Batch,
+    txn: &Txn,
+) -> Result<(TxnOutcome, Vec<Event>)> {
     let mut seen = HashSet::with_capacity(txn.ops.len());
     if let Some(dup) = txn.ops.iter().find(|op| !seen.insert(op.key())) {
         return Err(StorageError::InvalidTxn(format!(
@@ -712,21 +797,10 @@ fn apply_txn(wt: &WriteTransaction, txn: &Txn) -> Result<(TxnOutcome, Vec<Event>
         )));
     }
 
-    let mut meta = wt.open_table(META).map_err(db_err)?;
-    let mut live = wt.open_table(LIVE).map_err(db_err)?;
-    let current = read_meta(&meta, META_REVISION)?;
-
-    let live_value = |live: &redb::Table<&[u8], &[u8]>, key: &str| -> Result<Option<KeyValue>> {
-        match live.get(key.as_bytes()).map_err(db_err)? {
-            Some(v) => Record::decode(v.value())?.into_kv(key.as_bytes()),
-            None => Ok(None),
-        }
-    };
-
     let mut holds = true;
     let mut current_values = Vec::with_capacity(txn.compares.len());
     for compare in &txn.compares {
-        let value = live_value(&live, compare.key())?;
+        let value = batch.current(state, compare.key());
         holds &= match (compare, &value) {
             (Compare::Absent(_), None) => true,
             (Compare::ModRevision(_, r), Some(kv)) => kv.mod_revision == *r,
@@ -737,40 +811,39 @@ fn apply_txn(wt: &WriteTransaction, txn: &Txn) -> Result<(TxnOutcome, Vec<Event>
     if !holds {
         return Ok((
             TxnOutcome::Failed {
-                revision: current,
+                revision: batch.revision,
                 current: current_values,
             },
             Vec::new(),
         ));
     }
 
-    let revision = current + 1;
-    let mut revs = wt.open_table(REVS).map_err(db_err)?;
+    let revision = batch.revision + 1;
     let mut previous = Vec::with_capacity(txn.ops.len());
     let mut events = Vec::with_capacity(txn.ops.len());
     let mut changed: Vec<&str> = Vec::with_capacity(txn.ops.len());
     for op in &txn.ops {
-        let prev = live_value(&live, op.key())?;
+        let prev = batch.current(state, op.key());
         match op {
             Op::Put(key, value) => {
-                let record = Record {
-                    create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
-                    version: prev.as_ref().map_or(1, |p| p.version + 1),
-                    mod_revision: revision,
-                    value: Some(value.clone()),
-                };
-                let encoded = record.encode();
-                live.insert(key.as_bytes(), encoded.as_slice())
-                    .map_err(db_err)?;
-                revs.insert((key.as_bytes(), to_u64(revision)), encoded.as_slice())
-                    .map_err(db_err)?;
                 let kv = KeyValue {
                     key: Arc::from(key.as_str()),
                     value: value.clone(),
-                    create_revision: record.create_revision,
+                    create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
                     mod_revision: revision,
-                    version: record.version,
+                    version: prev.as_ref().map_or(1, |p| p.version + 1),
                 };
+                let record = Record {
+                    create_revision: kv.create_revision,
+                    version: kv.version,
+                    mod_revision: revision,
+                    value: Some(value.clone()),
+                };
+                tables
+                    .revs
+                    .insert((key.as_bytes(), to_u64(revision)), record.encode().as_slice())
+                    .map_err(db_err)?;
+                batch.overlay.insert(kv.key.clone(), Some(kv.clone()));
                 events.push(Event {
                     kind: EventKind::Put,
                     kv,
@@ -780,24 +853,27 @@ fn apply_txn(wt: &WriteTransaction, txn: &Txn) -> Result<(TxnOutcome, Vec<Event>
             }
             Op::Delete(key) => {
                 if prev.is_some() {
-                    live.remove(key.as_bytes()).map_err(db_err)?;
                     let tombstone = Record {
                         create_revision: 0,
                         version: 0,
                         mod_revision: revision,
                         value: None,
                     };
-                    revs.insert(
-                        (key.as_bytes(), to_u64(revision)),
-                        tombstone.encode().as_slice(),
-                    )
-                    .map_err(db_err)?;
+                    tables
+                        .revs
+                        .insert(
+                            (key.as_bytes(), to_u64(revision)),
+                            tombstone.encode().as_slice(),
+                        )
+                        .map_err(db_err)?;
+                    let key: Arc<str> = Arc::from(key.as_str());
+                    batch.overlay.insert(key.clone(), None);
                     events.push(Event {
                         kind: EventKind::Delete,
-                        kv: deleted_kv(Arc::from(key.as_str()), revision),
+                        kv: deleted_kv(key, revision),
                         prev: prev.clone(),
                     });
-                    changed.push(key);
+                    changed.push(op.key());
                 }
             }
         }
@@ -807,35 +883,18 @@ fn apply_txn(wt: &WriteTransaction, txn: &Txn) -> Result<(TxnOutcome, Vec<Event>
     if changed.is_empty() {
         return Ok((
             TxnOutcome::Committed {
-                revision: current,
+                revision: batch.revision,
                 previous,
             },
             events,
         ));
     }
-    let mut log = wt.open_table(LOG).map_err(db_err)?;
-    log.insert(to_u64(revision), encode_keys(&changed).as_slice())
+    tables
+        .log
+        .insert(to_u64(revision), encode_keys(&changed).as_slice())
         .map_err(db_err)?;
-    meta.insert(META_REVISION, to_u64(revision))
-        .map_err(db_err)?;
+    batch.revision = revision;
     Ok((TxnOutcome::Committed { revision, previous }, events))
-}
-
-/// Moves the compaction point to `revision` (never backwards).
-fn set_compaction_point(wt: &WriteTransaction, revision: Revision) -> Result<()> {
-    let mut meta = wt.open_table(META).map_err(db_err)?;
-    let current = read_meta(&meta, META_REVISION)?;
-    if revision > current {
-        return Err(StorageError::FutureRevision {
-            requested: revision,
-            current,
-        });
-    }
-    if revision > read_meta(&meta, META_COMPACTED)? {
-        meta.insert(META_COMPACTED, to_u64(revision))
-            .map_err(db_err)?;
-    }
-    Ok(())
 }
 
 /// Drops one chunk of the history below the compaction point; returns whether more remains.
@@ -908,12 +967,22 @@ fn clean_up(db: &Database) -> Result<bool> {
 #[async_trait]
 impl Storage for EmbeddedStore {
     async fn get(&self, key: &str, at_revision: Option<Revision>) -> Result<GetResponse> {
-        let key = key.to_owned();
-        self.read(move |s| s.get(&key, at_revision)).await
+        if let Some(state) = self.latest(at_revision) {
+            return Ok(GetResponse {
+                kv: state.keys.get(key).cloned(),
+                revision: state.revision,
+            });
+        }
+        let (key, at) = (key.to_owned(), at_revision.unwrap_or(0));
+        self.read(move |s| s.get_at(&key, at)).await
     }
 
     async fn range(&self, request: RangeRequest) -> Result<RangeResponse> {
-        self.read(move |s| s.range(&request)).await
+        if let Some(state) = self.latest(request.at_revision) {
+            return Ok(range_latest(&state, &request));
+        }
+        let at = request.at_revision.unwrap_or(0);
+        self.read(move |s| s.range_at(&request, at)).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
@@ -921,7 +990,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream> {
-        let compacted = self.read(|s| Ok(s.compacted)).await?;
+        let compacted = read_live(&self.shared.live).compacted;
         if after_revision < compacted {
             return Err(StorageError::Compacted {
                 requested: after_revision,
@@ -942,12 +1011,38 @@ impl Storage for EmbeddedStore {
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        self.read(|s| Ok(s.revision)).await
+        Ok(read_live(&self.shared.live).revision)
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.write(|reply| WriteRequest::Compact(revision, reply))
             .await
+    }
+}
+
+/// A page of the current state, from memory.
+fn range_latest(state: &LiveState, request: &RangeRequest) -> RangeResponse {
+    let prefix = request.prefix.as_str();
+    let start = match &request.start_after {
+        Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
+        _ => Bound::Included(prefix),
+    };
+    let limit = if request.limit == 0 {
+        usize::MAX
+    } else {
+        request.limit
+    };
+    let mut keys = state
+        .keys
+        .range::<str, _>((start, Bound::Unbounded))
+        .take_while(|(key, _)| key.starts_with(prefix));
+    let kvs: Vec<KeyValue> = keys.by_ref().take(limit).map(|(_, kv)| kv.clone()).collect();
+    let remaining = keys.count() as u64;
+    RangeResponse {
+        kvs,
+        more: remaining > 0,
+        remaining,
+        revision: state.revision,
     }
 }
 
