@@ -54,7 +54,9 @@ async fn writes(store: &Arc<dyn Storage>, writers: usize, seconds: f64) -> Write
                     .txn(Txn::new().then(Op::Put(key, payload.clone())))
                     .await
                     .unwrap();
-                histogram.record(began.elapsed().as_micros() as u64).unwrap();
+                histogram
+                    .record(began.elapsed().as_micros() as u64)
+                    .unwrap();
                 count.fetch_add(1, Ordering::Relaxed);
                 n += 1;
             }
@@ -183,12 +185,12 @@ async fn main() {
         .unwrap_or(3.0);
     let mut results = Vec::new();
 
-    let dir = tempfile::tempdir_in(std::env::var("CAPSTAN_BENCH_DIR").unwrap_or_else(|_| ".".into()))
-        .unwrap();
-    let embedded = capstan_storage::EmbeddedStore::open(capstan_storage::EmbeddedOptions::new(
-        dir.path(),
-    ))
-    .unwrap();
+    let dir =
+        tempfile::tempdir_in(std::env::var("CAPSTAN_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+            .unwrap();
+    let embedded =
+        capstan_storage::EmbeddedStore::open(capstan_storage::EmbeddedOptions::new(dir.path()))
+            .unwrap();
     results.push(measure("embedded", Arc::new(embedded), seconds).await);
 
     #[cfg(feature = "etcd")]

@@ -1,53 +1,57 @@
 //! The embedded engine: the storage contract on one machine, on top of `redb`.
 //!
 //! # Layout
-//! One redb file, `store.redb`, in the data directory, with three tables:
-//! - `revs`: (key, revision) → the value written (or a tombstone) at that revision, with the
-//!   key's create revision and version. Reads at an older revision take, per key, the newest
-//!   entry at or below it; watch catch-up reads the entry at the event's revision and the one
-//!   before it (the previous value).
-//! - `log`: revision → the keys that revision changed, in op order. Watches catch up from it,
-//!   and compaction walks it to find the history it may drop.
+//! The design is etcd's: history on disk keyed by revision, the key index in memory.
+//!
+//! On disk, one redb file (`store.redb` in the data directory) with two tables:
+//! - `history`: (revision, op index) → one change: its key, the value written (or a tombstone),
+//!   the key's create revision and version, and where the key's previous change is. Keyed by
+//!   revision, so every commit appends at the end of the tree and dirties few pages however
+//!   scattered its keys are. Watches catch up by reading it in order.
 //! - `meta`: the current revision, the compaction point, and how far compaction has cleaned.
 //!
-//! The current state of every key is also held in memory ([`LiveState`]), rebuilt from `revs`
-//! on open — the way etcd keeps its key index in memory. Latest reads, ranges and transaction
-//! compares are served from it without touching the disk; each value is written to disk once.
+//! In memory, rebuilt from `history` on open, the [`Index`]: every key's current value and the
+//! revisions of its changes still on disk. Latest reads, ranges and transaction compares are
+//! served from it alone; reads at an older revision find the right change in it and fetch the
+//! value from a disk snapshot.
 //!
 //! # Writes
 //! Every transaction goes to one writer thread. It takes all requests queued at that moment,
 //! applies them one after another in a single redb write transaction (each successful mutating
 //! request gets its own revision; later requests of the batch see earlier ones through an
-//! overlay), commits with an fsync, and only then updates the in-memory state, answers the
-//! callers and publishes their events to the watch hub. Concurrent writers therefore share one fsync
-//! (group commit) and are serialised in revision order. A crash before the commit loses the
-//! whole batch, none of which was acknowledged.
+//! overlay), commits with an fsync, and only then updates the index, answers the callers and
+//! publishes their events to the watch hub. Concurrent writers therefore share one fsync (group
+//! commit) and are serialised in revision order. A crash before the commit loses the whole
+//! batch, none of which was acknowledged.
 //!
 //! # Compaction
 //! Compacting moves the compaction point at once (reads below it fail from then on). The writer
-//! then drops the superseded history in small chunks whenever it has no requests waiting, so a
-//! large compaction never stalls writers for long. Only history no read at or above the
-//! compaction point can need is dropped, so the chunks need not be durable on their own.
+//! then drops superseded history in small chunks whenever it has no requests waiting, so a large
+//! compaction never stalls writers for long. Per key, only the newest change at or below the
+//! compaction point is kept (and not even that when it is a delete): reads at the compaction
+//! point and the previous value of later changes need nothing else. The chunks need not be
+//! durable on their own: a lost one is redone after a restart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock, mpsc as std_mpsc};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, mpsc as std_mpsc};
 use std::thread;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redb::{Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::watch::{CloseReason, Hub, Registration};
 use crate::{
     Compare, Event, EventKind, GetResponse, KeyValue, Op, RangeRequest, RangeResponse, Result,
-    Revision, Storage, StorageError, Txn, TxnOutcome, WatchStream, prefix_end,
+    Revision, Storage, StorageError, Txn, TxnOutcome, WatchStream,
 };
 
-const REVS: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("revs");
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const HISTORY: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("history");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 const META_REVISION: &str = "revision";
@@ -56,9 +60,9 @@ const META_CLEANED: &str = "cleaned";
 
 /// Most requests one group commit takes.
 const MAX_BATCH: usize = 4096;
-/// Most log revisions one compaction clean-up chunk processes.
-const CLEANUP_CHUNK: usize = 2048;
-/// Most revisions one watch catch-up read covers before it hands events over.
+/// Most revisions one compaction clean-up chunk processes.
+const CLEANUP_CHUNK: u64 = 4096;
+/// Most changes one watch catch-up read hands over at once.
 const CATCH_UP_CHUNK: usize = 4096;
 
 /// Settings of the embedded engine.
@@ -91,7 +95,7 @@ pub struct EmbeddedStore {
 
 struct Shared {
     db: Arc<Database>,
-    live: Arc<RwLock<LiveState>>,
+    index: Arc<RwLock<Index>>,
     hub: Arc<Hub>,
     writer: Option<std_mpsc::Sender<WriteRequest>>,
     writer_thread: Option<thread::JoinHandle<()>>,
@@ -110,12 +114,81 @@ impl Drop for Shared {
     }
 }
 
-/// The committed current state, in memory: every live key and the revision it is at.
-/// Only the writer changes it, after each commit.
-struct LiveState {
+/// Where one change of a key is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Change {
+    revision: Revision,
+    op: u32,
+    deleted: bool,
+}
+
+impl Change {
+    fn at(self) -> (u64, u32) {
+        (to_u64(self.revision), self.op)
+    }
+}
+
+/// One key in the index.
+#[derive(Debug, Default, Clone)]
+struct IndexEntry {
+    /// The key's current value; `None` once deleted (the entry stays while history remains).
+    current: Option<KeyValue>,
+    /// The key's changes still on disk, oldest first.
+    changes: Vec<Change>,
+}
+
+impl IndexEntry {
+    /// The key's newest change at or below `revision`.
+    fn change_at(&self, revision: Revision) -> Option<Change> {
+        let n = self.changes.partition_point(|c| c.revision <= revision);
+        n.checked_sub(1).map(|i| self.changes[i])
+    }
+}
+
+/// The committed state, in memory. Only the writer changes it, after each commit.
+#[derive(Default)]
+struct Index {
     revision: Revision,
     compacted: Revision,
-    keys: BTreeMap<Arc<str>, KeyValue>,
+    keys: BTreeMap<Arc<str>, IndexEntry>,
+}
+
+impl Index {
+    fn current(&self, key: &str) -> Option<&KeyValue> {
+        self.keys.get(key).and_then(|e| e.current.as_ref())
+    }
+
+    /// Checks that revision `r` is readable; `Ok(None)` means "the latest state".
+    fn check(&self, r: Option<Revision>) -> Result<Option<Revision>> {
+        match r {
+            None => Ok(None),
+            Some(r) if r <= 0 || r == self.revision => Ok(None),
+            Some(r) if r > self.revision => Err(StorageError::FutureRevision {
+                requested: r,
+                current: self.revision,
+            }),
+            Some(r) if r < self.compacted => Err(StorageError::Compacted {
+                requested: r,
+                compacted: self.compacted,
+            }),
+            Some(r) => Ok(Some(r)),
+        }
+    }
+
+    /// Keys under the request's prefix, in order, starting after its start point.
+    fn keys_in<'a>(
+        &'a self,
+        request: &'a RangeRequest,
+    ) -> impl Iterator<Item = (&'a Arc<str>, &'a IndexEntry)> + 'a {
+        let prefix = request.prefix.as_str();
+        let start = match &request.start_after {
+            Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
+            _ => Bound::Included(prefix),
+        };
+        self.keys
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(move |(key, _)| key.starts_with(prefix))
+    }
 }
 
 enum WriteRequest {
@@ -125,6 +198,26 @@ enum WriteRequest {
 
 fn db_err(error: impl Into<redb::Error>) -> StorageError {
     StorageError::Embedded(error.into().to_string())
+}
+
+fn read_index(index: &RwLock<Index>) -> RwLockReadGuard<'_, Index> {
+    index.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn to_u64(revision: Revision) -> u64 {
+    u64::try_from(revision).unwrap_or(0)
+}
+
+fn to_revision(raw: u64) -> Revision {
+    i64::try_from(raw).unwrap_or(i64::MAX)
+}
+
+fn limit_of(request: &RangeRequest) -> usize {
+    if request.limit == 0 {
+        usize::MAX
+    } else {
+        request.limit
+    }
 }
 
 impl EmbeddedStore {
@@ -149,14 +242,14 @@ impl EmbeddedStore {
                 other => db_err(other),
             })?;
         let db = Arc::new(db);
-        let live = Arc::new(RwLock::new(load(&db)?));
+        let index = Arc::new(RwLock::new(load(&db)?));
         let hub = Arc::new(Hub::default());
-        hub.set_published(read_live(&live).revision);
+        hub.set_published(read_index(&index).revision);
 
         let (sender, requests) = std_mpsc::channel();
         let writer = Writer {
             db: db.clone(),
-            live: live.clone(),
+            index: index.clone(),
             hub: hub.clone(),
             cleanup_pending: true,
         };
@@ -168,7 +261,7 @@ impl EmbeddedStore {
         Ok(Self {
             shared: Arc::new(Shared {
                 db,
-                live,
+                index,
                 hub,
                 writer: Some(sender),
                 writer_thread: Some(writer_thread),
@@ -182,16 +275,33 @@ impl EmbeddedStore {
         data_dir.join("store.redb")
     }
 
-    /// Reads history from a disk snapshot, off the async runtime.
-    async fn read<T, F>(&self, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Snapshot) -> Result<T> + Send + 'static,
-    {
+    fn index(&self) -> RwLockReadGuard<'_, Index> {
+        read_index(&self.shared.index)
+    }
+
+    /// Fetches changes from a disk snapshot, off the async runtime. A change missing from the
+    /// snapshot was dropped by a compaction that overtook the read: report it as compacted.
+    async fn fetch(&self, wanted: Vec<Change>, requested: Revision) -> Result<Vec<Record>> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
         let db = self.shared.db.clone();
-        tokio::task::spawn_blocking(move || f(&Snapshot::begin(&db)?))
-            .await
-            .map_err(|e| StorageError::Embedded(format!("read task failed: {e}")))?
+        let index = self.shared.index.clone();
+        tokio::task::spawn_blocking(move || {
+            let snapshot = Snapshot::begin(&db)?;
+            let history = snapshot.history()?;
+            wanted
+                .iter()
+                .map(|change| {
+                    read_record(&history, change.at())?.ok_or_else(|| StorageError::Compacted {
+                        requested,
+                        compacted: read_index(&index).compacted,
+                    })
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| StorageError::Embedded(format!("read task failed: {e}")))?
     }
 
     async fn write<T>(
@@ -203,65 +313,37 @@ impl EmbeddedStore {
         writer.send(request(tx)).map_err(|_| StorageError::Closed)?;
         rx.await.map_err(|_| StorageError::Closed)?
     }
-
-    /// The in-memory state when `at` asks for the latest revision, `None` when it asks for
-    /// history (or a revision not reached yet), which the disk answers.
-    fn latest(&self, at: Option<Revision>) -> Option<std::sync::RwLockReadGuard<'_, LiveState>> {
-        let state = read_live(&self.shared.live);
-        match at {
-            None => Some(state),
-            Some(r) if r <= 0 || r == state.revision => Some(state),
-            Some(_) => None,
-        }
-    }
 }
 
-fn read_live(live: &RwLock<LiveState>) -> std::sync::RwLockReadGuard<'_, LiveState> {
-    live.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Creates the tables on first open and rebuilds the in-memory state from `revs`.
-fn load(db: &Database) -> Result<LiveState> {
+/// Creates the tables on first open and rebuilds the index by replaying `history` in order.
+fn load(db: &Database) -> Result<Index> {
     let wt = db.begin_write().map_err(db_err)?;
     {
-        wt.open_table(REVS).map_err(db_err)?;
-        wt.open_table(LOG).map_err(db_err)?;
+        wt.open_table(HISTORY).map_err(db_err)?;
         wt.open_table(META).map_err(db_err)?;
     }
     wt.commit().map_err(db_err)?;
 
-    let rt = db.begin_read().map_err(db_err)?;
-    let meta = rt.open_table(META).map_err(db_err)?;
-    let revision = read_meta(&meta, META_REVISION)?;
-    let compacted = read_meta(&meta, META_COMPACTED)?;
-    let revs = rt.open_table(REVS).map_err(db_err)?;
-    let mut keys = BTreeMap::new();
-    // Entries come grouped by key, oldest first; the last of each group is the current state.
-    let mut newest: Option<(Vec<u8>, u64, Vec<u8>)> = None;
-    let mut keep = |entry: Option<(Vec<u8>, u64, Vec<u8>)>| -> Result<()> {
-        if let Some((key, rev, bytes)) = entry {
-            let mut record = Record::decode(&bytes)?;
-            record.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
-            if let Some(kv) = record.into_kv(&key)? {
-                keys.insert(kv.key.clone(), kv);
-            }
-        }
-        Ok(())
+    let snapshot = Snapshot::begin(db)?;
+    let mut index = Index {
+        revision: snapshot.revision,
+        compacted: snapshot.compacted,
+        keys: BTreeMap::new(),
     };
-    for entry in revs.iter().map_err(db_err)? {
-        let (k, v) = entry.map_err(db_err)?;
-        let (key, rev) = k.value();
-        if newest.as_ref().is_some_and(|(nk, _, _)| nk.as_slice() != key) {
-            keep(newest.take())?;
-        }
-        newest = Some((key.to_vec(), rev, v.value().to_vec()));
+    for entry in snapshot.history()?.iter().map_err(db_err)? {
+        let (at, bytes) = entry.map_err(db_err)?;
+        let (revision, op) = at.value();
+        let record = Record::decode(bytes.value())?;
+        let revision = to_revision(revision);
+        let entry = index.keys.entry(record.key.clone()).or_default();
+        entry.changes.push(Change {
+            revision,
+            op,
+            deleted: record.value.is_none(),
+        });
+        entry.current = record.into_kv(revision);
     }
-    keep(newest)?;
-    Ok(LiveState {
-        revision,
-        compacted,
-        keys,
-    })
+    Ok(index)
 }
 
 fn read_meta(table: &impl ReadableTable<&'static str, u64>, name: &str) -> Result<Revision> {
@@ -269,104 +351,103 @@ fn read_meta(table: &impl ReadableTable<&'static str, u64>, name: &str) -> Resul
     i64::try_from(value).map_err(|_| StorageError::Corrupt(format!("meta {name} = {value}")))
 }
 
-fn to_u64(revision: Revision) -> u64 {
-    u64::try_from(revision).unwrap_or(0)
-}
-
 // ---- record encoding -------------------------------------------------------------------------
 
-/// A value as kept in `revs`: create revision, version, and bytes; `None` bytes is a
-/// tombstone. The mod revision is the `revs` key's revision.
+/// One change as kept in `history`: the key, its create revision and version after the
+/// change, where its previous change is, and the value (`None`: a delete).
 struct Record {
+    key: Arc<str>,
     create_revision: Revision,
     version: i64,
-    mod_revision: Revision,
+    prev: Option<(u64, u32)>,
     value: Option<Bytes>,
 }
 
-const HEADER: usize = 1 + 8 + 8 + 8;
+/// flag, create revision, version, previous change (revision, op), key length.
+const HEADER: usize = 1 + 8 + 8 + 8 + 4 + 4;
 
 impl Record {
     fn encode(&self) -> Vec<u8> {
         let value = self.value.as_deref().unwrap_or_default();
-        let mut out = Vec::with_capacity(HEADER + value.len());
+        let mut out = Vec::with_capacity(HEADER + self.key.len() + value.len());
         out.push(u8::from(self.value.is_none()));
         out.extend_from_slice(&self.create_revision.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&self.mod_revision.to_le_bytes());
+        let (prev_revision, prev_op) = self.prev.unwrap_or((0, 0));
+        out.extend_from_slice(&prev_revision.to_le_bytes());
+        out.extend_from_slice(&prev_op.to_le_bytes());
+        out.extend_from_slice(
+            &u32::try_from(self.key.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        out.extend_from_slice(self.key.as_bytes());
         out.extend_from_slice(value);
         out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() < HEADER {
-            return Err(StorageError::Corrupt(format!(
-                "record of {} bytes is shorter than its header",
-                bytes.len()
-            )));
-        }
-        let int = |at: usize| {
-            let mut raw = [0u8; 8];
-            raw.copy_from_slice(&bytes[at..at + 8]);
-            i64::from_le_bytes(raw)
+        let corrupt = || StorageError::Corrupt(format!("history record of {} bytes", bytes.len()));
+        let field = |at: usize, len: usize| bytes.get(at..at + len).ok_or_else(corrupt);
+        let int = |at: usize| -> Result<u64> {
+            let raw: [u8; 8] = field(at, 8)?.try_into().map_err(|_| corrupt())?;
+            Ok(u64::from_le_bytes(raw))
         };
+        let int32 = |at: usize| -> Result<u32> {
+            let raw: [u8; 4] = field(at, 4)?.try_into().map_err(|_| corrupt())?;
+            Ok(u32::from_le_bytes(raw))
+        };
+        let deleted = *field(0, 1)?.first().ok_or_else(corrupt)? == 1;
+        let prev_revision = int(17)?;
+        let key_len = int32(29)? as usize;
+        let key = std::str::from_utf8(field(HEADER, key_len)?)
+            .map_err(|_| StorageError::Corrupt("key is not UTF-8".into()))?;
         Ok(Self {
-            create_revision: int(1),
-            version: int(9),
-            mod_revision: int(17),
-            value: (bytes[0] == 0).then(|| Bytes::copy_from_slice(&bytes[HEADER..])),
+            key: Arc::from(key),
+            create_revision: to_revision(int(1)?),
+            version: to_revision(int(9)?),
+            prev: (prev_revision > 0).then_some((prev_revision, int32(25)?)),
+            value: (!deleted).then(|| Bytes::copy_from_slice(&bytes[HEADER + key_len..])),
         })
     }
 
-    fn into_kv(self, key: &[u8]) -> Result<Option<KeyValue>> {
-        let Some(value) = self.value else {
-            return Ok(None);
-        };
-        Ok(Some(KeyValue {
-            key: key_str(key)?,
-            value,
+    /// The key's value after this change, if it was not a delete.
+    fn into_kv(self, revision: Revision) -> Option<KeyValue> {
+        Some(KeyValue {
+            value: self.value?,
+            key: self.key,
             create_revision: self.create_revision,
-            mod_revision: self.mod_revision,
+            mod_revision: revision,
             version: self.version,
-        }))
+        })
     }
 }
 
-fn key_str(key: &[u8]) -> Result<Arc<str>> {
-    std::str::from_utf8(key)
-        .map(Arc::from)
-        .map_err(|_| StorageError::Corrupt("key is not UTF-8".into()))
-}
-
-fn encode_keys(keys: &[&str]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for key in keys {
-        out.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_le_bytes());
-        out.extend_from_slice(key.as_bytes());
+fn deleted_kv(key: Arc<str>, revision: Revision) -> KeyValue {
+    KeyValue {
+        key,
+        value: Bytes::new(),
+        create_revision: 0,
+        mod_revision: revision,
+        version: 0,
     }
-    out
 }
 
-fn decode_keys(mut bytes: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut keys = Vec::new();
-    while !bytes.is_empty() {
-        let corrupt = || StorageError::Corrupt("truncated log entry".into());
-        let len_bytes: [u8; 4] = bytes
-            .get(..4)
-            .ok_or_else(corrupt)?
-            .try_into()
-            .map_err(|_| corrupt())?;
-        let len = u32::from_le_bytes(len_bytes) as usize;
-        let key = bytes.get(4..4 + len).ok_or_else(corrupt)?;
-        keys.push(key);
-        bytes = &bytes[4 + len..];
+type HistoryTable = redb::ReadOnlyTable<(u64, u32), &'static [u8]>;
+
+fn read_record(
+    history: &impl ReadableTable<(u64, u32), &'static [u8]>,
+    at: (u64, u32),
+) -> Result<Option<Record>> {
+    match history.get(at).map_err(db_err)? {
+        Some(bytes) => Record::decode(bytes.value()).map(Some),
+        None => Ok(None),
     }
-    Ok(keys)
 }
 
-// ---- reads -----------------------------------------------------------------------------------
+// ---- disk reads ------------------------------------------------------------------------------
 
-/// A consistent read snapshot with its revision bookkeeping.
+/// A consistent read snapshot of the disk with its revision bookkeeping.
 struct Snapshot {
     rt: ReadTransaction,
     revision: Revision,
@@ -387,198 +468,58 @@ impl Snapshot {
         })
     }
 
-    /// Checks that revision `r` can be read from this snapshot.
-    fn check(&self, r: Revision) -> Result<u64> {
-        if r > self.revision {
-            return Err(StorageError::FutureRevision {
-                requested: r,
-                current: self.revision,
-            });
-        }
-        if r < self.compacted {
-            return Err(StorageError::Compacted {
-                requested: r,
-                compacted: self.compacted,
-            });
-        }
-        Ok(to_u64(r))
+    fn history(&self) -> Result<HistoryTable> {
+        self.rt.open_table(HISTORY).map_err(db_err)
     }
 
-    fn get_at(&self, key: &str, r: Revision) -> Result<GetResponse> {
-        let at = self.check(r)?;
-        let revs = self.rt.open_table(REVS).map_err(db_err)?;
-        let kv = match newest_at(&revs, key.as_bytes(), at)? {
-            Some((_, record)) => record.into_kv(key.as_bytes())?,
-            None => None,
-        };
-        Ok(GetResponse { kv, revision: r })
-    }
-
-    fn range_at(&self, request: &RangeRequest, r: Revision) -> Result<RangeResponse> {
-        let at = self.check(r)?;
-        let prefix = request.prefix.as_bytes();
-        let end = prefix_end(prefix);
-        let lower = match &request.start_after {
-            Some(after) if after.as_bytes() >= prefix => {
-                Bound::Excluded((after.as_bytes(), u64::MAX))
-            }
-            _ => Bound::Included((prefix, 0)),
-        };
-        let upper = end
-            .as_deref()
-            .map_or(Bound::Unbounded, |e| Bound::Excluded((e, 0)));
-        let limit = if request.limit == 0 {
-            usize::MAX
-        } else {
-            request.limit
-        };
-        let mut kvs = Vec::new();
-        let mut remaining = 0u64;
-        if let (Bound::Excluded((after, _)), Bound::Excluded((end, _))) = (&lower, &upper)
-            && after >= end
-        {
-            return Ok(RangeResponse {
-                kvs,
-                more: false,
-                remaining,
-                revision: r,
-            });
-        }
-        let revs = self.rt.open_table(REVS).map_err(db_err)?;
-        // Entries come grouped by key, oldest first: keep the newest at or below `at` of the
-        // current key and count it when the key changes.
-        let mut current: Option<(Vec<u8>, Option<Record>)> = None;
-        let mut emit = |key: Vec<u8>, record: Option<Record>| -> Result<()> {
-            if let Some(record) = record.filter(|record| record.value.is_some()) {
-                if kvs.len() < limit {
-                    kvs.extend(record.into_kv(&key)?);
-                } else {
-                    remaining += 1;
-                }
-            }
-            Ok(())
-        };
-        for entry in revs.range::<(&[u8], u64)>((lower, upper)).map_err(db_err)? {
-            let (k, v) = entry.map_err(db_err)?;
-            let (key, rev) = k.value();
-            if current.as_ref().is_none_or(|(ck, _)| ck.as_slice() != key) {
-                if let Some((ck, record)) = current.take() {
-                    emit(ck, record)?;
-                }
-                current = Some((key.to_vec(), None));
-            }
-            if rev <= at {
-                let mut record = Record::decode(v.value())?;
-                record.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
-                if let Some((_, slot)) = current.as_mut() {
-                    *slot = Some(record);
-                }
-            }
-        }
-        if let Some((ck, record)) = current.take() {
-            emit(ck, record)?;
-        }
-        Ok(RangeResponse {
-            kvs,
-            more: remaining > 0,
-            remaining,
-            revision: r,
-        })
-    }
-
-    /// The changes under `prefix` after `after`, up to [`CATCH_UP_CHUNK`] revisions, and the
-    /// revision through which they are complete.
-    fn history(&self, prefix: &str, after: Revision) -> Result<(Vec<Event>, Revision)> {
+    /// The changes under `prefix` after `after`, at most [`CATCH_UP_CHUNK`] of them (never
+    /// splitting a revision), and the revision through which they are complete.
+    fn changes_after(&self, prefix: &str, after: Revision) -> Result<(Vec<Event>, Revision)> {
         if after < self.compacted {
             return Err(StorageError::Compacted {
                 requested: after,
                 compacted: self.compacted,
             });
         }
-        let log = self.rt.open_table(LOG).map_err(db_err)?;
-        let revs = self.rt.open_table(REVS).map_err(db_err)?;
+        let history = self.history()?;
         let mut events = Vec::new();
         let mut through = after.max(self.revision);
-        for (n, entry) in log.range(to_u64(after) + 1..).map_err(db_err)?.enumerate() {
-            let (rev, keys) = entry.map_err(db_err)?;
-            let rev = rev.value();
-            if n == CATCH_UP_CHUNK {
-                through = i64::try_from(rev).unwrap_or(i64::MAX) - 1;
+        let mut seen = 0usize;
+        for entry in history.range((to_u64(after) + 1, 0)..).map_err(db_err)? {
+            let (at, bytes) = entry.map_err(db_err)?;
+            let (revision, op) = at.value();
+            let revision = to_revision(revision);
+            if seen >= CATCH_UP_CHUNK && op == 0 {
+                through = revision - 1;
                 break;
             }
-            for key in decode_keys(keys.value())? {
-                if !key.starts_with(prefix.as_bytes()) {
-                    continue;
-                }
-                events.push(event_at(&revs, key, rev)?);
+            seen += 1;
+            let record = Record::decode(bytes.value())?;
+            if !record.key.starts_with(prefix) {
+                continue;
             }
+            let prev = match record.prev {
+                Some(at) => read_record(&history, at)?.and_then(|p| {
+                    let revision = to_revision(at.0);
+                    p.into_kv(revision)
+                }),
+                None => None,
+            };
+            let key = record.key.clone();
+            events.push(match record.into_kv(revision) {
+                Some(kv) => Event {
+                    kind: EventKind::Put,
+                    kv,
+                    prev,
+                },
+                None => Event {
+                    kind: EventKind::Delete,
+                    kv: deleted_kv(key, revision),
+                    prev,
+                },
+            });
         }
         Ok((events, through))
-    }
-}
-
-/// The newest `revs` entry for `key` at or below `at`, with its revision.
-fn newest_at(
-    revs: &impl ReadableTable<(&'static [u8], u64), &'static [u8]>,
-    key: &[u8],
-    at: u64,
-) -> Result<Option<(u64, Record)>> {
-    let mut range = revs
-        .range::<(&[u8], u64)>((key, 0)..=(key, at))
-        .map_err(db_err)?;
-    match range.next_back() {
-        Some(entry) => {
-            let (k, v) = entry.map_err(db_err)?;
-            let rev = k.value().1;
-            let mut rec = Record::decode(v.value())?;
-            rec.mod_revision = i64::try_from(rev).unwrap_or(i64::MAX);
-            Ok(Some((rev, rec)))
-        }
-        None => Ok(None),
-    }
-}
-
-/// The event that changed `key` at `rev`, with the key's previous value.
-fn event_at(
-    revs: &impl ReadableTable<(&'static [u8], u64), &'static [u8]>,
-    key: &[u8],
-    rev: u64,
-) -> Result<Event> {
-    let revision = i64::try_from(rev).unwrap_or(i64::MAX);
-    let (_, rec) = newest_at(revs, key, rev)?
-        .filter(|(r, _)| *r == rev)
-        .ok_or_else(|| {
-            StorageError::Corrupt(format!("log names a change at {rev} with no value"))
-        })?;
-    let prev = match rev.checked_sub(1) {
-        Some(before) => match newest_at(revs, key, before)? {
-            Some((_, rec)) => rec.into_kv(key)?,
-            None => None,
-        },
-        None => None,
-    };
-    let key_arc = key_str(key)?;
-    Ok(match rec.into_kv(key)? {
-        Some(kv) => Event {
-            kind: EventKind::Put,
-            kv,
-            prev,
-        },
-        None => Event {
-            kind: EventKind::Delete,
-            kv: deleted_kv(key_arc, revision),
-            prev,
-        },
-    })
-}
-
-fn deleted_kv(key: Arc<str>, revision: Revision) -> KeyValue {
-    KeyValue {
-        key,
-        value: Bytes::new(),
-        create_revision: 0,
-        mod_revision: revision,
-        version: 0,
     }
 }
 
@@ -586,7 +527,7 @@ fn deleted_kv(key: Arc<str>, revision: Revision) -> KeyValue {
 
 struct Writer {
     db: Arc<Database>,
-    live: Arc<RwLock<LiveState>>,
+    index: Arc<RwLock<Index>>,
     hub: Arc<Hub>,
     cleanup_pending: bool,
 }
@@ -604,27 +545,28 @@ enum Applied {
     },
 }
 
-/// The writes of one batch: what it will change in memory once committed.
+/// The writes of one batch: what it will change in the index once committed.
 struct Batch {
     revision: Revision,
     compacted: Revision,
-    /// Keys the batch wrote, with their new state (`None`: deleted).
-    overlay: HashMap<Arc<str>, Option<KeyValue>>,
+    /// Keys the batch wrote: their state after the batch and the changes it added.
+    overlay: HashMap<Arc<str>, (Option<KeyValue>, Vec<Change>)>,
 }
 
 impl Batch {
-    fn current(&self, state: &LiveState, key: &str) -> Option<KeyValue> {
+    fn current(&self, index: &Index, key: &str) -> Option<KeyValue> {
         match self.overlay.get(key) {
-            Some(value) => value.clone(),
-            None => state.keys.get(key).cloned(),
+            Some((value, _)) => value.clone(),
+            None => index.current(key).cloned(),
         }
     }
-}
 
-/// The tables a batch writes, opened once per batch.
-struct Tables<'t> {
-    revs: redb::Table<'t, (&'static [u8], u64), &'static [u8]>,
-    log: redb::Table<'t, u64, &'static [u8]>,
+    fn last_change(&self, index: &Index, key: &str) -> Option<Change> {
+        self.overlay
+            .get(key)
+            .and_then(|(_, changes)| changes.last().copied())
+            .or_else(|| index.keys.get(key).and_then(|e| e.changes.last().copied()))
+    }
 }
 
 impl Writer {
@@ -659,8 +601,8 @@ impl Writer {
     fn commit_batch(&mut self, requests: Vec<WriteRequest>) {
         let mut applied = Vec::with_capacity(requests.len());
         let (revision, compacted) = {
-            let state = read_live(&self.live);
-            (state.revision, state.compacted)
+            let index = read_index(&self.index);
+            (index.revision, index.compacted)
         };
         let mut batch = Batch {
             revision,
@@ -671,26 +613,25 @@ impl Writer {
             let mut wt = self.db.begin_write().map_err(db_err)?;
             wt.set_durability(Durability::Immediate).map_err(db_err)?;
             {
-                let mut tables = Tables {
-                    revs: wt.open_table(REVS).map_err(db_err)?,
-                    log: wt.open_table(LOG).map_err(db_err)?,
-                };
-                let state = read_live(&self.live);
+                let mut history = wt.open_table(HISTORY).map_err(db_err)?;
+                let index = read_index(&self.index);
                 for request in requests {
                     match request {
                         WriteRequest::Txn(txn, reply) => {
-                            match apply_txn(&mut tables, &state, &mut batch, &txn) {
+                            match apply_txn(&mut history, &index, &mut batch, &txn) {
                                 Ok((outcome, events)) => applied.push(Applied::Txn {
                                     reply,
                                     outcome: Ok(outcome),
                                     events,
                                 }),
                                 // A malformed request fails alone; anything else fails the batch.
-                                Err(e @ StorageError::InvalidTxn(_)) => applied.push(Applied::Txn {
-                                    reply,
-                                    outcome: Err(e),
-                                    events: Vec::new(),
-                                }),
+                                Err(e @ StorageError::InvalidTxn(_)) => {
+                                    applied.push(Applied::Txn {
+                                        reply,
+                                        outcome: Err(e),
+                                        events: Vec::new(),
+                                    })
+                                }
                                 Err(e) => {
                                     applied.push(Applied::Txn {
                                         reply,
@@ -738,16 +679,15 @@ impl Writer {
         }
 
         {
-            let mut state = self.live.write().unwrap_or_else(PoisonError::into_inner);
-            for (key, value) in batch.overlay {
-                match value {
-                    Some(kv) => state.keys.insert(key, kv),
-                    None => state.keys.remove(&key),
-                };
+            let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
+            for (key, (current, changes)) in batch.overlay {
+                let entry = index.keys.entry(key).or_default();
+                entry.current = current;
+                entry.changes.extend(changes);
             }
-            self.cleanup_pending |= batch.compacted > state.compacted;
-            state.revision = batch.revision;
-            state.compacted = batch.compacted;
+            self.cleanup_pending |= batch.compacted > index.compacted;
+            index.revision = batch.revision;
+            index.compacted = batch.compacted;
         }
         for done in applied {
             match done {
@@ -772,7 +712,7 @@ impl Writer {
 
     /// Drops one chunk of history that compaction made unreachable.
     fn clean_up_chunk(&mut self) {
-        match clean_up(&self.db) {
+        match clean_up(&self.db, &self.index) {
             Ok(more) => self.cleanup_pending = more,
             Err(error) => {
                 tracing::error!(%error, "compaction clean-up failed");
@@ -784,8 +724,8 @@ impl Writer {
 
 /// Applies one transaction inside the batch.
 fn apply_txn(
-    tables: &mut Tables<'_>,
-    state: &LiveState,
+    history: &mut redb::Table<'_, (u64, u32), &'static [u8]>,
+    index: &Index,
     batch: &mut Batch,
     txn: &Txn,
 ) -> Result<(TxnOutcome, Vec<Event>)> {
@@ -800,7 +740,7 @@ fn apply_txn(
     let mut holds = true;
     let mut current_values = Vec::with_capacity(txn.compares.len());
     for compare in &txn.compares {
-        let value = batch.current(state, compare.key());
+        let value = batch.current(index, compare.key());
         holds &= match (compare, &value) {
             (Compare::Absent(_), None) => true,
             (Compare::ModRevision(_, r), Some(kv)) => kv.mod_revision == *r,
@@ -821,66 +761,55 @@ fn apply_txn(
     let revision = batch.revision + 1;
     let mut previous = Vec::with_capacity(txn.ops.len());
     let mut events = Vec::with_capacity(txn.ops.len());
-    let mut changed: Vec<&str> = Vec::with_capacity(txn.ops.len());
+    let mut op_index = 0u32;
     for op in &txn.ops {
-        let prev = batch.current(state, op.key());
-        match op {
-            Op::Put(key, value) => {
-                let kv = KeyValue {
-                    key: Arc::from(key.as_str()),
-                    value: value.clone(),
-                    create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
-                    mod_revision: revision,
-                    version: prev.as_ref().map_or(1, |p| p.version + 1),
-                };
-                let record = Record {
-                    create_revision: kv.create_revision,
-                    version: kv.version,
-                    mod_revision: revision,
-                    value: Some(value.clone()),
-                };
-                tables
-                    .revs
-                    .insert((key.as_bytes(), to_u64(revision)), record.encode().as_slice())
-                    .map_err(db_err)?;
-                batch.overlay.insert(kv.key.clone(), Some(kv.clone()));
-                events.push(Event {
-                    kind: EventKind::Put,
-                    kv,
-                    prev: prev.clone(),
-                });
-                changed.push(key);
+        let prev = batch.current(index, op.key());
+        let value = match op {
+            Op::Put(_, value) => Some(value.clone()),
+            Op::Delete(_) if prev.is_some() => None,
+            Op::Delete(_) => {
+                previous.push(prev);
+                continue; // deleting what is not there changes nothing
             }
-            Op::Delete(key) => {
-                if prev.is_some() {
-                    let tombstone = Record {
-                        create_revision: 0,
-                        version: 0,
-                        mod_revision: revision,
-                        value: None,
-                    };
-                    tables
-                        .revs
-                        .insert(
-                            (key.as_bytes(), to_u64(revision)),
-                            tombstone.encode().as_slice(),
-                        )
-                        .map_err(db_err)?;
-                    let key: Arc<str> = Arc::from(key.as_str());
-                    batch.overlay.insert(key.clone(), None);
-                    events.push(Event {
-                        kind: EventKind::Delete,
-                        kv: deleted_kv(key, revision),
-                        prev: prev.clone(),
-                    });
-                    changed.push(op.key());
-                }
-            }
-        }
+        };
+        let key: Arc<str> = Arc::from(op.key());
+        let record = Record {
+            key: key.clone(),
+            create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            prev: batch.last_change(index, op.key()).map(Change::at),
+            value,
+        };
+        let change = Change {
+            revision,
+            op: op_index,
+            deleted: record.value.is_none(),
+        };
+        history
+            .insert(change.at(), record.encode().as_slice())
+            .map_err(db_err)?;
+        op_index += 1;
+        let current = record.into_kv(revision);
+        let event = match &current {
+            Some(kv) => Event {
+                kind: EventKind::Put,
+                kv: kv.clone(),
+                prev: prev.clone(),
+            },
+            None => Event {
+                kind: EventKind::Delete,
+                kv: deleted_kv(key.clone(), revision),
+                prev: prev.clone(),
+            },
+        };
+        let slot = batch.overlay.entry(key).or_default();
+        slot.0 = current;
+        slot.1.push(change);
+        events.push(event);
         previous.push(prev);
     }
 
-    if changed.is_empty() {
+    if events.is_empty() {
         return Ok((
             TxnOutcome::Committed {
                 revision: batch.revision,
@@ -889,77 +818,76 @@ fn apply_txn(
             events,
         ));
     }
-    tables
-        .log
-        .insert(to_u64(revision), encode_keys(&changed).as_slice())
-        .map_err(db_err)?;
     batch.revision = revision;
     Ok((TxnOutcome::Committed { revision, previous }, events))
 }
 
 /// Drops one chunk of the history below the compaction point; returns whether more remains.
-///
-/// For every key changed in the chunk's log entries, only the newest `revs` entry at or below
-/// the compaction point is still needed — by reads at the compaction point and as the previous
-/// value of later events — and not even that when it is a tombstone.
-fn clean_up(db: &Database) -> Result<bool> {
+fn clean_up(db: &Database, index: &RwLock<Index>) -> Result<bool> {
+    let (compacted, cleaned) = {
+        let snapshot = Snapshot::begin(db)?;
+        let meta = snapshot.rt.open_table(META).map_err(db_err)?;
+        (
+            to_u64(read_meta(&meta, META_COMPACTED)?),
+            to_u64(read_meta(&meta, META_CLEANED)?),
+        )
+    };
+    if cleaned >= compacted {
+        return Ok(false);
+    }
+    let upto = compacted.min(cleaned + CLEANUP_CHUNK);
+
+    // Which changes are superseded at the compaction point, for keys changed in this chunk.
+    let mut drop_changes: Vec<(Arc<str>, Change)> = Vec::new();
+    {
+        let snapshot = Snapshot::begin(db)?;
+        let history = snapshot.history()?;
+        let index = read_index(index);
+        let mut keys: HashSet<Arc<str>> = HashSet::new();
+        for entry in history
+            .range((cleaned + 1, 0)..(upto + 1, 0))
+            .map_err(db_err)?
+        {
+            let (_, bytes) = entry.map_err(db_err)?;
+            let record = Record::decode(bytes.value())?;
+            keys.insert(record.key);
+        }
+        let compacted = to_revision(compacted);
+        for key in keys {
+            let Some(entry) = index.keys.get(&key) else {
+                continue;
+            };
+            let kept = entry.change_at(compacted).filter(|c| !c.deleted);
+            for change in entry.changes.iter().take_while(|c| c.revision <= compacted) {
+                if Some(*change) != kept {
+                    drop_changes.push((key.clone(), *change));
+                }
+            }
+        }
+    }
+
     let mut wt = db.begin_write().map_err(db_err)?;
     wt.set_durability(Durability::None).map_err(db_err)?;
-    let more = {
+    {
+        let mut history = wt.open_table(HISTORY).map_err(db_err)?;
+        for (_, change) in &drop_changes {
+            history.remove(change.at()).map_err(db_err)?;
+        }
         let mut meta = wt.open_table(META).map_err(db_err)?;
-        let compacted = to_u64(read_meta(&meta, META_COMPACTED)?);
-        let cleaned = to_u64(read_meta(&meta, META_CLEANED)?);
-        if cleaned >= compacted {
-            return Ok(false);
-        }
-        let mut log = wt.open_table(LOG).map_err(db_err)?;
-        let mut revs = wt.open_table(REVS).map_err(db_err)?;
-        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
-        for entry in log.range(cleaned + 1..=compacted).map_err(db_err)? {
-            let (rev, keys) = entry.map_err(db_err)?;
-            entries.push((rev.value(), keys.value().to_vec()));
-            if entries.len() == CLEANUP_CHUNK {
-                break;
-            }
-        }
-        let reached = entries.last().map_or(compacted, |(rev, _)| *rev);
-        let mut done: HashSet<Vec<u8>> = HashSet::new();
-        for (rev, keys) in &entries {
-            for key in decode_keys(keys)? {
-                if !done.insert(key.to_vec()) {
-                    continue;
-                }
-                let mut stale: Vec<u64> = Vec::new();
-                let mut newest: Option<(u64, bool)> = None;
-                for entry in revs
-                    .range::<(&[u8], u64)>((key, 0)..=(key, compacted))
-                    .map_err(db_err)?
-                {
-                    let (k, v) = entry.map_err(db_err)?;
-                    if let Some((older, _)) = newest {
-                        stale.push(older);
-                    }
-                    newest = Some((k.value().1, v.value().first() == Some(&1)));
-                }
-                if let Some((rev, true)) = newest {
-                    stale.push(rev);
-                }
-                for old in stale {
-                    revs.remove((key, old)).map_err(db_err)?;
-                }
-            }
-            log.remove(*rev).map_err(db_err)?;
-        }
-        let reached = if entries.len() < CLEANUP_CHUNK {
-            compacted
-        } else {
-            reached
-        };
-        meta.insert(META_CLEANED, reached).map_err(db_err)?;
-        reached < compacted
-    };
+        meta.insert(META_CLEANED, upto).map_err(db_err)?;
+    }
     wt.commit().map_err(db_err)?;
-    Ok(more)
+
+    let mut index = index.write().unwrap_or_else(PoisonError::into_inner);
+    for (key, change) in drop_changes {
+        if let Some(entry) = index.keys.get_mut(&key) {
+            entry.changes.retain(|c| *c != change);
+            if entry.changes.is_empty() && entry.current.is_none() {
+                index.keys.remove(&key);
+            }
+        }
+    }
+    Ok(upto < compacted)
 }
 
 // ---- the contract ----------------------------------------------------------------------------
@@ -967,22 +895,70 @@ fn clean_up(db: &Database) -> Result<bool> {
 #[async_trait]
 impl Storage for EmbeddedStore {
     async fn get(&self, key: &str, at_revision: Option<Revision>) -> Result<GetResponse> {
-        if let Some(state) = self.latest(at_revision) {
-            return Ok(GetResponse {
-                kv: state.keys.get(key).cloned(),
-                revision: state.revision,
-            });
-        }
-        let (key, at) = (key.to_owned(), at_revision.unwrap_or(0));
-        self.read(move |s| s.get_at(&key, at)).await
+        let (at, change) = {
+            let index = self.index();
+            match index.check(at_revision)? {
+                None => {
+                    return Ok(GetResponse {
+                        kv: index.current(key).cloned(),
+                        revision: index.revision,
+                    });
+                }
+                Some(at) => (at, index.keys.get(key).and_then(|e| e.change_at(at))),
+            }
+        };
+        let kv = match change.filter(|c| !c.deleted) {
+            Some(change) => self
+                .fetch(vec![change], at)
+                .await?
+                .pop()
+                .and_then(|record| record.into_kv(change.revision)),
+            None => None,
+        };
+        Ok(GetResponse { kv, revision: at })
     }
 
     async fn range(&self, request: RangeRequest) -> Result<RangeResponse> {
-        if let Some(state) = self.latest(request.at_revision) {
-            return Ok(range_latest(&state, &request));
-        }
-        let at = request.at_revision.unwrap_or(0);
-        self.read(move |s| s.range_at(&request, at)).await
+        let (at, wanted, remaining) = {
+            let index = self.index();
+            let limit = limit_of(&request);
+            match index.check(request.at_revision)? {
+                None => {
+                    let mut keys = index
+                        .keys_in(&request)
+                        .filter_map(|(_, e)| e.current.as_ref());
+                    let kvs: Vec<KeyValue> = keys.by_ref().take(limit).cloned().collect();
+                    let remaining = keys.count() as u64;
+                    return Ok(RangeResponse {
+                        kvs,
+                        more: remaining > 0,
+                        remaining,
+                        revision: index.revision,
+                    });
+                }
+                Some(at) => {
+                    let mut changes = index
+                        .keys_in(&request)
+                        .filter_map(|(_, e)| e.change_at(at).filter(|c| !c.deleted));
+                    let wanted: Vec<Change> = changes.by_ref().take(limit).collect();
+                    (at, wanted, changes.count() as u64)
+                }
+            }
+        };
+        let revisions: Vec<Revision> = wanted.iter().map(|c| c.revision).collect();
+        let kvs = self
+            .fetch(wanted, at)
+            .await?
+            .into_iter()
+            .zip(revisions)
+            .filter_map(|(record, revision)| record.into_kv(revision))
+            .collect();
+        Ok(RangeResponse {
+            kvs,
+            more: remaining > 0,
+            remaining,
+            revision: at,
+        })
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
@@ -990,7 +966,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream> {
-        let compacted = read_live(&self.shared.live).compacted;
+        let compacted = self.index().compacted;
         if after_revision < compacted {
             return Err(StorageError::Compacted {
                 requested: after_revision,
@@ -1011,7 +987,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        Ok(read_live(&self.shared.live).revision)
+        Ok(self.index().revision)
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
@@ -1020,33 +996,7 @@ impl Storage for EmbeddedStore {
     }
 }
 
-/// A page of the current state, from memory.
-fn range_latest(state: &LiveState, request: &RangeRequest) -> RangeResponse {
-    let prefix = request.prefix.as_str();
-    let start = match &request.start_after {
-        Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
-        _ => Bound::Included(prefix),
-    };
-    let limit = if request.limit == 0 {
-        usize::MAX
-    } else {
-        request.limit
-    };
-    let mut keys = state
-        .keys
-        .range::<str, _>((start, Bound::Unbounded))
-        .take_while(|(key, _)| key.starts_with(prefix));
-    let kvs: Vec<KeyValue> = keys.by_ref().take(limit).map(|(_, kv)| kv.clone()).collect();
-    let remaining = keys.count() as u64;
-    RangeResponse {
-        kvs,
-        more: remaining > 0,
-        remaining,
-        revision: state.revision,
-    }
-}
-
-/// Brings a new watcher up to date from the log, then hands it to the hub.
+/// Brings a new watcher up to date from history, then hands it to the hub.
 struct CatchUp {
     db: Arc<Database>,
     hub: Arc<Hub>,
@@ -1062,12 +1012,11 @@ impl CatchUp {
             let db = self.db.clone();
             let prefix = self.prefix.clone();
             let after = self.delivered_through;
-            let read =
-                tokio::task::spawn_blocking(move || Snapshot::begin(&db)?.history(&prefix, after))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(StorageError::Embedded(format!("watch read failed: {e}")))
-                    });
+            let read = tokio::task::spawn_blocking(move || {
+                Snapshot::begin(&db)?.changes_after(&prefix, after)
+            })
+            .await
+            .unwrap_or_else(|e| Err(StorageError::Embedded(format!("watch read failed: {e}"))));
             let (events, through) = match read {
                 Ok(read) => read,
                 Err(error) => {

@@ -51,9 +51,16 @@ async fn every_acknowledged_write_survives_sigkill() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let acked = reader.join().unwrap();
-        assert!(!acked.is_empty(), "round {round}: nothing acknowledged in {:?}", started.elapsed());
+        assert!(
+            !acked.is_empty(),
+            "round {round}: nothing acknowledged in {:?}",
+            started.elapsed()
+        );
         for (key, revision) in acked {
-            assert!(acknowledged.insert(key, revision).is_none(), "key written twice");
+            assert!(
+                acknowledged.insert(key, revision).is_none(),
+                "key written twice"
+            );
         }
 
         let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
@@ -66,7 +73,11 @@ async fn every_acknowledged_write_survives_sigkill() {
         }
         // Revisions are unique, and the history is exactly 1..=current with no gap.
         let unique: BTreeSet<i64> = acknowledged.values().copied().collect();
-        assert_eq!(unique.len(), acknowledged.len(), "a revision was acknowledged twice");
+        assert_eq!(
+            unique.len(),
+            acknowledged.len(),
+            "a revision was acknowledged twice"
+        );
         let current = store.current_revision().await.unwrap();
         let mut watch = store.watch("", 0).await.unwrap();
         for expected in 1..=current {

@@ -33,7 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Ok(TxnOutcome::Committed { revision, .. }) => {
                         let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
                         // One write per line, flushed: the parent only trusts whole lines.
-                        if writeln!(out, "{key} {revision}").and_then(|()| out.flush()).is_err() {
+                        if writeln!(out, "{key} {revision}")
+                            .and_then(|()| out.flush())
+                            .is_err()
+                        {
                             return;
                         }
                     }
