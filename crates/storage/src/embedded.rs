@@ -87,6 +87,19 @@ impl EmbeddedOptions {
     }
 }
 
+/// What an [`EmbeddedStore`] holds, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedStats {
+    /// The current revision.
+    pub revision: Revision,
+    /// The compaction point.
+    pub compacted: Revision,
+    /// Keys that exist now.
+    pub live_keys: usize,
+    /// Changes kept in history (live values included).
+    pub changes: usize,
+}
+
 /// The embedded storage engine. Cheap to clone; all clones share one database and writer.
 #[derive(Clone)]
 pub struct EmbeddedStore {
@@ -273,6 +286,17 @@ impl EmbeddedStore {
     /// The path of the database file for a data directory.
     pub fn database_path(data_dir: &Path) -> PathBuf {
         data_dir.join("store.redb")
+    }
+
+    /// Counts describing what the store holds now.
+    pub fn stats(&self) -> EmbeddedStats {
+        let index = self.index();
+        EmbeddedStats {
+            revision: index.revision,
+            compacted: index.compacted,
+            live_keys: index.keys.values().filter(|e| e.current.is_some()).count(),
+            changes: index.keys.values().map(|e| e.changes.len()).sum(),
+        }
     }
 
     fn index(&self) -> RwLockReadGuard<'_, Index> {
@@ -484,8 +508,11 @@ impl Snapshot {
         let history = self.history()?;
         let mut events = Vec::new();
         let mut through = after.max(self.revision);
-        let mut seen = 0usize;
-        for entry in history.range((to_u64(after) + 1, 0)..).map_err(db_err)? {
+        for (seen, entry) in history
+            .range((to_u64(after) + 1, 0)..)
+            .map_err(db_err)?
+            .enumerate()
+        {
             let (at, bytes) = entry.map_err(db_err)?;
             let (revision, op) = at.value();
             let revision = to_revision(revision);
@@ -493,7 +520,6 @@ impl Snapshot {
                 through = revision - 1;
                 break;
             }
-            seen += 1;
             let record = Record::decode(bytes.value())?;
             if !record.key.starts_with(prefix) {
                 continue;

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use compactor::Compactor;
-pub use embedded::{EmbeddedOptions, EmbeddedStore};
+pub use embedded::{EmbeddedOptions, EmbeddedStats, EmbeddedStore};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use watch::WatchStream;
@@ -262,8 +262,8 @@ pub enum StorageError {
     /// A transaction names the same key twice among its ops, which etcd refuses too.
     #[error("invalid transaction: {0}")]
     InvalidTxn(String),
-    /// The data directory is in use by another process.
-    #[error("the data directory {path} is already in use by another process")]
+    /// The store is already open, in another process or in this one.
+    #[error("the store {path} is already open in another process")]
     Locked {
         /// The database file that is locked.
         path: String,

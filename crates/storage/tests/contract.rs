@@ -736,7 +736,7 @@ mod cases {
                 None => panic!("the slow watcher ended without saying why"),
             }
         };
-        assert!(delivered >= 1 && delivered < 200, "delivered {delivered}");
+        assert!((1..200).contains(&delivered), "delivered {delivered}");
         match error {
             StorageError::WatcherLagged { last_delivered } => {
                 assert!(last_delivered >= base && last_delivered < last);

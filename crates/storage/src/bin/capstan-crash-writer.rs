@@ -18,7 +18,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (Some(dir), Some(tag)) = (args.next(), args.next()) else {
         return Err("usage: capstan-crash-writer DATA_DIR TAG".into());
     };
-    let store = Arc::new(EmbeddedStore::open(EmbeddedOptions::new(dir))?);
+    let store =
+        Arc::new(EmbeddedStore::open(EmbeddedOptions::new(dir)).map_err(|e| e.to_string())?);
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let mut tasks = Vec::new();
     for writer in 0..WRITERS {

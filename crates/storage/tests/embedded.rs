@@ -1,0 +1,119 @@
+//! Behaviour specific to the embedded engine: exclusive opening, history clean-up after
+//! compaction, and scheduled compaction.
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use capstan_storage::{
+    Compactor, EmbeddedOptions, EmbeddedStore, Op, RangeRequest, Storage, StorageError, Txn,
+};
+
+fn put(key: &str, value: &str) -> Txn {
+    Txn::new().then(Op::Put(key.into(), Bytes::from(value.to_owned())))
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    match EmbeddedStore::open(EmbeddedOptions::new(dir.path())) {
+        Err(StorageError::Locked { path }) => assert!(path.ends_with("store.redb")),
+        Err(other) => panic!("expected Locked, got {other:?}"),
+        Ok(_) => panic!("a second open succeeded"),
+    }
+}
+
+#[test]
+fn a_second_process_cannot_open_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    // The crash-test writer opens the store first thing; it must fail cleanly, not corrupt it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_capstan-crash-writer"))
+        .arg(dir.path())
+        .arg("intruder")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already open"), "stderr: {stderr}");
+}
+
+async fn wait_for(mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within 10s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_cleans_superseded_history_and_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    for round in 0..10 {
+        for n in 0..100 {
+            store
+                .txn(put(&format!("k/{n}"), &format!("r{round}")))
+                .await
+                .unwrap();
+        }
+    }
+    for n in 0..50 {
+        store
+            .txn(Txn::new().then(Op::Delete(format!("k/{n}"))))
+            .await
+            .unwrap();
+    }
+    let before = store.stats();
+    assert_eq!(before.changes, 1050);
+    assert_eq!(before.live_keys, 50);
+
+    store.compact(before.revision).await.unwrap();
+    // One change per live key remains; deleted keys leave nothing behind.
+    wait_for(|| store.stats().changes == 50).await;
+    let range = store.range(RangeRequest::default()).await.unwrap();
+    assert_eq!(range.kvs.len(), 50);
+    assert!(
+        range
+            .kvs
+            .iter()
+            .all(|kv| &kv.value[..] == b"r9" && kv.version == 10)
+    );
+
+    drop(store);
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    let after = store.stats();
+    assert_eq!(after.changes, 50);
+    assert_eq!(
+        (after.revision, after.compacted),
+        (before.revision, before.revision)
+    );
+    let kv = store.get("k/99", None).await.unwrap().kv.unwrap();
+    assert_eq!((kv.version, &kv.value[..]), (10, &b"r9"[..]));
+    assert!(store.get("k/0", None).await.unwrap().kv.is_none());
+    // The next write carries on from the recovered revision.
+    let outcome = store.txn(put("k/new", "x")).await.unwrap();
+    assert_eq!(outcome.revision(), before.revision + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compactor_keeps_one_interval_of_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    let first = store.txn(put("c/k", "1")).await.unwrap().revision();
+    store.txn(put("c/k", "2")).await.unwrap();
+    let dyn_store: Arc<dyn Storage> = Arc::new(store.clone());
+    let _compactor = Compactor::start(dyn_store, Duration::from_millis(100));
+    // Nothing is compacted before a full interval has passed since the revision was seen.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(store.get("c/k", Some(first)).await.is_ok());
+    wait_for(|| store.stats().compacted > first).await;
+    let err = store.get("c/k", Some(first)).await.unwrap_err();
+    assert!(matches!(err, StorageError::Compacted { .. }), "{err:?}");
+}
