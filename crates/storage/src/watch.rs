@@ -195,10 +195,4 @@ impl Hub {
         state.closed = true;
         state.slots.clear();
     }
-
-    /// How many watchers are registered (for tests and metrics).
-    #[allow(dead_code)]
-    pub(crate) fn watcher_count(&self) -> usize {
-        self.lock().slots.len()
-    }
 }
