@@ -650,14 +650,6 @@ impl Writer {
                                     outcome: Ok(outcome),
                                     events,
                                 }),
-                                // A malformed request fails alone; anything else fails the batch.
-                                Err(e @ StorageError::InvalidTxn(_)) => {
-                                    applied.push(Applied::Txn {
-                                        reply,
-                                        outcome: Err(e),
-                                        events: Vec::new(),
-                                    })
-                                }
                                 Err(e) => {
                                     applied.push(Applied::Txn {
                                         reply,
@@ -755,14 +747,6 @@ fn apply_txn(
     batch: &mut Batch,
     txn: &Txn,
 ) -> Result<(TxnOutcome, Vec<Event>)> {
-    let mut seen = HashSet::with_capacity(txn.ops.len());
-    if let Some(dup) = txn.ops.iter().find(|op| !seen.insert(op.key())) {
-        return Err(StorageError::InvalidTxn(format!(
-            "duplicate key given in txn request: {}",
-            dup.key()
-        )));
-    }
-
     let mut holds = true;
     let mut current_values = Vec::with_capacity(txn.compares.len());
     for compare in &txn.compares {
@@ -988,6 +972,8 @@ impl Storage for EmbeddedStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        // Refused before it reaches the writer, so any error inside a batch fails the batch.
+        txn.validate()?;
         self.write(|reply| WriteRequest::Txn(txn, reply)).await
     }
 

@@ -238,13 +238,7 @@ impl Storage for EtcdStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        let mut seen = std::collections::HashSet::with_capacity(txn.ops.len());
-        if let Some(dup) = txn.ops.iter().find(|op| !seen.insert(op.key())) {
-            return Err(StorageError::InvalidTxn(format!(
-                "duplicate key given in txn request: {}",
-                dup.key()
-            )));
-        }
+        txn.validate()?;
         let compares: Vec<etcd::Compare> = txn
             .compares
             .iter()

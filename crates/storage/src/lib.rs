@@ -166,6 +166,18 @@ impl Txn {
         self.ops.push(op);
         self
     }
+
+    /// Refuses a transaction that writes one key twice, as etcd does.
+    pub fn validate(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(self.ops.len());
+        match self.ops.iter().find(|op| !seen.insert(op.key())) {
+            Some(dup) => Err(StorageError::InvalidTxn(format!(
+                "duplicate key given in txn request: {}",
+                dup.key()
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a [`Txn`] did.
