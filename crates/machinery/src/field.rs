@@ -1,0 +1,273 @@
+//! Field errors (`field.ErrorList` upstream): what `Invalid` responses carry.
+
+use serde_json::Value;
+
+use crate::status::Cause;
+
+/// The kind of a field error (`field.ErrorType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorType {
+    /// `FieldValueNotFound`.
+    NotFound,
+    /// `FieldValueRequired`.
+    Required,
+    /// `FieldValueDuplicate`.
+    Duplicate,
+    /// `FieldValueInvalid`.
+    Invalid,
+    /// `FieldValueNotSupported`.
+    NotSupported,
+    /// `FieldValueForbidden`.
+    Forbidden,
+    /// `FieldValueTooLong`.
+    TooLong,
+    /// `FieldValueTooMany`.
+    TooMany,
+    /// `InternalError`.
+    Internal,
+    /// `FieldValueTypeInvalid`.
+    TypeInvalid,
+}
+
+impl ErrorType {
+    /// The `reason` of the cause.
+    pub fn cause_type(self) -> &'static str {
+        match self {
+            ErrorType::NotFound => "FieldValueNotFound",
+            ErrorType::Required => "FieldValueRequired",
+            ErrorType::Duplicate => "FieldValueDuplicate",
+            ErrorType::Invalid => "FieldValueInvalid",
+            ErrorType::NotSupported => "FieldValueNotSupported",
+            ErrorType::Forbidden => "FieldValueForbidden",
+            ErrorType::TooLong => "FieldValueTooLong",
+            ErrorType::TooMany => "FieldValueTooMany",
+            ErrorType::Internal => "InternalError",
+            ErrorType::TypeInvalid => "FieldValueTypeInvalid",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            ErrorType::NotFound => "Not found",
+            ErrorType::Required => "Required value",
+            ErrorType::Duplicate => "Duplicate value",
+            ErrorType::Invalid | ErrorType::TypeInvalid => "Invalid value",
+            ErrorType::NotSupported => "Unsupported value",
+            ErrorType::Forbidden => "Forbidden",
+            ErrorType::TooLong => "Too long",
+            ErrorType::TooMany => "Too many",
+            ErrorType::Internal => "Internal error",
+        }
+    }
+
+    fn shows_value(self) -> bool {
+        !matches!(
+            self,
+            ErrorType::Required | ErrorType::Forbidden | ErrorType::TooLong | ErrorType::Internal
+        )
+    }
+}
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// What is wrong.
+    pub kind: ErrorType,
+    /// The field path, e.g. `spec.ports[0].port`.
+    pub field: String,
+    /// The offending value as the message shows it (JSON, as kube-apiserver 1.36 prints it).
+    pub value: String,
+    /// Explanation.
+    pub detail: String,
+}
+
+impl FieldError {
+    fn new(kind: ErrorType, field: impl Into<String>, value: String, detail: String) -> Self {
+        FieldError {
+            kind,
+            field: field.into(),
+            value,
+            detail,
+        }
+    }
+
+    /// `Invalid value: <value>: <detail>`.
+    pub fn invalid(field: impl Into<String>, value: &Value, detail: impl Into<String>) -> Self {
+        Self::new(ErrorType::Invalid, field, render(value), detail.into())
+    }
+
+    /// `Required value[: <detail>]`.
+    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(ErrorType::Required, field, String::new(), detail.into())
+    }
+
+    /// `Forbidden: <detail>`.
+    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(ErrorType::Forbidden, field, String::new(), detail.into())
+    }
+
+    /// `Duplicate value: <value>`.
+    pub fn duplicate(field: impl Into<String>, value: &Value) -> Self {
+        Self::new(ErrorType::Duplicate, field, render(value), String::new())
+    }
+
+    /// `Not found: <value>`.
+    pub fn not_found(field: impl Into<String>, value: &Value) -> Self {
+        Self::new(ErrorType::NotFound, field, render(value), String::new())
+    }
+
+    /// `Unsupported value: <value>: supported values: "a", "b"`.
+    pub fn not_supported(field: impl Into<String>, value: &Value, supported: &[&str]) -> Self {
+        let detail = if supported.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = supported.iter().map(|s| crate::status::quote(s)).collect();
+            format!("supported values: {}", list.join(", "))
+        };
+        Self::new(ErrorType::NotSupported, field, render(value), detail)
+    }
+
+    /// `Too long: may not be more than <max> bytes`.
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        Self::new(
+            ErrorType::TooLong,
+            field,
+            String::new(),
+            format!("may not be more than {max} bytes"),
+        )
+    }
+
+    /// `Too many: <actual>: must have at most <max> items`.
+    pub fn too_many(field: impl Into<String>, actual: usize, max: usize) -> Self {
+        Self::new(
+            ErrorType::TooMany,
+            field,
+            actual.to_string(),
+            format!("must have at most {max} items"),
+        )
+    }
+
+    /// `Internal error: <detail>`.
+    pub fn internal(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(ErrorType::Internal, field, String::new(), detail.into())
+    }
+
+    /// The cause's `message`: type text, value, detail.
+    pub fn body(&self) -> String {
+        let mut text = self.kind.text().to_string();
+        if self.kind.shows_value() {
+            text.push_str(": ");
+            text.push_str(&self.value);
+        }
+        if !self.detail.is_empty() {
+            text.push_str(": ");
+            text.push_str(&self.detail);
+        }
+        text
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.body())
+        } else {
+            write!(f, "{}: {}", self.field, self.body())
+        }
+    }
+}
+
+/// How 1.36 prints a bad value inside a field error: as JSON.
+pub fn render(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+/// An ordered list of field errors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldErrors(pub Vec<FieldError>);
+
+impl FieldErrors {
+    /// No errors.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one.
+    pub fn push(&mut self, error: FieldError) {
+        self.0.push(error);
+    }
+
+    /// Adds several.
+    pub fn extend(&mut self, other: FieldErrors) {
+        self.0.extend(other.0);
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `field: body` for one error, `[e1, e2]` for several, duplicates removed.
+    pub fn aggregate(&self) -> String {
+        let mut seen = std::collections::HashSet::new();
+        let texts: Vec<String> = self
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .filter(|t| seen.insert(t.clone()))
+            .collect();
+        if texts.len() == 1 {
+            texts.into_iter().next().unwrap_or_default()
+        } else {
+            format!("[{}]", texts.join(", "))
+        }
+    }
+
+    /// `details.causes`.
+    pub fn causes(&self) -> Vec<Cause> {
+        self.0
+            .iter()
+            .map(|e| Cause {
+                reason: e.kind.cause_type().to_string(),
+                message: e.body(),
+                field: e.field.clone(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bodies_read_like_upstream() {
+        assert_eq!(
+            FieldError::invalid(
+                "spec.ports[0].port",
+                &json!(0),
+                "must be between 1 and 65535, inclusive"
+            )
+            .to_string(),
+            "spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive"
+        );
+        assert_eq!(
+            FieldError::not_supported("spec.type", &json!("X"), &["ClusterIP", "NodePort"]).body(),
+            "Unsupported value: \"X\": supported values: \"ClusterIP\", \"NodePort\""
+        );
+        assert_eq!(
+            FieldError::required("spec.ports", "").body(),
+            "Required value"
+        );
+    }
+
+    #[test]
+    fn several_errors_aggregate_in_brackets_without_duplicates() {
+        let mut errors = FieldErrors::new();
+        errors.push(FieldError::required("a", ""));
+        errors.push(FieldError::required("a", ""));
+        errors.push(FieldError::required("b", ""));
+        assert_eq!(errors.aggregate(), "[a: Required value, b: Required value]");
+    }
+}

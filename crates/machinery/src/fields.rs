@@ -1,0 +1,161 @@
+//! Field selectors (`fieldSelector=`): `field=value`, `field==value`, `field!=value`, ANDed.
+
+/// One term of a field selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldRequirement {
+    /// The field path, e.g. `metadata.name`.
+    pub field: String,
+    /// `true` for `!=`.
+    pub negated: bool,
+    /// The value, unescaped.
+    pub value: String,
+}
+
+/// A parsed field selector. Empty matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldSelector {
+    /// The terms.
+    pub requirements: Vec<FieldRequirement>,
+}
+
+impl FieldSelector {
+    /// Parses `fieldSelector`; the error is the 400 text kube-apiserver sends.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut requirements = Vec::new();
+        for term in split_unescaped(text, ',') {
+            if term.is_empty() {
+                continue;
+            }
+            let Some((field, negated, raw)) = split_term(&term) else {
+                return Err(format!(
+                    "invalid selector: '{text}'; can't understand '{term}'"
+                ));
+            };
+            let value =
+                unescape(raw).map_err(|e| format!("invalid field selector: {e}"))?;
+            requirements.push(FieldRequirement {
+                field: field.to_string(),
+                negated,
+                value,
+            });
+        }
+        Ok(FieldSelector { requirements })
+    }
+
+    /// Whether it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// The value `metadata.name` is pinned to by an `=` term, if any.
+    pub fn pinned_name(&self) -> Option<&str> {
+        self.requirements
+            .iter()
+            .find(|r| r.field == "metadata.name" && !r.negated)
+            .map(|r| r.value.as_str())
+    }
+
+    /// Whether an object matches, given how to read a field (`None`: unsupported field).
+    pub fn matches(&self, mut field: impl FnMut(&str) -> Option<String>) -> bool {
+        self.requirements.iter().all(|r| {
+            let value = field(&r.field).unwrap_or_default();
+            (value == r.value) != r.negated
+        })
+    }
+}
+
+fn split_unescaped(text: &str, separator: char) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut escaped = false;
+    for c in text.chars() {
+        if escaped {
+            current.push(c);
+            escaped = false;
+        } else if c == '\\' {
+            current.push(c);
+            escaped = true;
+        } else if c == separator {
+            parts.push(std::mem::take(&mut current));
+        } else {
+            current.push(c);
+        }
+    }
+    parts.push(current);
+    parts
+}
+
+fn split_term(term: &str) -> Option<(&str, bool, &str)> {
+    let bytes = term.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        for (operator, negated) in [("!=", true), ("==", false), ("=", false)] {
+            if term[i..].starts_with(operator) {
+                return Some((&term[..i], negated, &term[i + operator.len()..]));
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+fn unescape(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                Some(e) => return Err(format!("invalid escape sequence: \\{e}")),
+                None => return Err("invalid escape sequence: \\".to_string()),
+            },
+            ',' | '=' => return Err(format!("unescaped character in value: {}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_all_three_operators() {
+        let selector =
+            FieldSelector::parse("metadata.name=web,spec.type==NodePort,spec.clusterIP!=None")
+                .expect("parses");
+        assert_eq!(selector.requirements.len(), 3);
+        assert_eq!(selector.pinned_name(), Some("web"));
+        assert!(selector.requirements[2].negated);
+    }
+
+    #[test]
+    fn escapes_and_errors() {
+        let selector = FieldSelector::parse(r"metadata.name=a\,b").expect("parses");
+        assert_eq!(selector.requirements[0].value, "a,b");
+        assert_eq!(
+            FieldSelector::parse(r"metadata.name=a\x").unwrap_err(),
+            r"invalid field selector: invalid escape sequence: \x"
+        );
+        assert_eq!(
+            FieldSelector::parse("metadata.name=a=b").unwrap_err(),
+            "invalid field selector: unescaped character in value: 61"
+        );
+        assert_eq!(
+            FieldSelector::parse("foo").unwrap_err(),
+            "invalid selector: 'foo'; can't understand 'foo'"
+        );
+    }
+
+    #[test]
+    fn matching_reads_fields() {
+        let selector = FieldSelector::parse("spec.type!=NodePort").expect("parses");
+        assert!(selector.matches(|_| Some("ClusterIP".into())));
+        assert!(!selector.matches(|_| Some("NodePort".into())));
+    }
+}

@@ -1,0 +1,24 @@
+//! Kubernetes API machinery for Capstan, independent of any particular resource.
+//!
+//! Start with [`ApiError`]: every failure a client can cause becomes one, and it renders as the
+//! `metav1.Status` kube-apiserver would send. Around it live the pieces every verb handler needs:
+//! [`field::FieldError`] lists for `Invalid` errors, [`labels::LabelSelector`] and
+//! [`fields::FieldSelector`], [`continue_token::ContinueToken`], content negotiation
+//! ([`media`]), the `meta.k8s.io/v1` [`table::Table`], JSON and merge [`patch`]es, YAML
+//! ([`yaml`]) and name/label validation ([`validation`]).
+//!
+//! Objects are handled as `serde_json::Value`: the machinery never needs a resource's types.
+
+pub mod continue_token;
+pub mod field;
+pub mod fields;
+pub mod labels;
+pub mod media;
+pub mod meta;
+pub mod patch;
+pub mod status;
+pub mod table;
+pub mod validation;
+pub mod yaml;
+
+pub use status::{ApiError, Details, Reason};

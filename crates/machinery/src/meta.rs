@@ -1,0 +1,114 @@
+//! Reading and writing `metadata` on objects held as JSON.
+
+use serde_json::{Map, Value};
+
+/// `metadata` of an object, if it is a map.
+pub fn metadata(object: &Value) -> Option<&Map<String, Value>> {
+    object.get("metadata").and_then(Value::as_object)
+}
+
+/// `metadata`, created when missing (and replaced when it is not a map).
+pub fn metadata_mut(object: &mut Value) -> &mut Map<String, Value> {
+    if !object.is_object() {
+        *object = Value::Object(Map::new());
+    }
+    let Value::Object(map) = object else {
+        unreachable!("made an object above")
+    };
+    let entry = map
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    match entry {
+        Value::Object(meta) => meta,
+        _ => unreachable!("made an object above"),
+    }
+}
+
+/// A string field of `metadata` (`""` when absent).
+pub fn meta_str<'a>(object: &'a Value, field: &str) -> &'a str {
+    metadata(object)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `metadata.name`.
+pub fn name(object: &Value) -> &str {
+    meta_str(object, "name")
+}
+
+/// `metadata.namespace`.
+pub fn namespace(object: &Value) -> &str {
+    meta_str(object, "namespace")
+}
+
+/// `metadata.resourceVersion`.
+pub fn resource_version(object: &Value) -> &str {
+    meta_str(object, "resourceVersion")
+}
+
+/// Sets a string field of `metadata`.
+pub fn set_meta_str(object: &mut Value, field: &str, value: &str) {
+    metadata_mut(object).insert(field.to_string(), Value::String(value.to_string()));
+}
+
+/// `metadata.finalizers` as strings.
+pub fn finalizers(object: &Value) -> Vec<String> {
+    metadata(object)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The current time as Kubernetes writes timestamps: RFC 3339, UTC, whole seconds.
+pub fn now_rfc3339() -> String {
+    format_timestamp(jiff::Timestamp::now())
+}
+
+/// Formats a timestamp as `2006-01-02T15:04:05Z`.
+pub fn format_timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Sets `kind` and `apiVersion` first in the object, as single-object responses carry them.
+pub fn with_type_meta(object: &Value, api_version: &str, kind: &str) -> Value {
+    let mut out = Map::new();
+    out.insert("kind".into(), Value::String(kind.to_string()));
+    out.insert("apiVersion".into(), Value::String(api_version.to_string()));
+    if let Value::Object(fields) = object {
+        for (k, v) in fields {
+            if k != "kind" && k != "apiVersion" {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn timestamps_are_whole_seconds_utc() {
+        let at: jiff::Timestamp = "2025-01-02T03:04:05.678Z".parse().expect("timestamp");
+        assert_eq!(format_timestamp(at), "2025-01-02T03:04:05Z");
+    }
+
+    #[test]
+    fn type_meta_comes_first() {
+        let object = with_type_meta(&json!({"metadata":{"name":"a"}}), "v1", "Service");
+        let keys: Vec<&String> = object.as_object().expect("map").keys().collect();
+        assert_eq!(keys, ["kind", "apiVersion", "metadata"]);
+    }
+}

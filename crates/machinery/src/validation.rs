@@ -1,0 +1,240 @@
+//! Name, label and annotation rules (`k8s.io/apimachinery/pkg/util/validation`) and the generic
+//! `ObjectMeta` checks every resource shares.
+
+use serde_json::{Map, Value, json};
+
+use crate::field::{FieldError, FieldErrors};
+
+const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+const QUALIFIED_NAME_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const LABEL_KEY_MSG: &str = "a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+
+/// The total size allowed for all annotations of one object.
+pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
+fn max_len(text: &str, max: usize) -> Option<String> {
+    (text.len() > max).then(|| format!("must be no more than {max} characters"))
+}
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+fn dns1123_label_shape(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        && is_lower_alnum(bytes[0])
+        && is_lower_alnum(bytes[bytes.len() - 1])
+}
+
+/// RFC 1123 label (what 1.36 requires of Service names and namespaces).
+pub fn dns1123_label(text: &str) -> Vec<String> {
+    let mut errors: Vec<String> = max_len(text, 63).into_iter().collect();
+    if !dns1123_label_shape(text) {
+        errors.push(DNS1123_LABEL_MSG.to_string());
+    }
+    errors
+}
+
+/// RFC 1123 subdomain (names of most objects).
+pub fn dns1123_subdomain(text: &str) -> Vec<String> {
+    let mut errors: Vec<String> = max_len(text, 253).into_iter().collect();
+    if text.is_empty() || !text.split('.').all(dns1123_label_shape) {
+        errors.push(DNS1123_SUBDOMAIN_MSG.to_string());
+    }
+    errors
+}
+
+/// RFC 1035 label (port names' stricter relative; kept for resources that still use it).
+pub fn dns1035_label(text: &str) -> Vec<String> {
+    let mut errors: Vec<String> = max_len(text, 63).into_iter().collect();
+    let bytes = text.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes[0].is_ascii_lowercase()
+        && bytes.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        && is_lower_alnum(bytes[bytes.len() - 1]);
+    if !ok {
+        errors.push(DNS1035_LABEL_MSG.to_string());
+    }
+    errors
+}
+
+fn name_part_ok(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Qualified name: `[prefix/]name` (label keys, annotation keys, finalizers).
+pub fn qualified_name(text: &str) -> Vec<String> {
+    let parts: Vec<&str> = text.split('/').collect();
+    let (prefix, name) = match parts.as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => return vec![LABEL_KEY_MSG.to_string()],
+    };
+    let mut errors = Vec::new();
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            errors.push("prefix part must be non-empty".to_string());
+        } else {
+            errors.extend(
+                dns1123_subdomain(prefix)
+                    .into_iter()
+                    .map(|m| format!("prefix part {m}")),
+            );
+        }
+    }
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_string());
+    } else {
+        if name.len() > 63 {
+            errors.push("name part must be no more than 63 characters".to_string());
+        }
+        if !name_part_ok(name) {
+            errors.push(QUALIFIED_NAME_MSG.to_string());
+        }
+    }
+    errors
+}
+
+/// Label value.
+pub fn label_value(text: &str) -> Vec<String> {
+    let mut errors: Vec<String> = max_len(text, 63).into_iter().collect();
+    if !text.is_empty() && !name_part_ok(text) {
+        errors.push(LABEL_VALUE_MSG.to_string());
+    }
+    errors
+}
+
+/// Checks a `map[string]string` of labels at `path`.
+pub fn validate_labels(labels: &Map<String, Value>, path: &str) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    for (key, value) in labels {
+        for message in qualified_name(key) {
+            errors.push(FieldError::invalid(path, &json!(key), message));
+        }
+        match value.as_str() {
+            Some(text) => {
+                for message in label_value(text) {
+                    errors.push(FieldError::invalid(path, value, message));
+                }
+            }
+            None => errors.push(FieldError::invalid(path, value, "must be a string")),
+        }
+    }
+    errors
+}
+
+/// Checks annotation keys and their total size.
+pub fn validate_annotations(annotations: &Map<String, Value>, path: &str) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let mut total = 0usize;
+    for (key, value) in annotations {
+        for message in qualified_name(&key.to_lowercase()) {
+            errors.push(FieldError::invalid(path, &json!(key), message));
+        }
+        total += key.len() + value.as_str().map_or(0, str::len);
+    }
+    if total > TOTAL_ANNOTATION_SIZE_LIMIT {
+        errors.push(FieldError::too_long(path, TOTAL_ANNOTATION_SIZE_LIMIT));
+    }
+    errors
+}
+
+/// The generic `ObjectMeta` rules every kind shares on create and update (labels,
+/// annotations, finalizers, owner references). Name rules belong to the resource.
+pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
+        errors.extend(validate_labels(labels, "metadata.labels"));
+    }
+    if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
+        errors.extend(validate_annotations(annotations, "metadata.annotations"));
+    }
+    if let Some(finalizers) = meta.get("finalizers").and_then(Value::as_array) {
+        let mut has_orphan = false;
+        let mut has_foreground = false;
+        for (i, finalizer) in finalizers.iter().enumerate() {
+            let text = finalizer.as_str().unwrap_or_default();
+            for message in qualified_name(text) {
+                errors.push(FieldError::invalid(
+                    format!("metadata.finalizers[{i}]"),
+                    finalizer,
+                    message,
+                ));
+            }
+            has_orphan |= text == "orphan";
+            has_foreground |= text == "foregroundDeletion";
+        }
+        if has_orphan && has_foreground {
+            errors.push(FieldError::invalid(
+                "metadata.finalizers",
+                &Value::Array(finalizers.clone()),
+                "finalizer orphan and foregroundDeletion cannot be both set",
+            ));
+        }
+    }
+    if let Some(owners) = meta.get("ownerReferences").and_then(Value::as_array) {
+        let mut controllers = 0;
+        for (i, owner) in owners.iter().enumerate() {
+            for field in ["apiVersion", "kind", "name", "uid"] {
+                if owner.get(field).and_then(Value::as_str).unwrap_or("").is_empty() {
+                    errors.push(FieldError::invalid(
+                        format!("metadata.ownerReferences[{i}].{field}"),
+                        &json!(""),
+                        format!("{field} must not be empty"),
+                    ));
+                }
+            }
+            if owner.get("controller").and_then(Value::as_bool) == Some(true) {
+                controllers += 1;
+            }
+        }
+        if controllers > 1 {
+            errors.push(FieldError::invalid(
+                "metadata.ownerReferences",
+                &Value::Array(owners.clone()),
+                "Only one reference can have Controller set to true",
+            ));
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc1123_labels_may_start_with_a_digit() {
+        assert!(dns1123_label("1svc").is_empty());
+        assert_eq!(dns1123_label("Bad_Name"), vec![DNS1123_LABEL_MSG.to_string()]);
+        assert_eq!(
+            dns1123_label(&"a".repeat(64)),
+            vec!["must be no more than 63 characters".to_string()]
+        );
+    }
+
+    #[test]
+    fn qualified_names_allow_a_subdomain_prefix() {
+        assert!(qualified_name("example.com/my-key").is_empty());
+        assert!(qualified_name("app").is_empty());
+        assert_eq!(qualified_name("-a"), vec![QUALIFIED_NAME_MSG.to_string()]);
+        assert_eq!(qualified_name("a/b/c"), vec![LABEL_KEY_MSG.to_string()]);
+    }
+
+    #[test]
+    fn label_values_may_be_empty() {
+        assert!(label_value("").is_empty());
+        assert_eq!(label_value("a b"), vec![LABEL_VALUE_MSG.to_string()]);
+    }
+}
