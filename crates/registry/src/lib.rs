@@ -1,1 +1,15 @@
-//! wip
+//! The generic registry: what every kind's verbs share.
+//!
+//! Start with [`Registry`]: it runs get, list, watch, create, update, patch and delete for one
+//! kind, calling the kind's [`Strategy`] for defaults, validation, allocation and printing,
+//! writing through [`capstan_storage::Storage`] transactions and serving lists and watches
+//! from the [`cache::WatchCache`].
+
+pub mod cache;
+pub mod managed;
+mod store;
+pub mod strategy;
+pub mod watch;
+
+pub use store::{DeleteOptions, DeleteResult, ListOptions, ListResult, ReadAt, Registry, WriteOptions};
+pub use strategy::{ResourceInfo, Strategy, WriteExtras};

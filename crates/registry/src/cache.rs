@@ -1,0 +1,470 @@
+//! The watch cache: every kind's objects and recent changes, in memory, fed by one storage
+//! watch over the whole key space. Lists and watches are served from here.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use capstan_storage::{EventKind, KeyValue, RangeRequest, Revision, Storage, StorageError};
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+
+/// One object as the cache holds it: decoded once, serialized once.
+#[derive(Debug)]
+pub struct CachedObject {
+    /// Its storage key.
+    pub key: Arc<str>,
+    /// The revision of its last write (its `resourceVersion`).
+    pub revision: Revision,
+    /// The object without `kind`/`apiVersion`, with `metadata.resourceVersion` set.
+    pub object: Value,
+    /// `object` serialized as JSON.
+    pub json: Bytes,
+}
+
+impl CachedObject {
+    /// Decodes a stored value; `revision` becomes its `resourceVersion`.
+    pub fn decode(key: Arc<str>, value: &[u8], revision: Revision) -> Option<Self> {
+        let mut object: Value = match serde_json::from_slice(value) {
+            Ok(object) => object,
+            Err(error) => {
+                tracing::warn!(%key, %error, "skipping an undecodable stored object");
+                return None;
+            }
+        };
+        Some(Self::from_object(key, &mut object, revision))
+    }
+
+    /// Wraps an object, stamping `revision` as its `resourceVersion`.
+    pub fn from_object(key: Arc<str>, object: &mut Value, revision: Revision) -> Self {
+        if let Value::Object(map) = object {
+            map.remove("kind");
+            map.remove("apiVersion");
+        }
+        capstan_machinery::meta::set_meta_str(object, "resourceVersion", &revision.to_string());
+        let json = Bytes::from(serde_json::to_vec(&*object).unwrap_or_default());
+        CachedObject {
+            key,
+            revision,
+            object: std::mem::take(object),
+            json,
+        }
+    }
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Created.
+    Added,
+    /// Changed.
+    Modified,
+    /// Removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The watch event `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as watchers see it.
+#[derive(Debug)]
+pub struct CacheEvent {
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (for a delete: its last state, at the deletion revision).
+    pub object: Arc<CachedObject>,
+    /// The object before the change.
+    pub prev: Option<Arc<CachedObject>>,
+}
+
+impl CacheEvent {
+    /// The revision of the change.
+    pub fn revision(&self) -> Revision {
+        self.object.revision
+    }
+}
+
+/// What a watcher receives from the cache.
+#[derive(Debug, Clone)]
+pub enum CacheMessage {
+    /// A change.
+    Event(Arc<CacheEvent>),
+    /// Every change up to this revision has been sent.
+    Progress(Revision),
+}
+
+struct State {
+    objects: BTreeMap<Arc<str>, Arc<CachedObject>>,
+    history: VecDeque<Arc<CacheEvent>>,
+    /// Changes after this revision are in `history`.
+    oldest: Revision,
+    revision: Revision,
+    sender: broadcast::Sender<CacheMessage>,
+    progress_sent: Revision,
+}
+
+/// The objects of one kind (one storage prefix) and their recent changes.
+pub struct WatchCache {
+    prefix: String,
+    state: RwLock<State>,
+    history_limit: usize,
+    channel_capacity: usize,
+    global: watch::Receiver<Revision>,
+}
+
+/// Where a watch starts.
+pub struct Subscription {
+    /// Current objects when the watch asked for initial events (with their snapshot
+    /// revision); otherwise empty.
+    pub initial: Vec<Arc<CachedObject>>,
+    /// The revision the initial objects were read at, or the revision the watch starts after.
+    pub start_revision: Revision,
+    /// Buffered changes after the start revision.
+    pub replay: Vec<Arc<CacheEvent>>,
+    /// Live changes after those.
+    pub receiver: broadcast::Receiver<CacheMessage>,
+}
+
+/// The watch asked for a revision older than the cache remembers.
+#[derive(Debug, Clone, Copy)]
+pub struct TooOld {
+    /// The oldest revision a watch can start after.
+    pub oldest: Revision,
+}
+
+impl WatchCache {
+    fn new(prefix: String, global: watch::Receiver<Revision>, history_limit: usize) -> Self {
+        let channel_capacity = 4096;
+        let (sender, _) = broadcast::channel(channel_capacity);
+        WatchCache {
+            prefix,
+            state: RwLock::new(State {
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                oldest: 0,
+                revision: 0,
+                sender,
+                progress_sent: 0,
+            }),
+            history_limit,
+            channel_capacity,
+            global,
+        }
+    }
+
+    /// The storage prefix this cache mirrors (`services/specs/`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The revision the cache is complete up to.
+    pub fn revision(&self) -> Revision {
+        let state = self.read();
+        state.revision.max(*self.global.borrow())
+    }
+
+    /// One object.
+    pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
+        self.read().objects.get(key).cloned()
+    }
+
+    /// Objects under `prefix` with keys after `start_after`, in key order, with the snapshot
+    /// revision; `visit` returns `false` to stop.
+    pub fn scan(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        mut visit: impl FnMut(&Arc<CachedObject>) -> bool,
+    ) -> Revision {
+        let state = self.read();
+        let revision = state.revision.max(*self.global.borrow());
+        let lower = match start_after {
+            Some(key) => std::ops::Bound::Excluded(key),
+            None => std::ops::Bound::Included(prefix),
+        };
+        for (key, object) in state
+            .objects
+            .range::<str, _>((lower, std::ops::Bound::Unbounded))
+        {
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if !visit(object) {
+                break;
+            }
+        }
+        revision
+    }
+
+    /// How many objects the cache holds.
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts a watch: with `initial`, from the current objects; otherwise after `after`.
+    pub fn subscribe(&self, initial: bool, after: Revision) -> Result<Subscription, TooOld> {
+        let state = self.read();
+        let current = state.revision.max(*self.global.borrow());
+        if initial {
+            return Ok(Subscription {
+                initial: state.objects.values().cloned().collect(),
+                start_revision: current,
+                replay: Vec::new(),
+                receiver: state.sender.subscribe(),
+            });
+        }
+        if after < state.oldest {
+            return Err(TooOld {
+                oldest: state.oldest,
+            });
+        }
+        let replay = state
+            .history
+            .iter()
+            .filter(|e| e.revision() > after)
+            .cloned()
+            .collect();
+        Ok(Subscription {
+            initial: Vec::new(),
+            start_revision: after,
+            replay,
+            receiver: state.sender.subscribe(),
+        })
+    }
+
+    /// Waits until the cache has seen `revision`; `false` on timeout.
+    pub async fn wait_for(&self, revision: Revision, timeout: Duration) -> bool {
+        let mut global = self.global.clone();
+        let reached = tokio::time::timeout(timeout, global.wait_for(|r| *r >= revision)).await;
+        matches!(reached, Ok(Ok(_)))
+    }
+
+    fn reset(&self, objects: BTreeMap<Arc<str>, Arc<CachedObject>>, revision: Revision) {
+        let (sender, _) = broadcast::channel(self.channel_capacity);
+        let mut state = self.write();
+        // Dropping the old sender ends every current watch; clients re-watch and, when their
+        // revision is no longer buffered, relist.
+        *state = State {
+            objects,
+            history: VecDeque::new(),
+            oldest: revision,
+            revision,
+            sender,
+            progress_sent: revision,
+        };
+    }
+
+    fn apply(&self, kind: EventKind, kv: &KeyValue, prev: Option<&KeyValue>) {
+        let revision = kv.mod_revision;
+        let mut state = self.write();
+        let previous = state.objects.get(&kv.key).cloned();
+        let event = match kind {
+            EventKind::Put => {
+                let Some(object) = CachedObject::decode(kv.key.clone(), &kv.value, revision)
+                else {
+                    state.revision = revision;
+                    return;
+                };
+                let object = Arc::new(object);
+                state.objects.insert(kv.key.clone(), object.clone());
+                CacheEvent {
+                    kind: if previous.is_some() {
+                        EventType::Modified
+                    } else {
+                        EventType::Added
+                    },
+                    object,
+                    prev: previous,
+                }
+            }
+            EventKind::Delete => {
+                state.objects.remove(&kv.key);
+                let last = previous.or_else(|| {
+                    prev.and_then(|p| {
+                        CachedObject::decode(p.key.clone(), &p.value, p.mod_revision).map(Arc::new)
+                    })
+                });
+                let Some(last) = last else {
+                    state.revision = revision;
+                    return;
+                };
+                let mut object = last.object.clone();
+                let object = Arc::new(CachedObject::from_object(
+                    kv.key.clone(),
+                    &mut object,
+                    revision,
+                ));
+                CacheEvent {
+                    kind: EventType::Deleted,
+                    object,
+                    prev: Some(last),
+                }
+            }
+        };
+        let event = Arc::new(event);
+        state.history.push_back(event.clone());
+        while state.history.len() > self.history_limit {
+            if let Some(dropped) = state.history.pop_front() {
+                state.oldest = dropped.revision();
+            }
+        }
+        state.revision = revision;
+        state.progress_sent = revision;
+        let _ = state.sender.send(CacheMessage::Event(event));
+    }
+
+    fn progress(&self, revision: Revision) {
+        let mut state = self.write();
+        if state.progress_sent < revision {
+            state.progress_sent = revision;
+            state.revision = state.revision.max(revision);
+            let _ = state.sender.send(CacheMessage::Progress(revision));
+        }
+    }
+}
+
+/// All watch caches, fed by one storage watch.
+pub struct CacheSet {
+    storage: Arc<dyn Storage>,
+    caches: Vec<Arc<WatchCache>>,
+    global: watch::Sender<Revision>,
+}
+
+impl CacheSet {
+    /// Caches for these storage prefixes (each ending in `/`).
+    pub fn new(storage: Arc<dyn Storage>, prefixes: &[String], history_limit: usize) -> Self {
+        let (global, receiver) = watch::channel(0);
+        let caches = prefixes
+            .iter()
+            .map(|p| Arc::new(WatchCache::new(p.clone(), receiver.clone(), history_limit)))
+            .collect();
+        CacheSet {
+            storage,
+            caches,
+            global,
+        }
+    }
+
+    /// The cache for a prefix.
+    pub fn cache(&self, prefix: &str) -> Option<Arc<WatchCache>> {
+        self.caches.iter().find(|c| c.prefix == prefix).cloned()
+    }
+
+    /// The revision every cache is complete up to.
+    pub fn revision(&self) -> Revision {
+        *self.global.borrow()
+    }
+
+    async fn load(&self) -> Result<Revision, StorageError> {
+        let revision = self.storage.current_revision().await?;
+        for cache in &self.caches {
+            let response = self
+                .storage
+                .range(RangeRequest {
+                    prefix: cache.prefix.clone(),
+                    start_after: None,
+                    limit: 0,
+                    at_revision: Some(revision),
+                })
+                .await?;
+            let objects = response
+                .kvs
+                .into_iter()
+                .filter_map(|kv| {
+                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
+                        .map(|o| (kv.key, Arc::new(o)))
+                })
+                .collect();
+            cache.reset(objects, revision);
+        }
+        self.global.send_replace(revision);
+        Ok(revision)
+    }
+
+    /// Loads every cache and keeps them current in a background task until the set is dropped.
+    pub async fn start(self: &Arc<Self>) -> Result<(), StorageError> {
+        let revision = self.load().await?;
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut revision = revision;
+            loop {
+                let Some(set) = weak.upgrade() else { return };
+                match set.follow(revision).await {
+                    Ok(()) => return,
+                    Err(error) => {
+                        tracing::warn!(%error, "storage watch ended; reloading the watch cache");
+                    }
+                }
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    match set.load().await {
+                        Ok(r) => {
+                            revision = r;
+                            break;
+                        }
+                        Err(error) => tracing::warn!(%error, "reloading the watch cache failed"),
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn follow(self: &Arc<Self>, after: Revision) -> Result<(), StorageError> {
+        let mut stream = self.storage.watch("", after).await?;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut routes: HashMap<Arc<str>, usize> = HashMap::new();
+        loop {
+            tokio::select! {
+                event = stream.next_event() => {
+                    let Some(event) = event else { return Err(StorageError::Closed) };
+                    let event = event?;
+                    let revision = event.revision();
+                    let index = match routes.get(&event.kv.key) {
+                        Some(i) => Some(*i),
+                        None => {
+                            let found = self.caches.iter().position(|c| event.kv.key.starts_with(c.prefix.as_str()));
+                            if let Some(i) = found {
+                                if routes.len() > 100_000 { routes.clear(); }
+                                routes.insert(event.kv.key.clone(), i);
+                            }
+                            found
+                        }
+                    };
+                    if let Some(i) = index {
+                        self.caches[i].apply(event.kind, &event.kv, event.prev.as_ref());
+                    }
+                    self.global.send_replace(revision);
+                }
+                _ = tick.tick() => {
+                    let revision = *self.global.borrow();
+                    for cache in &self.caches {
+                        cache.progress(revision);
+                    }
+                }
+            }
+        }
+    }
+}
