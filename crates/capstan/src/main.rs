@@ -1,13 +1,18 @@
 //! `capstan`: a Kubernetes-compatible control plane for service networking.
 //!
-//! Today the binary wires up the storage layer (`capstan serve` opens the store, recovers it,
-//! and keeps it compacted); the API server is wired in by the next layers.
+//! `capstan serve` opens the store, loads the watch cache, creates first-start credentials and
+//! the built-in objects, and serves the Kubernetes API over HTTPS.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use capstan_apiserver::ApiServer;
+use capstan_registry::cache::CacheSet;
+use capstan_registry::{Registry, Strategy, WriteOptions};
+use capstan_resources::namespace::NamespaceStrategy;
+use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{Compactor, EmbeddedOptions, EmbeddedStore, Storage};
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -34,7 +39,7 @@ enum StorageKind {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Where the embedded store (and, later, certificates and kubeconfig) live.
+    /// Where the embedded store, certificates, admin token and kubeconfig live.
     #[arg(long, default_value = "./capstan-data")]
     data_dir: PathBuf,
     /// Which storage engine to use.
@@ -49,6 +54,18 @@ struct ServeArgs {
     /// How often storage history is compacted (kube-apiserver's default: 5m). 0 disables it.
     #[arg(long, alias = "compaction-interval", default_value = "5m", value_parser = parse_duration)]
     etcd_compaction_interval: Duration,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind_address: std::net::IpAddr,
+    /// The HTTPS port.
+    #[arg(long, alias = "secure-port", default_value_t = 6443)]
+    port: u16,
+    /// CIDR(s) cluster IPs are allocated from (one, or two of different families).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: String,
+    /// Inclusive node port range (`a-b` or `a+n`).
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: String,
 }
 
 /// Parses Go-style durations as kube-apiserver flags take them: `300ms`, `90s`, `5m`, `1h`, `0`.
@@ -97,14 +114,123 @@ async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let ranges = args
+        .service_cluster_ip_range
+        .split(',')
+        .map(|r| IpRange::parse(r.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--service-cluster-ip-range: {e}"))?;
+    if ranges.is_empty() || ranges.len() > 2 {
+        anyhow::bail!("--service-cluster-ip-range takes one or two CIDRs");
+    }
+    let ports = PortRange::parse(&args.service_node_port_range)
+        .map_err(|e| anyhow::anyhow!("--service-node-port-range: {e}"))?;
+    let listener = tokio::net::TcpListener::bind((args.bind_address, args.port))
+        .await
+        .with_context(|| format!("listening on {}:{}", args.bind_address, args.port))?;
     let store = open_storage(&args).await?;
-    let revision = store.current_revision().await?;
-    tracing::info!(storage = ?args.storage, revision, "storage ready");
     let _compactor = (!args.etcd_compaction_interval.is_zero())
         .then(|| Compactor::start(store.clone(), args.etcd_compaction_interval));
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
+    let strategies: Vec<Arc<dyn Strategy>> = vec![Arc::new(NamespaceStrategy), service_strategy.clone()];
+    let prefixes: Vec<String> = strategies.iter().map(|s| s.info().list_prefix("")).collect();
+    let caches = Arc::new(CacheSet::new(store.clone(), &prefixes, 100_000));
+    caches.start().await.context("loading the watch cache")?;
+    let registries: Vec<Arc<Registry>> = strategies
+        .iter()
+        .map(|strategy| {
+            let info = strategy.info();
+            let cache = caches
+                .cache(&info.list_prefix(""))
+                .expect("a cache exists for every registered prefix");
+            Arc::new(Registry::new(
+                strategy.clone(),
+                store.clone(),
+                cache,
+                info.namespaced.then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
+            ))
+        })
+        .collect();
+    bootstrap(&registries, &service_strategy, args.port).await?;
+    let host = if args.bind_address.is_unspecified() {
+        "127.0.0.1".to_string()
+    } else if args.bind_address.is_ipv6() {
+        format!("[{}]", args.bind_address)
+    } else {
+        args.bind_address.to_string()
+    };
+    let server_url = format!("https://{host}:{}", args.port);
+    let credentials = capstan_apiserver::pki::ensure(&args.data_dir, args.bind_address, &server_url)
+        .context("setting up certificates and the admin token")?;
+    let server = Arc::new(ApiServer::new(
+        registries,
+        credentials.token.clone(),
+        format!("{host}:{}", args.port),
+    ));
+    tracing::info!(
+        storage = ?args.storage,
+        revision = caches.revision(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "serving on {server_url}"
+    );
+    println!(
+        "Capstan is serving on {server_url}. Use it with: kubectl --kubeconfig {} get services",
+        credentials.kubeconfig.display()
+    );
+    capstan_apiserver::serve(
+        server,
+        listener,
+        credentials.tls,
+        shutdown_signal(),
+        Duration::from_secs(30),
+    )
+    .await;
+    tracing::info!("shut down");
     Ok(())
+}
+
+/// Creates what every cluster has: the built-in namespaces and the `kubernetes` Service.
+async fn bootstrap(
+    registries: &[Arc<Registry>],
+    services: &ServiceStrategy,
+    port: u16,
+) -> anyhow::Result<()> {
+    let find = |plural: &str| {
+        registries
+            .iter()
+            .find(|r| r.strategy().info().plural == plural)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
+    };
+    let options = WriteOptions {
+        dry_run: false,
+        field_manager: "kube-apiserver".into(),
+    };
+    let namespaces = find("namespaces")?;
+    for name in capstan_resources::namespace::BUILT_IN {
+        let object = serde_json::json!({"metadata": {"name": name}});
+        match namespaces.create("", object, &options).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => anyhow::bail!("creating namespace {name}: {}", e.message),
+        }
+    }
+    let service = serde_json::json!({
+        "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": services.allocator().primary().first_host(),
+            "sessionAffinity": "None",
+            "ipFamilyPolicy": "SingleStack",
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
+        },
+    });
+    match find("services")?.create("default", service, &options).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 409 => Ok(()),
+        Err(e) => anyhow::bail!("creating the kubernetes Service: {}", e.message),
+    }
 }
 
 async fn shutdown_signal() {

@@ -16,6 +16,7 @@ pub mod labels;
 pub mod media;
 pub mod meta;
 pub mod patch;
+pub mod protobuf;
 pub mod status;
 pub mod table;
 pub mod validation;

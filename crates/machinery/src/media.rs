@@ -179,6 +179,8 @@ pub enum BodyFormat {
     Json,
     /// YAML.
     Yaml,
+    /// Kubernetes protobuf (`application/vnd.kubernetes.protobuf`).
+    Protobuf,
 }
 
 /// Reads a create/update `Content-Type`; unknown types are a 415.
@@ -189,7 +191,14 @@ pub fn body_format(content_type: Option<&str>) -> Result<BodyFormat, ApiError> {
     match parse_media_type(text) {
         Some(m) if m.kind == "application" && m.subtype == "json" => Ok(BodyFormat::Json),
         Some(m) if m.kind == "application" && m.subtype == "yaml" => Ok(BodyFormat::Yaml),
-        _ => Err(ApiError::unsupported_media_type(SERVED_TYPES)),
+        Some(m) if m.kind == "application" && m.subtype == "vnd.kubernetes.protobuf" => {
+            Ok(BodyFormat::Protobuf)
+        }
+        _ => Err(ApiError::unsupported_media_type(&[
+            "application/json",
+            "application/yaml",
+            "application/vnd.kubernetes.protobuf",
+        ])),
     }
 }
 

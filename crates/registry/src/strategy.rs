@@ -121,6 +121,12 @@ pub trait Strategy: Send + Sync + 'static {
         capstan_machinery::validation::dns1123_subdomain(name)
     }
 
+    /// Decodes a request body into the kind's schema: unknown fields dropped, wrong types
+    /// refused (the error text follows "cannot be handled as a <Kind>: ").
+    fn decode(&self, object: Value) -> Result<Value, String> {
+        Ok(object)
+    }
+
     /// Defaults applied when an object is decoded (what upstream's scheme defaulting does).
     fn default(&self, _object: &mut Value) {}
 

@@ -6,3 +6,22 @@
 
 pub mod namespace;
 pub mod service;
+
+/// Round-trips an object through its typed form: unknown fields are dropped and wrongly typed
+/// ones refused, as kube-apiserver's decoder does.
+pub(crate) fn typed<T>(mut object: serde_json::Value) -> Result<serde_json::Value, String>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + k8s_openapi::Resource,
+{
+    if let serde_json::Value::Object(map) = &mut object {
+        map.insert("apiVersion".into(), T::API_VERSION.into());
+        map.insert("kind".into(), T::KIND.into());
+    }
+    let typed: T = serde_json::from_value(object).map_err(|e| e.to_string())?;
+    let mut out = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    if let serde_json::Value::Object(map) = &mut out {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    Ok(out)
+}

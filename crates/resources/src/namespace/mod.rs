@@ -50,6 +50,10 @@ impl Strategy for NamespaceStrategy {
         validation::dns1123_label(name)
     }
 
+    fn decode(&self, object: Value) -> Result<Value, String> {
+        crate::typed::<k8s_openapi::api::core::v1::Namespace>(object)
+    }
+
     fn default(&self, object: &mut Value) {
         if let Value::Object(map) = object {
             let spec = map.entry("spec").or_insert_with(|| json!({}));

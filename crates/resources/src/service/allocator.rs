@@ -617,6 +617,19 @@ impl ServiceAllocator {
     }
 }
 
+/// `normalizeClusterIPs`: a `clusterIP` without `clusterIPs` fills them.
+pub fn normalize_cluster_ips(object: &mut Value) {
+    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+    let empty = spec
+        .get("clusterIPs")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    if !ip.is_empty() && empty {
+        spec.insert("clusterIPs".into(), json!([ip]));
+    }
+}
+
 /// `patchAllocatedValues`: a PUT that omits allocated values keeps them.
 pub fn keep_allocated_values(new: &mut Value, old: &Value) {
     let old_type = spec_str(old, "type").to_string();

@@ -75,6 +75,10 @@ impl Strategy for ServiceStrategy {
         capstan_machinery::validation::dns1123_label(name)
     }
 
+    fn decode(&self, object: Value) -> Result<Value, String> {
+        crate::typed::<k8s_openapi::api::core::v1::Service>(object)
+    }
+
     fn default(&self, object: &mut Value) {
         defaults::apply(object);
     }
@@ -83,11 +87,13 @@ impl Strategy for ServiceStrategy {
         if let Value::Object(map) = object {
             map.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
         }
+        allocator::normalize_cluster_ips(object);
     }
 
     fn prepare_for_update(&self, new: &mut Value, old: &Value) {
         capstan_registry::strategy::copy_field(new, old, "status");
         allocator::keep_allocated_values(new, old);
+        allocator::normalize_cluster_ips(new);
     }
 
     fn validate_create(&self, object: &Value) -> FieldErrors {

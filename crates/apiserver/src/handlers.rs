@@ -1,0 +1,757 @@
+//! Resource requests: the verb handlers, generic over every registered kind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use capstan_machinery::continue_token::ContinueToken;
+use capstan_machinery::fields::FieldSelector;
+use capstan_machinery::labels::LabelSelector;
+use capstan_machinery::media::{self, BodyFormat, Output};
+use capstan_machinery::patch::{self, PatchType};
+use capstan_machinery::status::{Details, success_status};
+use capstan_machinery::{ApiError, Reason, meta, yaml};
+use capstan_registry::cache::EventType;
+use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
+use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, WriteOptions};
+use http::{HeaderMap, Method, Response, StatusCode, header};
+use serde_json::{Map, Value, json};
+
+use crate::request::{
+    Body, Encoding, IncludeObject, Query, error_response, json_response, object_response,
+    read_body, to_table,
+};
+
+/// A request for a resource, as the router understood it.
+pub struct ResourceRequest {
+    /// The kind's registry.
+    pub registry: Arc<Registry>,
+    /// Namespace from the path (empty: none / all namespaces).
+    pub namespace: String,
+    /// Object name from the path.
+    pub name: Option<String>,
+    /// `status` for the status subresource.
+    pub subresource: Option<String>,
+    /// A legacy `/watch/` path.
+    pub watch_path: bool,
+}
+
+/// Everything a handler reads from the HTTP request.
+pub struct Call {
+    /// Method.
+    pub method: Method,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Query parameters.
+    pub query: Query,
+    /// Body (not yet read).
+    pub body: Option<hyper::body::Incoming>,
+    /// Ends watches when the server shuts down.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Routes a resource request to its verb.
+pub async fn handle(request: ResourceRequest, mut call: Call) -> Response<Body> {
+    let is_watch = request.watch_path
+        || (request.name.is_none() && call.method == Method::GET && call.query.flag("watch") == Some(true));
+    let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
+        Ok(encoding) => encoding,
+        Err(error) => return error_response(&error, Encoding::json()),
+    };
+    let info = request.registry.strategy().info();
+    let status_sub = request.subresource.as_deref() == Some("status");
+    let result = match (&call.method, request.name.as_deref(), is_watch) {
+        (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
+        (&Method::GET, None, false) => list(&request, &call, encoding).await,
+        (&Method::GET, Some(name), false) => {
+            get(&request, name, &call, encoding).await
+        }
+        (&Method::POST, None, _) if !status_sub => {
+            let body = call.body.take();
+            create(&request, &call, body, encoding).await
+        }
+        (&Method::PUT, Some(name), _) => {
+            let body = call.body.take();
+            update(&request, name, &call, body, encoding, status_sub).await
+        }
+        (&Method::PATCH, Some(name), _) => {
+            let body = call.body.take();
+            patch_object(&request, name, &call, body, encoding, status_sub).await
+        }
+        (&Method::DELETE, Some(name), _) if !status_sub => {
+            let body = call.body.take();
+            delete(&request, name, &call, body, encoding).await
+        }
+        (&Method::DELETE, None, _) if info.verbs.contains(&"deletecollection") => {
+            let body = call.body.take();
+            delete_collection(&request, &call, body, encoding).await
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    };
+    match result {
+        Ok(response) => response,
+        Err(error) => error_response(&error, encoding),
+    }
+}
+
+fn parse_revision(text: &str) -> Result<i64, ApiError> {
+    text.parse::<u64>()
+        .ok()
+        .and_then(|r| i64::try_from(r).ok())
+        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {text}")))
+}
+
+fn list_options_invalid(detail: String) -> ApiError {
+    ApiError::invalid(
+        "meta.k8s.io",
+        "ListOptions.meta.k8s.io",
+        "",
+        &capstan_machinery::field::FieldErrors(vec![]),
+    )
+    .with_message(format!("ListOptions.meta.k8s.io \"\" is invalid: {detail}"))
+}
+
+trait WithMessage {
+    fn with_message(self, message: String) -> Self;
+}
+
+impl WithMessage for ApiError {
+    fn with_message(mut self, message: String) -> Self {
+        self.message = message;
+        self
+    }
+}
+
+fn selectors(request: &ResourceRequest, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
+    request.registry.check_field_selector(&fields)?;
+    if let (Some(path_name), Some(pinned)) = (request.name.as_deref(), fields.pinned_name())
+        && path_name != pinned
+    {
+        return Err(ApiError::bad_request(
+            "fieldSelector metadata.name doesn't match requested name",
+        ));
+    }
+    Ok((labels, fields))
+}
+
+fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions, ApiError> {
+    let (labels, fields) = selectors(request, query)?;
+    let limit = query.int("limit")?.unwrap_or(0).max(0) as usize;
+    let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
+    let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
+    let continue_token = match query.get("continue").filter(|v| !v.is_empty()) {
+        Some(text) => {
+            if rv_match.is_some() {
+                return Err(list_options_invalid(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided".into(),
+                ));
+            }
+            if rv.is_some_and(|v| v != "0") {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            Some(ContinueToken::decode(text).map_err(ApiError::bad_request)?)
+        }
+        None => None,
+    };
+    if query.get("sendInitialEvents").is_some() {
+        return Err(list_options_invalid(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into(),
+        ));
+    }
+    let read_at = match (rv, rv_match) {
+        (None, None) => ReadAt::Latest,
+        (None, Some("NotOlderThan" | "Exact")) => {
+            return Err(list_options_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into()));
+        }
+        (Some("0"), Some("Exact")) => {
+            return Err(list_options_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into()));
+        }
+        (_, Some(other)) if other != "NotOlderThan" && other != "Exact" => {
+            return Err(list_options_invalid(format!(
+                "resourceVersionMatch: Unsupported value: {}: supported values: \"Exact\", \"NotOlderThan\", \"\"",
+                capstan_machinery::status::quote(other)
+            )));
+        }
+        (Some("0"), _) => ReadAt::Any,
+        (Some(v), Some("Exact")) => ReadAt::Exact(parse_revision(v)?),
+        (Some(v), _) => ReadAt::NotOlderThan(parse_revision(v)?),
+        (None, Some(_)) => ReadAt::Latest,
+    };
+    Ok(ListOptions {
+        labels,
+        fields,
+        limit,
+        continue_token,
+        read_at,
+    })
+}
+
+async fn get(request: &ResourceRequest, name: &str, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+    let at = match call.query.get("resourceVersion").filter(|v| !v.is_empty()) {
+        None => ReadAt::Latest,
+        Some("0") => ReadAt::Any,
+        Some(v) => ReadAt::NotOlderThan(parse_revision(v)?),
+    };
+    let object = request.registry.get(&request.namespace, name, at).await?;
+    Ok(object_response(StatusCode::OK, request.registry.strategy().as_ref(), &object, encoding, &call.query))
+}
+
+async fn list(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+    let options = list_options(request, &call.query)?;
+    let result = request.registry.list(&request.namespace, &options).await?;
+    Ok(list_response(request, call, encoding, result))
+}
+
+fn list_response(
+    request: &ResourceRequest,
+    call: &Call,
+    encoding: Encoding,
+    result: capstan_registry::ListResult,
+) -> Response<Body> {
+    let strategy = request.registry.strategy();
+    let info = strategy.info();
+    let mut list_meta = Map::new();
+    list_meta.insert("resourceVersion".into(), json!(result.revision.to_string()));
+    if let Some(token) = &result.continue_token {
+        list_meta.insert("continue".into(), json!(token));
+    }
+    if let Some(remaining) = result.remaining {
+        list_meta.insert("remainingItemCount".into(), json!(remaining));
+    }
+    match encoding.negotiated.output {
+        Output::Json if !encoding.pretty => {
+            // The hot path: splice the cached item bytes instead of re-serializing them.
+            let head = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta});
+            let mut out = serde_json::to_vec(&head).unwrap_or_default();
+            out.pop();
+            out.extend_from_slice(b",\"items\":[");
+            for (i, item) in result.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&item.json);
+            }
+            out.extend_from_slice(b"]}\n");
+            let mut response = Response::new(crate::request::full(Bytes::from(out)));
+            response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+            response.headers_mut().insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache, private"));
+            response
+        }
+        Output::Json | Output::Yaml => {
+            let items: Vec<Value> = result.items.iter().map(|o| o.object.clone()).collect();
+            let list = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
+            if encoding.negotiated.output == Output::Yaml {
+                let mut response = json_response(StatusCode::OK, &json!(null), false);
+                *response.body_mut() = crate::request::full(yaml::to_string(&list).unwrap_or_default());
+                response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/yaml"));
+                response
+            } else {
+                json_response(StatusCode::OK, &list, encoding.pretty)
+            }
+        }
+        Output::Metadata => {
+            let items: Vec<Value> = result
+                .items
+                .iter()
+                .map(|o| json!({"metadata": o.object.get("metadata").cloned().unwrap_or(json!({}))}))
+                .collect();
+            json_response(
+                StatusCode::OK,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "items": items}),
+                encoding.pretty,
+            )
+        }
+        Output::Table(version) => {
+            let include = match IncludeObject::parse(&call.query) {
+                Ok(include) => include,
+                Err(error) => return error_response(&error, encoding),
+            };
+            let objects: Vec<&Value> = result.items.iter().map(|o| &o.object).collect();
+            json_response(
+                StatusCode::OK,
+                &to_table(strategy.as_ref(), version, &objects, list_meta, include, true),
+                encoding.pretty,
+            )
+        }
+    }
+}
+
+fn watch_invalid(detail: &str) -> ApiError {
+    list_options_invalid(detail.to_string())
+}
+
+async fn watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Response<Body> {
+    match start_watch(request, call, encoding).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error, encoding),
+    }
+}
+
+async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+    let query = &call.query;
+    let (labels, mut fields) = selectors(request, query)?;
+    if let Some(name) = &request.name {
+        fields = FieldSelector::parse(&format!("metadata.name={name}")).map_err(ApiError::bad_request)?;
+    }
+    let bookmarks = query.flag("allowWatchBookmarks") == Some(true);
+    let send_initial = query.flag("sendInitialEvents");
+    let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
+    match (send_initial, rv_match) {
+        (Some(_), None) => return Err(watch_invalid("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")),
+        (None, Some(_)) => return Err(watch_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")),
+        (Some(_), Some(other)) if other != "NotOlderThan" => {
+            return Err(watch_invalid(&format!(
+                "resourceVersionMatch: Unsupported value: {}: supported values: \"NotOlderThan\"",
+                capstan_machinery::status::quote(other)
+            )));
+        }
+        _ => {}
+    }
+    if send_initial == Some(true) && bookmarks && matches!(encoding.negotiated.output, Output::Table(_)) {
+        return Err(ApiError::not_acceptable(media::SERVED_STREAM_TYPES));
+    }
+    let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
+    let registry = &request.registry;
+    let start = match (rv, send_initial) {
+        (None | Some("0"), None | Some(true)) => WatchStart::Initial { end_bookmark: bookmarks },
+        (Some(v), Some(true)) => {
+            let revision = parse_revision(v)?;
+            if !registry.cache().wait_for(revision, Duration::from_secs(3)).await {
+                return Err(ApiError::too_large_resource_version(revision, registry.cache().revision()));
+            }
+            WatchStart::Initial { end_bookmark: bookmarks }
+        }
+        (None | Some("0"), Some(false)) => WatchStart::After(registry.cache().revision()),
+        (Some(v), _) => WatchStart::After(parse_revision(v)?),
+    };
+    let timeout = match query.int("timeoutSeconds")? {
+        Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
+        _ => Duration::from_secs(1800 + fastrand_u64(1800)),
+    };
+    let mut watcher = registry.watch(&request.namespace, WatchOptions { labels, fields, start });
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(256);
+    let strategy = registry.strategy().clone();
+    let include = IncludeObject::parse(query)?;
+    let mut shutdown = call.shutdown.clone();
+    tokio::spawn(async move {
+        let info = strategy.info();
+        let api_version = info.api_version();
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut bookmark_timer = tokio::time::interval(Duration::from_secs(60));
+        bookmark_timer.tick().await;
+        let mut first_table = true;
+        let mut last_bookmark = 0;
+        loop {
+            let item = tokio::select! {
+                item = watcher.next() => match item { Some(item) => item, None => break },
+                _ = bookmark_timer.tick(), if bookmarks => {
+                    let revision = watcher.progress();
+                    if revision <= last_bookmark { continue; }
+                    WatchItem::Bookmark(revision, false)
+                }
+                _ = &mut deadline => break,
+                _ = shutdown.wait_for(|down| *down) => break,
+            };
+            let line = match item {
+                WatchItem::Event(kind, object) => {
+                    let encoded = match encoding.negotiated.output {
+                        Output::Table(version) => {
+                            let mut list_meta = Map::new();
+                            list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
+                            let table = to_table(strategy.as_ref(), version, &[&object.object], list_meta, include, first_table);
+                            first_table = false;
+                            Bytes::from(serde_json::to_vec(&table).unwrap_or_default())
+                        }
+                        Output::Metadata => Bytes::from(serde_json::to_vec(&json!({
+                            "kind": "PartialObjectMetadata",
+                            "apiVersion": "meta.k8s.io/v1",
+                            "metadata": object.object.get("metadata").cloned().unwrap_or(json!({})),
+                        })).unwrap_or_default()),
+                        _ => typed_json(&object.json, info.kind, &api_version),
+                    };
+                    event_line(kind.as_str(), &encoded)
+                }
+                WatchItem::Bookmark(revision, initial_end) => {
+                    if !bookmarks { continue; }
+                    last_bookmark = revision;
+                    let mut metadata = Map::new();
+                    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
+                    if initial_end {
+                        metadata.insert("annotations".into(), json!({"k8s.io/initial-events-end": "true"}));
+                    }
+                    let object = json!({"kind": info.kind, "apiVersion": api_version, "metadata": metadata});
+                    event_line("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
+                }
+                WatchItem::Error(error) => {
+                    let line = event_line("ERROR", &serde_json::to_vec(&error.to_status()).unwrap_or_default());
+                    let _ = sender.send(line).await;
+                    break;
+                }
+            };
+            if sender.send(line).await.is_err() {
+                break;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver
+            .recv()
+            .await
+            .map(|bytes| (Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes)), receiver))
+    });
+    let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
+    let mut response = Response::new(body);
+    response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache, private"));
+    Ok(response)
+}
+
+fn fastrand_u64(bound: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    nanos % bound.max(1)
+}
+
+/// `{"kind":K,"apiVersion":V,` + the cached object's members.
+fn typed_json(object: &[u8], kind: &str, api_version: &str) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 48);
+    out.extend_from_slice(b"{\"kind\":");
+    out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
+    out.extend_from_slice(b",\"apiVersion\":");
+    out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+    if object.len() > 2 {
+        out.push(b',');
+        out.extend_from_slice(&object[1..]);
+    } else {
+        out.push(b'}');
+    }
+    Bytes::from(out)
+}
+
+fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}
+
+fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
+    let dry_run = dry_run(&call.query, "CreateOptions")?;
+    if let Some(validation) = call.query.get("fieldValidation")
+        && !["", "Ignore", "Strict", "Warn"].contains(&validation)
+    {
+        return Err(options_invalid("CreateOptions", &format!(
+            "fieldValidation: Unsupported value: {}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
+            capstan_machinery::status::quote(validation)
+        )));
+    }
+    let field_manager = match call.query.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(manager) => {
+            if manager.len() > 128 {
+                return Err(options_invalid("CreateOptions", "fieldManager: Too long: may not be more than 128 bytes"));
+            }
+            manager.to_string()
+        }
+        None => {
+            let agent = call.headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let manager: String = agent.split('/').next().unwrap_or("").chars().filter(|c| !c.is_control()).collect();
+            manager.chars().take(128).collect()
+        }
+    };
+    Ok(WriteOptions { dry_run, field_manager })
+}
+
+fn options_invalid(kind: &str, detail: &str) -> ApiError {
+    let mut error = ApiError::new(422, Reason::Invalid, format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"));
+    error.details = Some(Details { group: "meta.k8s.io".into(), kind: kind.into(), ..Details::default() });
+    error
+}
+
+fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
+    let values = query.all("dryRun");
+    if let Some(bad) = values.iter().find(|v| **v != "All") {
+        return Err(options_invalid(kind, &format!(
+            "dryRun: Unsupported value: [{}]: supported values: \"All\"",
+            capstan_machinery::status::quote(bad)
+        )));
+    }
+    Ok(!values.is_empty())
+}
+
+/// Decodes a create/update body and checks its kind and apiVersion.
+async fn decode_body(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+) -> Result<Value, ApiError> {
+    let info = request.registry.strategy().info();
+    let format = media::body_format(call.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    let parsed: Result<Value, String> = match format {
+        BodyFormat::Json => serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}")),
+        BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
+        BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes).map(|(_, _, object)| object),
+    };
+    let unrecognized = |detail: String| {
+        let shown: String = if bytes.is_empty() {
+            "<empty>".to_string()
+        } else {
+            String::from_utf8_lossy(&bytes[..bytes.len().min(30)]).into_owned()
+        };
+        ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {}): couldn't get version/kind; {detail} ({shown})",
+            info.kind
+        ))
+    };
+    let mut object = parsed.map_err(unrecognized)?;
+    let Some(map) = object.as_object_mut() else {
+        return Err(unrecognized("json parse error: the body is not a JSON object".into()));
+    };
+    let api_version = info.api_version();
+    let body_version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string();
+    let body_kind = map.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+    if !body_version.is_empty() && body_version != api_version {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({body_version}) does not match the expected API version ({api_version})"
+        )));
+    }
+    if !body_kind.is_empty() && body_kind != info.kind {
+        return Err(ApiError::bad_request(format!(
+            "{body_kind} in version {} cannot be handled as a {}: the object provided is of kind {body_kind}",
+            capstan_machinery::status::quote(if body_version.is_empty() { &api_version } else { &body_version }),
+            info.kind
+        )));
+    }
+    map.remove("kind");
+    map.remove("apiVersion");
+    request.registry.strategy().decode(object).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version {} cannot be handled as a {}: {e}",
+            info.kind,
+            capstan_machinery::status::quote(info.version),
+            info.kind
+        ))
+    })
+}
+
+fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
+    if !request.registry.strategy().info().namespaced {
+        meta::metadata_mut(object).remove("namespace");
+        return Ok(());
+    }
+    let sent = meta::namespace(object).to_string();
+    if !sent.is_empty() && sent != request.namespace {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    meta::set_meta_str(object, "namespace", &request.namespace);
+    Ok(())
+}
+
+async fn create(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = write_options(call)?;
+    let mut object = decode_body(request, call, body).await?;
+    settle_namespace(request, &mut object)?;
+    let created = request.registry.create(&request.namespace, object, &options).await?;
+    Ok(object_response(StatusCode::CREATED, request.registry.strategy().as_ref(), &created, encoding, &call.query))
+}
+
+async fn update(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    let options = write_options(call)?;
+    let mut object = decode_body(request, call, body).await?;
+    let sent_name = meta::name(&object).to_string();
+    if sent_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({sent_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    settle_namespace(request, &mut object)?;
+    let (stored, created) = request
+        .registry
+        .update(&request.namespace, name, object, &options, status)
+        .await?;
+    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(object_response(code, request.registry.strategy().as_ref(), &stored, encoding, &call.query))
+}
+
+async fn patch_object(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    let patch_type = PatchType::from_content_type(call.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+    let mut options = write_options(call)?;
+    if call.query.get("force").is_some() && patch_type != PatchType::Apply {
+        return Err(options_invalid("PatchOptions", "force: Forbidden: may not be specified for non-apply patch"));
+    }
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    if matches!(patch_type, PatchType::StrategicMerge | PatchType::Apply) {
+        return Err(ApiError::new(
+            415,
+            Reason::UnsupportedMediaType,
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json"
+            ),
+        ));
+    }
+    if options.field_manager.is_empty() {
+        options.field_manager = "unknown".into();
+    }
+    let strategy = request.registry.strategy().clone();
+    let info = strategy.info();
+    let namespace = request.namespace.clone();
+    let patched = request
+        .registry
+        .patch(&request.namespace, name, &options, status, |current| {
+            let mut result = match patch_type {
+                PatchType::Json => patch::json_patch(current, &bytes)?,
+                _ => patch::merge_patch(current, &bytes)?,
+            };
+            if let Some(map) = result.as_object_mut() {
+                let kind = map.get("kind").and_then(Value::as_str).unwrap_or(info.kind);
+                let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or(info.version);
+                if kind != info.kind || version != info.api_version() {
+                    return Err(ApiError::bad_request(format!(
+                        "the API version in the data ({version}) does not match the expected API version ({})",
+                        info.api_version()
+                    )));
+                }
+                map.remove("kind");
+                map.remove("apiVersion");
+            }
+            if meta::name(&result) != name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    meta::name(&result)
+                )));
+            }
+            if info.namespaced && meta::namespace(&result) != namespace {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            strategy.decode(result).map_err(|e| {
+                ApiError::new(422, Reason::Invalid, format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"))
+            })
+        })
+        .await?;
+    Ok(object_response(StatusCode::OK, request.registry.strategy().as_ref(), &patched, encoding, &call.query))
+}
+
+async fn delete_options(call: &Call, body: Option<hyper::body::Incoming>) -> Result<DeleteOptions, ApiError> {
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    let mut options = DeleteOptions { dry_run: dry_run(&call.query, "DeleteOptions")?, ..DeleteOptions::default() };
+    let mut propagation = call.query.get("propagationPolicy").map(str::to_string);
+    let mut orphan = call.query.flag("orphanDependents");
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        let body: Value = capstan_machinery::protobuf::decode(&bytes)
+            .map(|(_, _, object)| object)
+            .or_else(|_| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+            .or_else(|_| yaml::from_slice(&bytes).map_err(|e| e.to_string()))
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        propagation = body.get("propagationPolicy").and_then(Value::as_str).map(str::to_string);
+        orphan = body.get("orphanDependents").and_then(Value::as_bool);
+        if let Some(pre) = body.get("preconditions") {
+            options.uid = pre.get("uid").and_then(Value::as_str).map(str::to_string);
+            options.resource_version = pre.get("resourceVersion").and_then(Value::as_str).map(str::to_string);
+        }
+        if let Some(values) = body.get("dryRun").and_then(Value::as_array) {
+            if values.iter().any(|v| v.as_str() != Some("All")) {
+                return Err(options_invalid("DeleteOptions", "dryRun: Unsupported value: [\"x\"]: supported values: \"All\""));
+            }
+            options.dry_run |= !values.is_empty();
+        }
+    }
+    if let Some(policy) = &propagation {
+        if !["Orphan", "Background", "Foreground"].contains(&policy.as_str()) {
+            return Err(options_invalid("DeleteOptions", &format!(
+                "propagationPolicy: Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"",
+                capstan_machinery::status::quote(policy)
+            )));
+        }
+        if orphan.is_some() {
+            return Err(options_invalid("DeleteOptions", &format!(
+                "propagationPolicy: Invalid value: {}: orphanDependents and deletionPropagation cannot be both set",
+                capstan_machinery::status::quote(policy)
+            )));
+        }
+    }
+    options.propagation = propagation;
+    Ok(options)
+}
+
+async fn delete(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = delete_options(call, body).await?;
+    let result = request.registry.delete(&request.namespace, name, &options).await?;
+    let strategy = request.registry.strategy();
+    let info = strategy.info();
+    if info.delete_returns_object || !result.removed {
+        return Ok(object_response(StatusCode::OK, strategy.as_ref(), &result.object, encoding, &call.query));
+    }
+    let details = Details {
+        name: name.to_string(),
+        group: info.group.to_string(),
+        kind: info.plural.to_string(),
+        uid: meta::meta_str(&result.object, "uid").to_string(),
+        ..Details::default()
+    };
+    Ok(json_response(StatusCode::OK, &success_status(&details), encoding.pretty))
+}
+
+async fn delete_collection(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = delete_options(call, body).await?;
+    let list = list_options(request, &call.query)?;
+    let result = request.registry.delete_collection(&request.namespace, &list, &options).await?;
+    Ok(list_response(request, call, encoding, result))
+}
+
+/// Event types in watch lines (re-exported for tests).
+pub fn event_name(kind: EventType) -> &'static str {
+    kind.as_str()
+}

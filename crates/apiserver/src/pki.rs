@@ -1,0 +1,162 @@
+//! First-start credentials: a CA, a serving certificate, an admin token and a kubeconfig,
+//! all kept in the data directory.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// Errors setting up credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    /// Reading or writing a file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Generating a key or certificate.
+    #[error("generating certificates: {0}")]
+    Certificate(#[from] rcgen::Error),
+    /// Building the TLS configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// What the server needs to serve TLS and authenticate its admin.
+pub struct Credentials {
+    /// The rustls server configuration.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// The admin bearer token.
+    pub token: String,
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
+    /// Where the kubeconfig was written.
+    pub kubeconfig: PathBuf,
+}
+
+fn read(path: &Path) -> Result<Option<String>, PkiError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PkiError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn write(path: &Path, contents: &str, private: bool) -> Result<(), PkiError> {
+    let io = |source| PkiError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, contents).map_err(io)?;
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    std::fs::rename(&temporary, path).map_err(io)
+}
+
+fn ca_params() -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "capstan-ca");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+/// Loads (or creates on first start) the CA, token and serving certificate in `dir`, and
+/// writes `dir/kubeconfig` pointing at `server` (`https://host:port`).
+pub fn ensure(dir: &Path, bind: IpAddr, server: &str) -> Result<Credentials, PkiError> {
+    std::fs::create_dir_all(dir).map_err(|source| PkiError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let ca_key_path = dir.join("ca.key");
+    let ca_cert_path = dir.join("ca.crt");
+    let token_path = dir.join("admin.token");
+    let (ca_key, ca_pem) = match (read(&ca_key_path)?, read(&ca_cert_path)?) {
+        (Some(key), Some(cert)) => (KeyPair::from_pem(&key)?, cert),
+        _ => {
+            let key = KeyPair::generate()?;
+            let cert = ca_params()?.self_signed(&key)?;
+            write(&ca_key_path, &key.serialize_pem(), true)?;
+            write(&ca_cert_path, &cert.pem(), false)?;
+            (key, cert.pem())
+        }
+    };
+    let token = match read(&token_path)? {
+        Some(token) if !token.trim().is_empty() => token.trim().to_string(),
+        _ => {
+            let token = format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            write(&token_path, &token, true)?;
+            token
+        }
+    };
+    // The serving certificate is re-issued on every start so it always names the current
+    // bind address.
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    if !bind.is_unspecified() {
+        names.push(bind.to_string());
+    }
+    let mut params = CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "capstan-apiserver");
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_key = KeyPair::generate()?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let serving = params.signed_by(&serving_key, &issuer)?;
+    let ca_der = rustls::pki_types::CertificateDer::from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(ca_pem.as_bytes())
+            .map(|c: rustls::pki_types::CertificateDer<'static>| c.to_vec())
+            .unwrap_or_default(),
+    );
+    let chain = vec![serving.der().clone(), ca_der];
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(serving_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let kubeconfig = dir.join("kubeconfig");
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
+    write(
+        &kubeconfig,
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: capstan\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_data}\ncontexts:\n- name: capstan\n  context:\n    cluster: capstan\n    user: admin\n    namespace: default\ncurrent-context: capstan\nusers:\n- name: admin\n  user:\n    token: {token}\n"
+        ),
+        true,
+    )?;
+    Ok(Credentials {
+        tls: Arc::new(tls),
+        token,
+        ca_pem,
+        kubeconfig,
+    })
+}

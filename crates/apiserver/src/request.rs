@@ -1,0 +1,310 @@
+//! Request plumbing: query parameters, bodies, and encoding responses as JSON, YAML or Table.
+
+use bytes::Bytes;
+use capstan_machinery::media::{self, Negotiated, Output};
+use capstan_machinery::{ApiError, meta, table, yaml};
+use capstan_registry::Strategy;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+use serde_json::{Map, Value, json};
+
+/// The response body type.
+pub type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// A full body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(bytes.into()).boxed()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parsed query parameters (first value wins, except where all are needed).
+#[derive(Debug, Default, Clone)]
+pub struct Query(Vec<(String, String)>);
+
+impl Query {
+    /// Parses a query string.
+    pub fn parse(query: Option<&str>) -> Self {
+        Query(
+            query
+                .unwrap_or("")
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, v)) => (percent_decode(k), percent_decode(v)),
+                    None => (percent_decode(pair), String::new()),
+                })
+                .collect(),
+        )
+    }
+
+    /// The first value of a parameter.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a parameter.
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// Boolean rule: absent/`0`/`false` ⇒ false, anything else (even empty) ⇒ true.
+    pub fn flag(&self, name: &str) -> Option<bool> {
+        self.get(name)
+            .map(|v| !(v == "0" || v.eq_ignore_ascii_case("false")))
+    }
+
+    /// Integer parameter; malformed ⇒ 400 with Go's parse error text.
+    pub fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => v.parse::<i64>().map(Some).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "strconv.ParseInt: parsing {}: invalid syntax",
+                    capstan_machinery::status::quote(v)
+                ))
+            }),
+        }
+    }
+}
+
+/// How to encode a response.
+#[derive(Debug, Clone, Copy)]
+pub struct Encoding {
+    /// Negotiated representation.
+    pub negotiated: Negotiated,
+    /// Indent the JSON.
+    pub pretty: bool,
+}
+
+impl Encoding {
+    /// Negotiates from the request; `pretty` from the query, Accept or User-Agent.
+    pub fn negotiate(headers: &HeaderMap, query: &Query, watch: bool) -> Result<Self, ApiError> {
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let negotiated = media::negotiate(accept, watch)?;
+        let pretty = match query.get("pretty") {
+            Some(v) => matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True"),
+            None => {
+                negotiated.pretty || {
+                    let agent = headers
+                        .get(header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    agent.starts_with("curl") || agent.starts_with("Wget") || agent.starts_with("Mozilla/5.0")
+                }
+            }
+        };
+        Ok(Encoding {
+            negotiated,
+            pretty: pretty && !watch,
+        })
+    }
+
+    /// JSON with no negotiation (errors before negotiation, discovery).
+    pub fn json() -> Self {
+        Encoding {
+            negotiated: Negotiated {
+                output: Output::Json,
+                pretty: false,
+            },
+            pretty: false,
+        }
+    }
+}
+
+/// Serializes JSON: compact with a trailing newline, or indented without one.
+pub fn json_bytes(value: &Value, pretty: bool) -> Bytes {
+    if pretty {
+        Bytes::from(serde_json::to_vec_pretty(value).unwrap_or_default())
+    } else {
+        let mut out = serde_json::to_vec(value).unwrap_or_default();
+        out.push(b'\n');
+        Bytes::from(out)
+    }
+}
+
+fn base(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    response
+}
+
+/// A plain JSON response.
+pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Response<Body> {
+    base(status, "application/json", full(json_bytes(value, pretty)))
+}
+
+/// A `Status` error response.
+pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
+    let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = error.to_status();
+    let mut response = if encoding.negotiated.output == Output::Yaml {
+        base(
+            status,
+            "application/yaml",
+            full(yaml::to_string(&body).unwrap_or_default()),
+        )
+    } else {
+        json_response(status, &body, encoding.pretty)
+    };
+    if let Some(seconds) = error.retry_after()
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
+
+/// Plain text (health checks, 404 for unknown paths).
+pub fn text_response(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
+    let mut response = base(status, "text/plain; charset=utf-8", full(text.into()));
+    response
+        .headers_mut()
+        .insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    response
+}
+
+/// Reads a request body up to [`MAX_BODY`].
+pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(ApiError::too_large(&format!("limit is {MAX_BODY}")))
+        }
+        Err(error) => Err(ApiError::bad_request(format!("unable to read the request body: {error}"))),
+    }
+}
+
+/// The object as a `PartialObjectMetadata`.
+fn partial_metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+/// What `includeObject` asks the Table rows to carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncludeObject {
+    /// `PartialObjectMetadata` (the default).
+    Metadata,
+    /// The full object.
+    Object,
+    /// Nothing.
+    None,
+}
+
+impl IncludeObject {
+    /// Parses the query parameter.
+    pub fn parse(query: &Query) -> Result<Self, ApiError> {
+        match query.get("includeObject").unwrap_or("") {
+            "" | "Metadata" => Ok(IncludeObject::Metadata),
+            "Object" => Ok(IncludeObject::Object),
+            "None" => Ok(IncludeObject::None),
+            other => Err(ApiError::bad_request(format!(
+                "Unable to convert to Table as requested: includeObject: Invalid value: {}: must be 'Metadata', 'Object', 'None', or empty",
+                capstan_machinery::status::quote(other)
+            ))),
+        }
+    }
+}
+
+/// Builds the Table for objects of one kind.
+pub fn to_table(
+    strategy: &dyn Strategy,
+    version: &'static str,
+    objects: &[&Value],
+    list_meta: Map<String, Value>,
+    include: IncludeObject,
+    with_columns: bool,
+) -> Value {
+    let info = strategy.info();
+    let columns = strategy.columns();
+    let rows = objects
+        .iter()
+        .map(|object| {
+            let row_object = match include {
+                IncludeObject::Metadata => Some(partial_metadata(object)),
+                IncludeObject::Object => Some(meta::with_type_meta(object, &info.api_version(), info.kind)),
+                IncludeObject::None => None,
+            };
+            (strategy.cells(object), row_object)
+        })
+        .collect();
+    table::table(version, list_meta, with_columns.then_some(columns.as_slice()), rows)
+}
+
+/// Encodes one object (from a get or a write) for the client.
+pub fn object_response(
+    status: StatusCode,
+    strategy: &dyn Strategy,
+    object: &Value,
+    encoding: Encoding,
+    query: &Query,
+) -> Response<Body> {
+    let info = strategy.info();
+    match encoding.negotiated.output {
+        Output::Json => json_response(
+            status,
+            &meta::with_type_meta(object, &info.api_version(), info.kind),
+            encoding.pretty,
+        ),
+        Output::Yaml => base(
+            status,
+            "application/yaml",
+            full(yaml::to_string(&meta::with_type_meta(object, &info.api_version(), info.kind)).unwrap_or_default()),
+        ),
+        Output::Metadata => json_response(status, &partial_metadata(object), encoding.pretty),
+        Output::Table(version) => {
+            let include = match IncludeObject::parse(query) {
+                Ok(include) => include,
+                Err(error) => return error_response(&error, encoding),
+            };
+            let mut list_meta = Map::new();
+            list_meta.insert("resourceVersion".into(), json!(meta::resource_version(object)));
+            json_response(
+                status,
+                &to_table(strategy, version, &[object], list_meta, include, true),
+                encoding.pretty,
+            )
+        }
+    }
+}
