@@ -473,7 +473,7 @@ fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
 
 fn options_invalid(kind: &str, detail: &str) -> ApiError {
     let mut error = ApiError::new(422, Reason::Invalid, format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"));
-    error.details = Some(Details { group: "meta.k8s.io".into(), kind: kind.into(), ..Details::default() });
+    error.details = Some(Box::new(Details { group: "meta.k8s.io".into(), kind: kind.into(), ..Details::default() }));
     error
 }
 

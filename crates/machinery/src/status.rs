@@ -109,8 +109,8 @@ pub struct ApiError {
     pub reason: Reason,
     /// Human-readable message.
     pub message: String,
-    /// `details`, when present.
-    pub details: Option<Details>,
+    /// `details`, when present (boxed: errors travel in every `Result`).
+    pub details: Option<Box<Details>>,
     /// `metadata.continue` (only for expired continue tokens).
     pub continue_token: Option<String>,
 }
@@ -168,7 +168,7 @@ impl ApiError {
     }
 
     fn with_details(mut self, details: Details) -> Self {
-        self.details = Some(details);
+        self.details = Some(Box::new(details));
         self
     }
 
