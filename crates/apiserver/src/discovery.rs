@@ -144,9 +144,7 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
                 _ => continue,
             }
         }
-        if range.param("as").is_none() {
-            return None;
-        }
+        range.param("as")?;
     }
     None
 }
@@ -158,7 +156,9 @@ mod tests {
     #[test]
     fn client_go_gets_aggregated_discovery() {
         assert_eq!(
-            wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"),
+            wants_aggregated(
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+            ),
             Some("v2")
         );
         assert_eq!(wants_aggregated("application/json"), None);

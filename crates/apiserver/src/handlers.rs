@@ -53,7 +53,9 @@ pub struct Call {
 /// Routes a resource request to its verb.
 pub async fn handle(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let is_watch = request.watch_path
-        || (request.name.is_none() && call.method == Method::GET && call.query.flag("watch") == Some(true));
+        || (request.name.is_none()
+            && call.method == Method::GET
+            && call.query.flag("watch") == Some(true));
     let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
         Ok(encoding) => encoding,
         Err(error) => return error_response(&error, Encoding::json()),
@@ -63,9 +65,7 @@ pub async fn handle(request: ResourceRequest, mut call: Call) -> Response<Body> 
     let result = match (&call.method, request.name.as_deref(), is_watch) {
         (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
         (&Method::GET, None, false) => list(&request, &call, encoding).await,
-        (&Method::GET, Some(name), false) => {
-            get(&request, name, &call, encoding).await
-        }
+        (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,
         (&Method::POST, None, _) if !status_sub => {
             let body = call.body.take();
             create(&request, &call, body, encoding).await
@@ -122,9 +122,14 @@ impl WithMessage for ApiError {
     }
 }
 
-fn selectors(request: &ResourceRequest, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
-    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
+fn selectors(
+    request: &ResourceRequest,
+    query: &Query,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
     request.registry.check_field_selector(&fields)?;
     if let (Some(path_name), Some(pinned)) = (request.name.as_deref(), fields.pinned_name())
         && path_name != pinned
@@ -190,17 +195,32 @@ fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions,
     })
 }
 
-async fn get(request: &ResourceRequest, name: &str, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+async fn get(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
     let at = match call.query.get("resourceVersion").filter(|v| !v.is_empty()) {
         None => ReadAt::Latest,
         Some("0") => ReadAt::Any,
         Some(v) => ReadAt::NotOlderThan(parse_revision(v)?),
     };
     let object = request.registry.get(&request.namespace, name, at).await?;
-    Ok(object_response(StatusCode::OK, request.registry.strategy().as_ref(), &object, encoding, &call.query))
+    Ok(object_response(
+        StatusCode::OK,
+        request.registry.strategy().as_ref(),
+        &object,
+        encoding,
+        &call.query,
+    ))
 }
 
-async fn list(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+async fn list(
+    request: &ResourceRequest,
+    call: &Call,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
     let options = list_options(request, &call.query)?;
     let result = request.registry.list(&request.namespace, &options).await?;
     Ok(list_response(request, call, encoding, result))
@@ -237,8 +257,14 @@ fn list_response(
             }
             out.extend_from_slice(b"]}\n");
             let mut response = Response::new(crate::request::full(Bytes::from(out)));
-            response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-            response.headers_mut().insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache, private"));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response.headers_mut().insert(
+                header::CACHE_CONTROL,
+                http::HeaderValue::from_static("no-cache, private"),
+            );
             response
         }
         Output::Json | Output::Yaml => {
@@ -246,8 +272,12 @@ fn list_response(
             let list = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
             if encoding.negotiated.output == Output::Yaml {
                 let mut response = json_response(StatusCode::OK, &json!(null), false);
-                *response.body_mut() = crate::request::full(yaml::to_string(&list).unwrap_or_default());
-                response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/yaml"));
+                *response.body_mut() =
+                    crate::request::full(yaml::to_string(&list).unwrap_or_default());
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/yaml"),
+                );
                 response
             } else {
                 json_response(StatusCode::OK, &list, encoding.pretty)
@@ -257,7 +287,9 @@ fn list_response(
             let items: Vec<Value> = result
                 .items
                 .iter()
-                .map(|o| json!({"metadata": o.object.get("metadata").cloned().unwrap_or(json!({}))}))
+                .map(
+                    |o| json!({"metadata": o.object.get("metadata").cloned().unwrap_or(json!({}))}),
+                )
                 .collect();
             json_response(
                 StatusCode::OK,
@@ -273,7 +305,14 @@ fn list_response(
             let objects: Vec<&Value> = result.items.iter().map(|o| &o.object).collect();
             json_response(
                 StatusCode::OK,
-                &to_table(strategy.as_ref(), version, &objects, list_meta, include, true),
+                &to_table(
+                    strategy.as_ref(),
+                    version,
+                    &objects,
+                    list_meta,
+                    include,
+                    true,
+                ),
                 encoding.pretty,
             )
         }
@@ -291,18 +330,31 @@ async fn watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Re
     }
 }
 
-async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Result<Response<Body>, ApiError> {
+async fn start_watch(
+    request: &ResourceRequest,
+    call: &Call,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
     let query = &call.query;
     let (labels, mut fields) = selectors(request, query)?;
     if let Some(name) = &request.name {
-        fields = FieldSelector::parse(&format!("metadata.name={name}")).map_err(ApiError::bad_request)?;
+        fields = FieldSelector::parse(&format!("metadata.name={name}"))
+            .map_err(ApiError::bad_request)?;
     }
     let bookmarks = query.flag("allowWatchBookmarks") == Some(true);
     let send_initial = query.flag("sendInitialEvents");
     let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
     match (send_initial, rv_match) {
-        (Some(_), None) => return Err(watch_invalid("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")),
-        (None, Some(_)) => return Err(watch_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")),
+        (Some(_), None) => {
+            return Err(watch_invalid(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(watch_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
         (Some(_), Some(other)) if other != "NotOlderThan" => {
             return Err(watch_invalid(&format!(
                 "resourceVersionMatch: Unsupported value: {}: supported values: \"NotOlderThan\"",
@@ -311,19 +363,33 @@ async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding)
         }
         _ => {}
     }
-    if send_initial == Some(true) && bookmarks && matches!(encoding.negotiated.output, Output::Table(_)) {
+    if send_initial == Some(true)
+        && bookmarks
+        && matches!(encoding.negotiated.output, Output::Table(_))
+    {
         return Err(ApiError::not_acceptable(media::SERVED_STREAM_TYPES));
     }
     let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
     let registry = &request.registry;
     let start = match (rv, send_initial) {
-        (None | Some("0"), None | Some(true)) => WatchStart::Initial { end_bookmark: bookmarks },
+        (None | Some("0"), None | Some(true)) => WatchStart::Initial {
+            end_bookmark: bookmarks,
+        },
         (Some(v), Some(true)) => {
             let revision = parse_revision(v)?;
-            if !registry.cache().wait_for(revision, Duration::from_secs(3)).await {
-                return Err(ApiError::too_large_resource_version(revision, registry.cache().revision()));
+            if !registry
+                .cache()
+                .wait_for(revision, Duration::from_secs(3))
+                .await
+            {
+                return Err(ApiError::too_large_resource_version(
+                    revision,
+                    registry.cache().revision(),
+                ));
             }
-            WatchStart::Initial { end_bookmark: bookmarks }
+            WatchStart::Initial {
+                end_bookmark: bookmarks,
+            }
         }
         (None | Some("0"), Some(false)) => WatchStart::After(registry.cache().revision()),
         (Some(v), _) => WatchStart::After(parse_revision(v)?),
@@ -332,7 +398,14 @@ async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding)
         Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
         _ => Duration::from_secs(1800 + fastrand_u64(1800)),
     };
-    let mut watcher = registry.watch(&request.namespace, WatchOptions { labels, fields, start });
+    let mut watcher = registry.watch(
+        &request.namespace,
+        WatchOptions {
+            labels,
+            fields,
+            start,
+        },
+    );
     let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(256);
     let strategy = registry.strategy().clone();
     let include = IncludeObject::parse(query)?;
@@ -377,18 +450,27 @@ async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding)
                     event_line(kind.as_str(), &encoded)
                 }
                 WatchItem::Bookmark(revision, initial_end) => {
-                    if !bookmarks { continue; }
+                    if !bookmarks {
+                        continue;
+                    }
                     last_bookmark = revision;
                     let mut metadata = Map::new();
                     metadata.insert("resourceVersion".into(), json!(revision.to_string()));
                     if initial_end {
-                        metadata.insert("annotations".into(), json!({"k8s.io/initial-events-end": "true"}));
+                        metadata.insert(
+                            "annotations".into(),
+                            json!({"k8s.io/initial-events-end": "true"}),
+                        );
                     }
-                    let object = json!({"kind": info.kind, "apiVersion": api_version, "metadata": metadata});
+                    let object =
+                        json!({"kind": info.kind, "apiVersion": api_version, "metadata": metadata});
                     event_line("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
                 }
                 WatchItem::Error(error) => {
-                    let line = event_line("ERROR", &serde_json::to_vec(&error.to_status()).unwrap_or_default());
+                    let line = event_line(
+                        "ERROR",
+                        &serde_json::to_vec(&error.to_status()).unwrap_or_default(),
+                    );
                     let _ = sender.send(line).await;
                     break;
                 }
@@ -399,15 +481,23 @@ async fn start_watch(request: &ResourceRequest, call: &Call, encoding: Encoding)
         }
     });
     let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver
-            .recv()
-            .await
-            .map(|bytes| (Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes)), receiver))
+        receiver.recv().await.map(|bytes| {
+            (
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes)),
+                receiver,
+            )
+        })
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
     let mut response = Response::new(body);
-    response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    response.headers_mut().insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache, private"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache, private"),
+    );
     Ok(response)
 }
 
@@ -450,40 +540,70 @@ fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     if let Some(validation) = call.query.get("fieldValidation")
         && !["", "Ignore", "Strict", "Warn"].contains(&validation)
     {
-        return Err(options_invalid("CreateOptions", &format!(
-            "fieldValidation: Unsupported value: {}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
-            capstan_machinery::status::quote(validation)
-        )));
+        return Err(options_invalid(
+            "CreateOptions",
+            &format!(
+                "fieldValidation: Unsupported value: {}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
+                capstan_machinery::status::quote(validation)
+            ),
+        ));
     }
     let field_manager = match call.query.get("fieldManager").filter(|m| !m.is_empty()) {
         Some(manager) => {
             if manager.len() > 128 {
-                return Err(options_invalid("CreateOptions", "fieldManager: Too long: may not be more than 128 bytes"));
+                return Err(options_invalid(
+                    "CreateOptions",
+                    "fieldManager: Too long: may not be more than 128 bytes",
+                ));
             }
             manager.to_string()
         }
         None => {
-            let agent = call.headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let manager: String = agent.split('/').next().unwrap_or("").chars().filter(|c| !c.is_control()).collect();
+            let agent = call
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let manager: String = agent
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
             manager.chars().take(128).collect()
         }
     };
-    Ok(WriteOptions { dry_run, field_manager })
+    Ok(WriteOptions {
+        dry_run,
+        field_manager,
+    })
 }
 
 fn options_invalid(kind: &str, detail: &str) -> ApiError {
-    let mut error = ApiError::new(422, Reason::Invalid, format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"));
-    error.details = Some(Box::new(Details { group: "meta.k8s.io".into(), kind: kind.into(), ..Details::default() }));
+    let mut error = ApiError::new(
+        422,
+        Reason::Invalid,
+        format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"),
+    );
+    error.details = Some(Box::new(Details {
+        group: "meta.k8s.io".into(),
+        kind: kind.into(),
+        ..Details::default()
+    }));
     error
 }
 
 fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
     let values = query.all("dryRun");
     if let Some(bad) = values.iter().find(|v| **v != "All") {
-        return Err(options_invalid(kind, &format!(
-            "dryRun: Unsupported value: [{}]: supported values: \"All\"",
-            capstan_machinery::status::quote(bad)
-        )));
+        return Err(options_invalid(
+            kind,
+            &format!(
+                "dryRun: Unsupported value: [{}]: supported values: \"All\"",
+                capstan_machinery::status::quote(bad)
+            ),
+        ));
     }
     Ok(!values.is_empty())
 }
@@ -495,15 +615,23 @@ async fn decode_body(
     body: Option<hyper::body::Incoming>,
 ) -> Result<Value, ApiError> {
     let info = request.registry.strategy().info();
-    let format = media::body_format(call.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+    let format = media::body_format(
+        call.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    )?;
     let bytes = match body {
         Some(body) => read_body(body).await?,
         None => Bytes::new(),
     };
     let parsed: Result<Value, String> = match format {
-        BodyFormat::Json => serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}")),
+        BodyFormat::Json => {
+            serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}"))
+        }
         BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
-        BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes).map(|(_, _, object)| object),
+        BodyFormat::Protobuf => {
+            capstan_machinery::protobuf::decode(&bytes).map(|(_, _, object)| object)
+        }
     };
     let unrecognized = |detail: String| {
         let shown: String = if bytes.is_empty() {
@@ -518,11 +646,21 @@ async fn decode_body(
     };
     let mut object = parsed.map_err(unrecognized)?;
     let Some(map) = object.as_object_mut() else {
-        return Err(unrecognized("json parse error: the body is not a JSON object".into()));
+        return Err(unrecognized(
+            "json parse error: the body is not a JSON object".into(),
+        ));
     };
     let api_version = info.api_version();
-    let body_version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string();
-    let body_kind = map.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+    let body_version = map
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let body_kind = map
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     if !body_version.is_empty() && body_version != api_version {
         return Err(ApiError::bad_request(format!(
             "the API version in the data ({body_version}) does not match the expected API version ({api_version})"
@@ -531,7 +669,11 @@ async fn decode_body(
     if !body_kind.is_empty() && body_kind != info.kind {
         return Err(ApiError::bad_request(format!(
             "{body_kind} in version {} cannot be handled as a {}: the object provided is of kind {body_kind}",
-            capstan_machinery::status::quote(if body_version.is_empty() { &api_version } else { &body_version }),
+            capstan_machinery::status::quote(if body_version.is_empty() {
+                &api_version
+            } else {
+                &body_version
+            }),
             info.kind
         )));
     }
@@ -571,8 +713,17 @@ async fn create(
     let options = write_options(call)?;
     let mut object = decode_body(request, call, body).await?;
     settle_namespace(request, &mut object)?;
-    let created = request.registry.create(&request.namespace, object, &options).await?;
-    Ok(object_response(StatusCode::CREATED, request.registry.strategy().as_ref(), &created, encoding, &call.query))
+    let created = request
+        .registry
+        .create(&request.namespace, object, &options)
+        .await?;
+    Ok(object_response(
+        StatusCode::CREATED,
+        request.registry.strategy().as_ref(),
+        &created,
+        encoding,
+        &call.query,
+    ))
 }
 
 async fn update(
@@ -596,8 +747,18 @@ async fn update(
         .registry
         .update(&request.namespace, name, object, &options, status)
         .await?;
-    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(object_response(code, request.registry.strategy().as_ref(), &stored, encoding, &call.query))
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(object_response(
+        code,
+        request.registry.strategy().as_ref(),
+        &stored,
+        encoding,
+        &call.query,
+    ))
 }
 
 async fn patch_object(
@@ -608,10 +769,17 @@ async fn patch_object(
     encoding: Encoding,
     status: bool,
 ) -> Result<Response<Body>, ApiError> {
-    let patch_type = PatchType::from_content_type(call.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+    let patch_type = PatchType::from_content_type(
+        call.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    )?;
     let mut options = write_options(call)?;
     if call.query.get("force").is_some() && patch_type != PatchType::Apply {
-        return Err(options_invalid("PatchOptions", "force: Forbidden: may not be specified for non-apply patch"));
+        return Err(options_invalid(
+            "PatchOptions",
+            "force: Forbidden: may not be specified for non-apply patch",
+        ));
     }
     let bytes = match body {
         Some(body) => read_body(body).await?,
@@ -621,9 +789,7 @@ async fn patch_object(
         return Err(ApiError::new(
             415,
             Reason::UnsupportedMediaType,
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json"
-            ),
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json".to_string(),
         ));
     }
     if options.field_manager.is_empty() {
@@ -667,15 +833,27 @@ async fn patch_object(
             })
         })
         .await?;
-    Ok(object_response(StatusCode::OK, request.registry.strategy().as_ref(), &patched, encoding, &call.query))
+    Ok(object_response(
+        StatusCode::OK,
+        request.registry.strategy().as_ref(),
+        &patched,
+        encoding,
+        &call.query,
+    ))
 }
 
-async fn delete_options(call: &Call, body: Option<hyper::body::Incoming>) -> Result<DeleteOptions, ApiError> {
+async fn delete_options(
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+) -> Result<DeleteOptions, ApiError> {
     let bytes = match body {
         Some(body) => read_body(body).await?,
         None => Bytes::new(),
     };
-    let mut options = DeleteOptions { dry_run: dry_run(&call.query, "DeleteOptions")?, ..DeleteOptions::default() };
+    let mut options = DeleteOptions {
+        dry_run: dry_run(&call.query, "DeleteOptions")?,
+        ..DeleteOptions::default()
+    };
     let mut propagation = call.query.get("propagationPolicy").map(str::to_string);
     let mut orphan = call.query.flag("orphanDependents");
     if !bytes.iter().all(u8::is_ascii_whitespace) {
@@ -684,31 +862,46 @@ async fn delete_options(call: &Call, body: Option<hyper::body::Incoming>) -> Res
             .or_else(|_| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
             .or_else(|_| yaml::from_slice(&bytes).map_err(|e| e.to_string()))
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
-        propagation = body.get("propagationPolicy").and_then(Value::as_str).map(str::to_string);
+        propagation = body
+            .get("propagationPolicy")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         orphan = body.get("orphanDependents").and_then(Value::as_bool);
         if let Some(pre) = body.get("preconditions") {
             options.uid = pre.get("uid").and_then(Value::as_str).map(str::to_string);
-            options.resource_version = pre.get("resourceVersion").and_then(Value::as_str).map(str::to_string);
+            options.resource_version = pre
+                .get("resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string);
         }
         if let Some(values) = body.get("dryRun").and_then(Value::as_array) {
             if values.iter().any(|v| v.as_str() != Some("All")) {
-                return Err(options_invalid("DeleteOptions", "dryRun: Unsupported value: [\"x\"]: supported values: \"All\""));
+                return Err(options_invalid(
+                    "DeleteOptions",
+                    "dryRun: Unsupported value: [\"x\"]: supported values: \"All\"",
+                ));
             }
             options.dry_run |= !values.is_empty();
         }
     }
     if let Some(policy) = &propagation {
         if !["Orphan", "Background", "Foreground"].contains(&policy.as_str()) {
-            return Err(options_invalid("DeleteOptions", &format!(
-                "propagationPolicy: Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"",
-                capstan_machinery::status::quote(policy)
-            )));
+            return Err(options_invalid(
+                "DeleteOptions",
+                &format!(
+                    "propagationPolicy: Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"",
+                    capstan_machinery::status::quote(policy)
+                ),
+            ));
         }
         if orphan.is_some() {
-            return Err(options_invalid("DeleteOptions", &format!(
-                "propagationPolicy: Invalid value: {}: orphanDependents and deletionPropagation cannot be both set",
-                capstan_machinery::status::quote(policy)
-            )));
+            return Err(options_invalid(
+                "DeleteOptions",
+                &format!(
+                    "propagationPolicy: Invalid value: {}: orphanDependents and deletionPropagation cannot be both set",
+                    capstan_machinery::status::quote(policy)
+                ),
+            ));
         }
     }
     options.propagation = propagation;
@@ -723,11 +916,20 @@ async fn delete(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = delete_options(call, body).await?;
-    let result = request.registry.delete(&request.namespace, name, &options).await?;
+    let result = request
+        .registry
+        .delete(&request.namespace, name, &options)
+        .await?;
     let strategy = request.registry.strategy();
     let info = strategy.info();
     if info.delete_returns_object || !result.removed {
-        return Ok(object_response(StatusCode::OK, strategy.as_ref(), &result.object, encoding, &call.query));
+        return Ok(object_response(
+            StatusCode::OK,
+            strategy.as_ref(),
+            &result.object,
+            encoding,
+            &call.query,
+        ));
     }
     let details = Details {
         name: name.to_string(),
@@ -736,7 +938,11 @@ async fn delete(
         uid: meta::meta_str(&result.object, "uid").to_string(),
         ..Details::default()
     };
-    Ok(json_response(StatusCode::OK, &success_status(&details), encoding.pretty))
+    Ok(json_response(
+        StatusCode::OK,
+        &success_status(&details),
+        encoding.pretty,
+    ))
 }
 
 async fn delete_collection(
@@ -747,7 +953,10 @@ async fn delete_collection(
 ) -> Result<Response<Body>, ApiError> {
     let options = delete_options(call, body).await?;
     let list = list_options(request, &call.query)?;
-    let result = request.registry.delete_collection(&request.namespace, &list, &options).await?;
+    let result = request
+        .registry
+        .delete_collection(&request.namespace, &list, &options)
+        .await?;
     Ok(list_response(request, call, encoding, result))
 }
 

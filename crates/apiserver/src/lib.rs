@@ -87,8 +87,10 @@ impl ApiServer {
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_string();
         let query = Query::parse(request.uri().query());
-        let public = matches!(path.as_str(), "/version" | "/healthz" | "/livez" | "/readyz")
-            || path.starts_with("/healthz/")
+        let public = matches!(
+            path.as_str(),
+            "/version" | "/healthz" | "/livez" | "/readyz"
+        ) || path.starts_with("/healthz/")
             || path.starts_with("/livez/")
             || path.starts_with("/readyz/");
         if !public && !self.authenticated(&request) {
@@ -128,7 +130,9 @@ impl ApiServer {
             "/api/v1" => return discovery(discovery::core_resources(&self.registries)),
             "/apis" => {
                 return match discovery::wants_aggregated(&accept) {
-                    Some(version) => aggregated(&request, discovery::aggregated_groups(version), version),
+                    Some(version) => {
+                        aggregated(&request, discovery::aggregated_groups(version), version)
+                    }
                     None => discovery(discovery::api_groups()),
                 };
             }
@@ -171,7 +175,12 @@ impl ApiServer {
             namespace = parts[1].to_string();
             parts.drain(..2);
         }
-        if parts.is_empty() || parts.len() > 3 || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
+        if parts.is_empty()
+            || parts.len() > 3
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || *p == "." || *p == "..")
+        {
             return None;
         }
         let registry = self
@@ -265,7 +274,11 @@ impl ApiServer {
     }
 }
 
-fn aggregated(request: &Request<Incoming>, value: serde_json::Value, version: &str) -> Response<Body> {
+fn aggregated(
+    request: &Request<Incoming>,
+    value: serde_json::Value,
+    version: &str,
+) -> Response<Body> {
     let body = serde_json::to_vec(&value).unwrap_or_default();
     let etag = format!("\"{}\"", discovery::sha512_hex(&body));
     let matches = request
@@ -323,7 +336,9 @@ pub async fn serve(
         let server = server.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                .await
+            {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
@@ -336,7 +351,9 @@ pub async fn serve(
                 async move { Ok::<_, std::convert::Infallible>(server.handle(request).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let connection = builder.serve_connection(TokioIo::new(tls), service).into_owned();
+            let connection = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
             if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
@@ -344,7 +361,10 @@ pub async fn serve(
     }
     drop(listener);
     server.begin_shutdown();
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("some connections did not finish within the drain period");
     }
 }

@@ -31,7 +31,10 @@ fn json(status: StatusCode, bytes: Bytes, etag: &str) -> Response<Body> {
     let mut response = Response::new(full(bytes));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     headers.insert(header::VARY, HeaderValue::from_static("Accept"));
     if let Ok(value) = HeaderValue::from_str(&format!("\"{etag}\"")) {
         headers.insert(header::ETAG, value);
@@ -41,9 +44,12 @@ fn json(status: StatusCode, bytes: Bytes, etag: &str) -> Response<Body> {
 
 fn acceptable(accept: &str) -> bool {
     accept.is_empty()
-        || capstan_machinery::media::parse_accept(accept).iter().any(|r| {
-            (r.kind == "*" || r.kind == "application") && (r.subtype == "*" || r.subtype == "json")
-        })
+        || capstan_machinery::media::parse_accept(accept)
+            .iter()
+            .any(|r| {
+                (r.kind == "*" || r.kind == "application")
+                    && (r.subtype == "*" || r.subtype == "json")
+            })
 }
 
 fn not_acceptable() -> Response<Body> {
@@ -86,14 +92,20 @@ pub fn serve(path: &str, query: &Query, accept: &str) -> Option<Response<Body>> 
                 Some(hash) if hash != doc.hash => {
                     let mut response = Response::new(full(Bytes::new()));
                     *response.status_mut() = StatusCode::MOVED_PERMANENTLY;
-                    if let Ok(location) = HeaderValue::from_str(&format!("/openapi/v3/{}?hash={}", doc.path, doc.hash)) {
+                    if let Ok(location) = HeaderValue::from_str(&format!(
+                        "/openapi/v3/{}?hash={}",
+                        doc.path, doc.hash
+                    )) {
                         response.headers_mut().insert(header::LOCATION, location);
                     }
                     Some(response)
                 }
                 Some(_) => {
                     let mut response = json(StatusCode::OK, doc.bytes.clone(), &doc.hash);
-                    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("public, immutable"));
+                    response.headers_mut().insert(
+                        header::CACHE_CONTROL,
+                        HeaderValue::from_static("public, immutable"),
+                    );
                     Some(response)
                 }
                 None => Some(json(StatusCode::OK, doc.bytes.clone(), &doc.hash)),

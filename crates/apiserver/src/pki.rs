@@ -115,7 +115,11 @@ pub fn ensure(dir: &Path, bind: IpAddr, server: &str) -> Result<Credentials, Pki
     };
     // The serving certificate is re-issued on every start so it always names the current
     // bind address.
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    let mut names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
     if !bind.is_unspecified() {
         names.push(bind.to_string());
     }

@@ -66,7 +66,10 @@ impl Query {
 
     /// The first value of a parameter.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Every value of a parameter.
@@ -123,7 +126,9 @@ impl Encoding {
                         .get(header::USER_AGENT)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("");
-                    agent.starts_with("curl") || agent.starts_with("Wget") || agent.starts_with("Mozilla/5.0")
+                    agent.starts_with("curl")
+                        || agent.starts_with("Wget")
+                        || agent.starts_with("Mozilla/5.0")
                 }
             }
         };
@@ -161,7 +166,10 @@ fn base(status: StatusCode, content_type: &'static str, body: Body) -> Response<
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
     response
 }
 
@@ -194,9 +202,10 @@ pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
 /// Plain text (health checks, 404 for unknown paths).
 pub fn text_response(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
     let mut response = base(status, "text/plain; charset=utf-8", full(text.into()));
-    response
-        .headers_mut()
-        .insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    response.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
@@ -205,10 +214,16 @@ pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
     let limited = http_body_util::Limited::new(body, MAX_BODY);
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+        Err(error)
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
             Err(ApiError::too_large(&format!("limit is {MAX_BODY}")))
         }
-        Err(error) => Err(ApiError::bad_request(format!("unable to read the request body: {error}"))),
+        Err(error) => Err(ApiError::bad_request(format!(
+            "unable to read the request body: {error}"
+        ))),
     }
 }
 
@@ -263,13 +278,20 @@ pub fn to_table(
         .map(|object| {
             let row_object = match include {
                 IncludeObject::Metadata => Some(partial_metadata(object)),
-                IncludeObject::Object => Some(meta::with_type_meta(object, &info.api_version(), info.kind)),
+                IncludeObject::Object => {
+                    Some(meta::with_type_meta(object, &info.api_version(), info.kind))
+                }
                 IncludeObject::None => None,
             };
             (strategy.cells(object), row_object)
         })
         .collect();
-    table::table(version, list_meta, with_columns.then_some(columns.as_slice()), rows)
+    table::table(
+        version,
+        list_meta,
+        with_columns.then_some(columns.as_slice()),
+        rows,
+    )
 }
 
 /// Encodes one object (from a get or a write) for the client.
@@ -290,7 +312,14 @@ pub fn object_response(
         Output::Yaml => base(
             status,
             "application/yaml",
-            full(yaml::to_string(&meta::with_type_meta(object, &info.api_version(), info.kind)).unwrap_or_default()),
+            full(
+                yaml::to_string(&meta::with_type_meta(
+                    object,
+                    &info.api_version(),
+                    info.kind,
+                ))
+                .unwrap_or_default(),
+            ),
         ),
         Output::Metadata => json_response(status, &partial_metadata(object), encoding.pretty),
         Output::Table(version) => {
@@ -299,7 +328,10 @@ pub fn object_response(
                 Err(error) => return error_response(&error, encoding),
             };
             let mut list_meta = Map::new();
-            list_meta.insert("resourceVersion".into(), json!(meta::resource_version(object)));
+            list_meta.insert(
+                "resourceVersion".into(),
+                json!(meta::resource_version(object)),
+            );
             json_response(
                 status,
                 &to_table(strategy, version, &[object], list_meta, include, true),

@@ -133,8 +133,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _compactor = (!args.etcd_compaction_interval.is_zero())
         .then(|| Compactor::start(store.clone(), args.etcd_compaction_interval));
     let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
-    let strategies: Vec<Arc<dyn Strategy>> = vec![Arc::new(NamespaceStrategy), service_strategy.clone()];
-    let prefixes: Vec<String> = strategies.iter().map(|s| s.info().list_prefix("")).collect();
+    let strategies: Vec<Arc<dyn Strategy>> =
+        vec![Arc::new(NamespaceStrategy), service_strategy.clone()];
+    let prefixes: Vec<String> = strategies
+        .iter()
+        .map(|s| s.info().list_prefix(""))
+        .collect();
     let caches = Arc::new(CacheSet::new(store.clone(), &prefixes, 100_000));
     caches.start().await.context("loading the watch cache")?;
     let registries: Vec<Arc<Registry>> = strategies
@@ -148,7 +152,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 strategy.clone(),
                 store.clone(),
                 cache,
-                info.namespaced.then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
+                info.namespaced
+                    .then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
             ))
         })
         .collect();
@@ -161,8 +166,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.bind_address.to_string()
     };
     let server_url = format!("https://{host}:{}", args.port);
-    let credentials = capstan_apiserver::pki::ensure(&args.data_dir, args.bind_address, &server_url)
-        .context("setting up certificates and the admin token")?;
+    let credentials =
+        capstan_apiserver::pki::ensure(&args.data_dir, args.bind_address, &server_url)
+            .context("setting up certificates and the admin token")?;
     let server = Arc::new(ApiServer::new(
         registries,
         credentials.token.clone(),

@@ -43,11 +43,17 @@ impl ContinueToken {
 
     /// Decodes a token; the error is the full 400 message.
     pub fn decode(text: &str) -> Result<Self, String> {
-        let invalid = |detail: String| format!("invalid continue token: continue key is not valid: {detail}");
+        let invalid =
+            |detail: String| format!("invalid continue token: continue key is not valid: {detail}");
         let bytes = URL_SAFE_NO_PAD
             .decode(text.trim_end_matches('='))
             .or_else(|_| STANDARD.decode(text))
-            .map_err(|e| invalid(format!("illegal base64 data at input byte {}", base64_offset(&e))))?;
+            .map_err(|e| {
+                invalid(format!(
+                    "illegal base64 data at input byte {}",
+                    base64_offset(&e)
+                ))
+            })?;
         let wire: Wire = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
         if wire.v != VERSION {
             return Err(invalid(format!(
@@ -61,7 +67,9 @@ impl ContinueToken {
             )));
         }
         if wire.start.is_empty() {
-            return Err(invalid(format!("encoded start key empty (version {VERSION})")));
+            return Err(invalid(format!(
+                "encoded start key empty (version {VERSION})"
+            )));
         }
         let key = wire.start.trim_end_matches('\u{0}');
         if key.starts_with('/') || key.split('/').any(|part| part == ".." || part == ".") {
@@ -104,12 +112,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_tokens() {
-        assert!(ContinueToken::decode("!!!").unwrap_err().starts_with(
-            "invalid continue token: continue key is not valid: illegal base64 data"
-        ));
+        assert!(
+            ContinueToken::decode("!!!")
+                .expect_err("must fail")
+                .starts_with(
+                    "invalid continue token: continue key is not valid: illegal base64 data"
+                )
+        );
         let zero = URL_SAFE_NO_PAD.encode(r#"{"v":"meta.k8s.io/v1","rv":0,"start":"a"}"#);
         assert_eq!(
-            ContinueToken::decode(&zero).unwrap_err(),
+            ContinueToken::decode(&zero).expect_err("must fail"),
             "invalid continue token: continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"
         );
         let escape = URL_SAFE_NO_PAD.encode(r#"{"v":"meta.k8s.io/v1","rv":5,"start":"../x"}"#);

@@ -31,8 +31,7 @@ impl FieldSelector {
                     "invalid selector: '{text}'; can't understand '{term}'"
                 ));
             };
-            let value =
-                unescape(raw).map_err(|e| format!("invalid field selector: {e}"))?;
+            let value = unescape(raw).map_err(|e| format!("invalid field selector: {e}"))?;
             requirements.push(FieldRequirement {
                 field: field.to_string(),
                 negated,
@@ -139,15 +138,15 @@ mod tests {
         let selector = FieldSelector::parse(r"metadata.name=a\,b").expect("parses");
         assert_eq!(selector.requirements[0].value, "a,b");
         assert_eq!(
-            FieldSelector::parse(r"metadata.name=a\x").unwrap_err(),
+            FieldSelector::parse(r"metadata.name=a\x").expect_err("must fail"),
             r"invalid field selector: invalid escape sequence: \x"
         );
         assert_eq!(
-            FieldSelector::parse("metadata.name=a=b").unwrap_err(),
+            FieldSelector::parse("metadata.name=a=b").expect_err("must fail"),
             "invalid field selector: unescaped character in value: 61"
         );
         assert_eq!(
-            FieldSelector::parse("foo").unwrap_err(),
+            FieldSelector::parse("foo").expect_err("must fail"),
             "invalid selector: 'foo'; can't understand 'foo'"
         );
     }

@@ -47,7 +47,11 @@ impl Requirement {
                 let Some(have) = value.and_then(|v| v.parse::<i64>().ok()) else {
                     return false;
                 };
-                let Some(want) = self.values.iter().next().and_then(|v| v.parse::<i64>().ok())
+                let Some(want) = self
+                    .values
+                    .iter()
+                    .next()
+                    .and_then(|v| v.parse::<i64>().ok())
                 else {
                     return false;
                 };
@@ -206,11 +210,20 @@ impl Parser {
     }
 
     fn peek(&self) -> Token {
-        as_value(self.tokens.get(self.position).cloned().unwrap_or(Token::End))
+        as_value(
+            self.tokens
+                .get(self.position)
+                .cloned()
+                .unwrap_or(Token::End),
+        )
     }
 
     fn next_raw(&mut self) -> Token {
-        let token = self.tokens.get(self.position).cloned().unwrap_or(Token::End);
+        let token = self
+            .tokens
+            .get(self.position)
+            .cloned()
+            .unwrap_or(Token::End);
         self.position = (self.position + 1).min(self.tokens.len());
         token
     }
@@ -455,27 +468,27 @@ mod tests {
     #[test]
     fn errors_read_like_upstream() {
         assert_eq!(
-            LabelSelector::parse("a b").unwrap_err(),
+            LabelSelector::parse("a b").expect_err("must fail"),
             "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt"
         );
         assert_eq!(
-            LabelSelector::parse("a in").unwrap_err(),
+            LabelSelector::parse("a in").expect_err("must fail"),
             "unable to parse requirement: found '' expected: '('"
         );
         assert_eq!(
-            LabelSelector::parse("a=b c").unwrap_err(),
+            LabelSelector::parse("a=b c").expect_err("must fail"),
             "found 'c', expected: ',' or 'end of string'"
         );
         assert_eq!(
-            LabelSelector::parse(",").unwrap_err(),
+            LabelSelector::parse(",").expect_err("must fail"),
             "found ',', expected: !, identifier, or 'end of string'"
         );
-        assert!(LabelSelector::parse("-a").unwrap_err().starts_with(
+        assert!(LabelSelector::parse("-a").expect_err("must fail").starts_with(
             "unable to parse requirement: <nil>: Invalid value: \"-a\": name part must consist"
         ));
         assert!(
             LabelSelector::parse("app=a b")
-                .unwrap_err()
+                .expect_err("must fail")
                 .starts_with("found 'b'")
         );
     }

@@ -113,7 +113,9 @@ pub const SERVED_STREAM_TYPES: &[&str] = &["application/json;stream=watch"];
 /// Picks the response representation for an API request. `watch` requests cannot have YAML.
 pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
     for range in parse_accept(accept) {
-        let pretty = range.param("pretty").is_some_and(|v| v == "1" || v == "true");
+        let pretty = range
+            .param("pretty")
+            .is_some_and(|v| v == "1" || v == "true");
         let json_like = range.kind == "*"
             || (range.kind == "application" && (range.subtype == "*" || range.subtype == "json"));
         let target = range.param("as");
@@ -125,10 +127,7 @@ pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
                         pretty,
                     });
                 }
-                if !watch
-                    && range.kind == "application"
-                    && range.subtype == "yaml"
-                {
+                if !watch && range.kind == "application" && range.subtype == "yaml" {
                     return Ok(Negotiated {
                         output: Output::Yaml,
                         pretty,
@@ -228,13 +227,18 @@ mod tests {
 
     #[test]
     fn unservable_is_406() {
-        let err = negotiate("application/vnd.kubernetes.protobuf", false).unwrap_err();
+        let err = negotiate("application/vnd.kubernetes.protobuf", false).expect_err("must fail");
         assert_eq!(err.code, 406);
         assert_eq!(
             err.message,
             "only the following media types are accepted: application/json, application/yaml"
         );
-        assert_eq!(negotiate("application/yaml", true).unwrap_err().code, 406);
+        assert_eq!(
+            negotiate("application/yaml", true)
+                .expect_err("must fail")
+                .code,
+            406
+        );
     }
 
     #[test]

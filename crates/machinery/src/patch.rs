@@ -38,7 +38,11 @@ impl PatchType {
             "application/apply-patch+yaml" | "application/apply-patch+cbor" => Ok(PatchType::Apply),
             _ => Err(ApiError {
                 details: Some(Default::default()),
-                ..ApiError::new(415, Reason::UnsupportedMediaType, "415: Unsupported Media Type")
+                ..ApiError::new(
+                    415,
+                    Reason::UnsupportedMediaType,
+                    "415: Unsupported Media Type",
+                )
             }),
         }
     }
@@ -97,14 +101,17 @@ mod tests {
     #[test]
     fn failing_json_patch_test_is_422() {
         let err = json_patch(&json!({"a":1}), br#"[{"op":"test","path":"/a","value":2}]"#)
-            .unwrap_err();
+            .expect_err("must fail");
         assert_eq!(err.code, 422);
     }
 
     #[test]
     fn unknown_patch_type_is_415() {
-        let err = PatchType::from_content_type(Some("text/plain")).unwrap_err();
-        assert_eq!((err.code, err.message.as_str()), (415, "415: Unsupported Media Type"));
+        let err = PatchType::from_content_type(Some("text/plain")).expect_err("must fail");
+        assert_eq!(
+            (err.code, err.message.as_str()),
+            (415, "415: Unsupported Media Type")
+        );
         assert_eq!(
             PatchType::from_content_type(Some("application/merge-patch+json; charset=utf-8")),
             Ok(PatchType::Merge)

@@ -123,14 +123,21 @@ fn scalar(kind: &str, raw: &Raw<'_>) -> Result<Vec<Value>, String> {
         ("float", Raw::Fixed32(v)) => vec![json!(f32::from_bits(*v))],
         // Packed repeated scalars.
         ("bool" | "int32" | "int64" | "uint32" | "uint64", Raw::Bytes(b)) => {
-            let mut reader = Reader { bytes: b, position: 0 };
+            let mut reader = Reader {
+                bytes: b,
+                position: 0,
+            };
             let mut values = Vec::new();
             while !reader.done() {
                 values.extend(scalar(kind, &Raw::Varint(reader.varint()?))?);
             }
             values
         }
-        _ => return Err(format!("protobuf field of type {kind} has the wrong wire type")),
+        _ => {
+            return Err(format!(
+                "protobuf field of type {kind} has the wrong wire type"
+            ));
+        }
     })
 }
 
@@ -212,7 +219,12 @@ fn message(name: &str, bytes: &[u8], depth: usize) -> Result<Value, String> {
             for (n, r) in fields(entry)? {
                 match (n, r) {
                     (1, Raw::Bytes(b)) => key = String::from_utf8_lossy(b).into_owned(),
-                    (2, r) => value = decode_value(value_kind, &r, depth)?.into_iter().next().unwrap_or(Value::Null),
+                    (2, r) => {
+                        value = decode_value(value_kind, &r, depth)?
+                            .into_iter()
+                            .next()
+                            .unwrap_or(Value::Null)
+                    }
                     _ => {}
                 }
             }
@@ -258,9 +270,9 @@ fn decode_value(kind: &str, raw: &Raw<'_>, depth: usize) -> Result<Vec<Value>, S
 
 /// Decodes an enveloped protobuf body; returns `(apiVersion, kind, object)`.
 pub fn decode(bytes: &[u8]) -> Result<(String, String, Value), String> {
-    let body = bytes
-        .strip_prefix(MAGIC)
-        .ok_or("provided data does not appear to be a protobuf message, expected prefix [107 56 115 0]")?;
+    let body = bytes.strip_prefix(MAGIC).ok_or(
+        "provided data does not appear to be a protobuf message, expected prefix [107 56 115 0]",
+    )?;
     let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), &[][..]);
     for (number, value) in fields(body)? {
         match (number, value) {
@@ -311,7 +323,11 @@ mod tests {
     fn decodes_a_service_envelope() {
         let port = [varint_field(3, 80), field(2, b"TCP")].concat();
         let spec = [field(1, &port), field(4, b"ClusterIP")].concat();
-        let meta = [field(1, b"web"), field(11, &[field(1, b"app"), field(2, b"web")].concat())].concat();
+        let meta = [
+            field(1, b"web"),
+            field(11, &[field(1, b"app"), field(2, b"web")].concat()),
+        ]
+        .concat();
         let service = [field(1, &meta), field(2, &spec)].concat();
         let type_meta = [field(1, b"v1"), field(2, b"Service")].concat();
         let unknown = [field(1, &type_meta), field(2, &service)].concat();

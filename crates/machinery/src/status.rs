@@ -183,8 +183,12 @@ impl ApiError {
 
     /// 404 `<resource> "<name>" not found`.
     pub fn not_found(gr: GroupResource<'_>, name: &str) -> Self {
-        Self::new(404, Reason::NotFound, format!("{gr} {} not found", quote(name)))
-            .with_details(Self::about(gr, name))
+        Self::new(
+            404,
+            Reason::NotFound,
+            format!("{gr} {} not found", quote(name)),
+        )
+        .with_details(Self::about(gr, name))
     }
 
     /// 409 `<resource> "<name>" already exists`.
@@ -217,7 +221,10 @@ impl ApiError {
         Self::new(
             409,
             Reason::Conflict,
-            format!("Operation cannot be fulfilled on {gr} {}: {why}", quote(name)),
+            format!(
+                "Operation cannot be fulfilled on {gr} {}: {why}",
+                quote(name)
+            ),
         )
         .with_details(Self::about(gr, name))
     }
@@ -242,7 +249,11 @@ impl ApiError {
                 errors.aggregate()
             )
         };
-        let kind = group_kind.split('.').next().unwrap_or(group_kind).to_string();
+        let kind = group_kind
+            .split('.')
+            .next()
+            .unwrap_or(group_kind)
+            .to_string();
         Self::new(422, Reason::Invalid, message).with_details(Details {
             name: name.to_string(),
             group: group.to_string(),

@@ -73,7 +73,10 @@ pub fn table(
         .collect();
     let mut out = Map::new();
     out.insert("kind".into(), json!("Table"));
-    out.insert("apiVersion".into(), json!(format!("meta.k8s.io/{api_version}")));
+    out.insert(
+        "apiVersion".into(),
+        json!(format!("meta.k8s.io/{api_version}")),
+    );
     out.insert("metadata".into(), Value::Object(metadata));
     out.insert(
         "columnDefinitions".into(),

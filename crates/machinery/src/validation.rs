@@ -187,7 +187,12 @@ pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
         let mut controllers = 0;
         for (i, owner) in owners.iter().enumerate() {
             for field in ["apiVersion", "kind", "name", "uid"] {
-                if owner.get(field).and_then(Value::as_str).unwrap_or("").is_empty() {
+                if owner
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+                {
                     errors.push(FieldError::invalid(
                         format!("metadata.ownerReferences[{i}].{field}"),
                         &json!(""),
@@ -217,7 +222,10 @@ mod tests {
     #[test]
     fn rfc1123_labels_may_start_with_a_digit() {
         assert!(dns1123_label("1svc").is_empty());
-        assert_eq!(dns1123_label("Bad_Name"), vec![DNS1123_LABEL_MSG.to_string()]);
+        assert_eq!(
+            dns1123_label("Bad_Name"),
+            vec![DNS1123_LABEL_MSG.to_string()]
+        );
         assert_eq!(
             dns1123_label(&"a".repeat(64)),
             vec!["must be no more than 63 characters".to_string()]

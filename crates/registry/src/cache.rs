@@ -282,8 +282,7 @@ impl WatchCache {
         let previous = state.objects.get(&kv.key).cloned();
         let event = match kind {
             EventKind::Put => {
-                let Some(object) = CachedObject::decode(kv.key.clone(), &kv.value, revision)
-                else {
+                let Some(object) = CachedObject::decode(kv.key.clone(), &kv.value, revision) else {
                     state.revision = revision;
                     return;
                 };

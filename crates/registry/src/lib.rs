@@ -11,5 +11,7 @@ mod store;
 pub mod strategy;
 pub mod watch;
 
-pub use store::{DeleteOptions, DeleteResult, ListOptions, ListResult, ReadAt, Registry, WriteOptions};
+pub use store::{
+    DeleteOptions, DeleteResult, ListOptions, ListResult, ReadAt, Registry, WriteOptions,
+};
 pub use strategy::{ResourceInfo, Strategy, WriteExtras};

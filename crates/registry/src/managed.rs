@@ -32,7 +32,9 @@ fn collect(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>, top: bool) 
                 if top && (key == "kind" || key == "apiVersion" || key == "status") {
                     continue;
                 }
-                if path.len() == 1 && path[0] == "metadata" && SYSTEM_METADATA.contains(&key.as_str())
+                if path.len() == 1
+                    && path[0] == "metadata"
+                    && SYSTEM_METADATA.contains(&key.as_str())
                 {
                     continue;
                 }
@@ -104,10 +106,8 @@ fn mark_maps(node: &mut Map<String, Value>, depth: usize) {
 
 fn from_fields_v1(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
     let Some(map) = value.as_object() else { return };
-    let children: Vec<(&String, &Value)> = map
-        .iter()
-        .filter(|(k, _)| k.starts_with("f:"))
-        .collect();
+    let children: Vec<(&String, &Value)> =
+        map.iter().filter(|(k, _)| k.starts_with("f:")).collect();
     if children.is_empty() && !path.is_empty() {
         out.insert(path.clone());
         return;
@@ -197,7 +197,11 @@ pub fn record_update(
             entries.push(Value::Object(entry));
         }
     }
-    entries.retain(|e| e.get("fieldsV1").and_then(Value::as_object).is_some_and(|m| !m.is_empty()));
+    entries.retain(|e| {
+        e.get("fieldsV1")
+            .and_then(Value::as_object)
+            .is_some_and(|m| !m.is_empty())
+    });
     let meta = meta::metadata_mut(new);
     if entries.is_empty() {
         meta.remove("managedFields");
@@ -249,7 +253,9 @@ mod tests {
         let mut new = old.clone();
         new["metadata"]["labels"]["a"] = json!("2");
         record_update(&mut new, Some(&old), "second", "v1", None);
-        let entries = new["metadata"]["managedFields"].as_array().expect("entries");
+        let entries = new["metadata"]["managedFields"]
+            .as_array()
+            .expect("entries");
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0]["fieldsV1"], json!({"f:spec":{"f:type":{}}}));
         assert_eq!(

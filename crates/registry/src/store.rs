@@ -193,19 +193,24 @@ impl Registry {
     }
 
     fn selected(&self, options: &ListOptions, object: &Value) -> bool {
-        options
-            .labels
-            .matches(meta::metadata(object).and_then(|m| m.get("labels")).and_then(Value::as_object))
-            && options
-                .fields
-                .matches(|field| self.strategy.field_value(object, field))
+        options.labels.matches(
+            meta::metadata(object)
+                .and_then(|m| m.get("labels"))
+                .and_then(Value::as_object),
+        ) && options
+            .fields
+            .matches(|field| self.strategy.field_value(object, field))
     }
 
     /// Checks that every field selector field is supported.
     pub fn check_field_selector(&self, selector: &FieldSelector) -> Result<(), ApiError> {
         let probe = json!({"metadata": {}});
         for requirement in &selector.requirements {
-            if self.strategy.field_value(&probe, &requirement.field).is_none() {
+            if self
+                .strategy
+                .field_value(&probe, &requirement.field)
+                .is_none()
+            {
                 return Err(ApiError::bad_request(
                     self.strategy.unsupported_field_message(&requirement.field),
                 ));
@@ -215,23 +220,35 @@ impl Registry {
     }
 
     /// LIST.
-    pub async fn list(&self, namespace: &str, options: &ListOptions) -> Result<ListResult, ApiError> {
+    pub async fn list(
+        &self,
+        namespace: &str,
+        options: &ListOptions,
+    ) -> Result<ListResult, ApiError> {
         let prefix = self.strategy.info().list_prefix(namespace);
         if let Some(token) = &options.continue_token {
             let revision = (token.revision > 0).then_some(token.revision);
             let start = format!("{prefix}{}", token.resume_after());
-            return self.list_from_storage(&prefix, Some(start), revision, options).await;
+            return self
+                .list_from_storage(&prefix, Some(start), revision, options)
+                .await;
         }
         match options.read_at {
             ReadAt::Exact(revision) => {
-                self.list_from_storage(&prefix, None, Some(revision), options).await
+                self.list_from_storage(&prefix, None, Some(revision), options)
+                    .await
             }
             ReadAt::NotOlderThan(revision) if options.limit > 0 => {
                 // The legacy rule: a resourceVersion with a limit is an exact read.
-                self.list_from_storage(&prefix, None, Some(revision), options).await
+                self.list_from_storage(&prefix, None, Some(revision), options)
+                    .await
             }
             ReadAt::Latest => {
-                let current = self.storage.current_revision().await.map_err(storage_error)?;
+                let current = self
+                    .storage
+                    .current_revision()
+                    .await
+                    .map_err(storage_error)?;
                 self.wait_for_cache(current).await?;
                 Ok(self.list_from_cache(&prefix, options, options.limit))
             }
@@ -288,7 +305,11 @@ impl Registry {
         let mut remaining: Option<i64>;
         let mut last_key: Option<Arc<str>> = None;
         loop {
-            let batch = if limit > 0 { (limit - items.len()).max(1) } else { 0 };
+            let batch = if limit > 0 {
+                (limit - items.len()).max(1)
+            } else {
+                0
+            };
             let response = self
                 .storage
                 .range(RangeRequest {
@@ -302,7 +323,8 @@ impl Registry {
             revision = Some(response.revision);
             for kv in &response.kvs {
                 last_key = Some(kv.key.clone());
-                if let Some(object) = CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
+                if let Some(object) =
+                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
                     && self.selected(options, &object.object)
                 {
                     items.push(Arc::new(object));
@@ -336,7 +358,9 @@ impl Registry {
         match error {
             StorageError::Compacted { .. } => match &options.continue_token {
                 Some(token) => {
-                    let mut err = ApiError::expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.");
+                    let mut err = ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+                    );
                     err.continue_token = Some(
                         ContinueToken {
                             revision: -1,
@@ -501,7 +525,13 @@ impl Registry {
             }
         }
         self.strategy.default(&mut object);
-        crate::managed::record_update(&mut object, None, &options.field_manager, &info.api_version(), None);
+        crate::managed::record_update(
+            &mut object,
+            None,
+            &options.field_manager,
+            &info.api_version(),
+            None,
+        );
         meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
         meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
         self.strategy.prepare_for_create(&mut object);
@@ -555,14 +585,18 @@ impl Registry {
                         continue;
                     }
                     if generate {
-                        return Err(ApiError::generate_name_exhausted(info.group_resource(), &name));
+                        return Err(ApiError::generate_name_exhausted(
+                            info.group_resource(),
+                            &name,
+                        ));
                     }
                     let existing = current
                         .first()
                         .and_then(|kv| kv.as_ref())
                         .and_then(|kv| self.decode(kv).ok());
                     let mut err = ApiError::already_exists(info.group_resource(), &name);
-                    if existing.is_some_and(|e| !meta::meta_str(&e, "deletionTimestamp").is_empty()) {
+                    if existing.is_some_and(|e| !meta::meta_str(&e, "deletionTimestamp").is_empty())
+                    {
                         err.message = format!("object is being deleted: {}", err.message);
                     }
                     return Err(err);
@@ -605,8 +639,15 @@ impl Registry {
                 &errors,
             ));
         }
-        self.write_loop(namespace, name, options, status, |_current| Ok(new.clone()), !pinned.is_empty())
-            .await
+        self.write_loop(
+            namespace,
+            name,
+            options,
+            status,
+            |_current| Ok(new.clone()),
+            !pinned.is_empty(),
+        )
+        .await
     }
 
     /// PATCH: `apply` computes the new object from the current one (with `kind`/`apiVersion`).
@@ -670,7 +711,9 @@ impl Registry {
                     return Err(ApiError::conflict(
                         info.group_resource(),
                         name,
-                        &format!("uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
+                        &format!(
+                            "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                        ),
                     ));
                 }
                 return Ok((self.create(namespace, new, options).await?, true));
@@ -678,7 +721,9 @@ impl Registry {
             let old = self.decode(&kv)?;
             let mut new = compute(Some(&old))?;
             if !new.is_object() {
-                return Err(ApiError::bad_request("the object provided is not a JSON object"));
+                return Err(ApiError::bad_request(
+                    "the object provided is not a JSON object",
+                ));
             }
             let sent_rv = meta::resource_version(&new).to_string();
             if !sent_rv.is_empty() && sent_rv != kv.mod_revision.to_string() {
@@ -690,13 +735,20 @@ impl Registry {
                 return Err(ApiError::conflict(
                     info.group_resource(),
                     name,
-                    &format!("Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {old_uid}"),
+                    &format!(
+                        "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {old_uid}"
+                    ),
                 ));
             }
             if info.namespaced {
                 meta::set_meta_str(&mut new, "namespace", namespace);
             }
-            for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ] {
                 match meta::metadata(&old).and_then(|m| m.get(field)).cloned() {
                     Some(value) => {
                         meta::metadata_mut(&mut new).insert(field.into(), value);
@@ -761,9 +813,9 @@ impl Registry {
                     return Ok((new, false));
                 }
                 TxnOutcome::Failed { current, .. } => {
-                    let object_moved = current
-                        .first()
-                        .is_some_and(|c| c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision));
+                    let object_moved = current.first().is_some_and(|c| {
+                        c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
+                    });
                     if object_moved && conflict_is_final {
                         return Err(ApiError::modified(info.group_resource(), name));
                     }
@@ -791,7 +843,11 @@ impl Registry {
             let old = self.decode(&kv)?;
             let kind_conflict = |why: String| {
                 let mut err = ApiError::conflict(info.group_resource(), name, &why);
-                err.message = format!("Operation cannot be fulfilled on {} {}: {why}", info.kind, capstan_machinery::status::quote(name));
+                err.message = format!(
+                    "Operation cannot be fulfilled on {} {}: {why}",
+                    info.kind,
+                    capstan_machinery::status::quote(name)
+                );
                 if let Some(details) = err.details.as_mut() {
                     details.kind = info.kind.to_string();
                 }
@@ -800,25 +856,36 @@ impl Registry {
             if let Some(uid) = &options.uid {
                 let stored = meta::meta_str(&old, "uid");
                 if uid != stored {
-                    return Err(kind_conflict(format!("the UID in the precondition ({uid}) does not match the UID in record ({stored}). The object might have been deleted and then recreated")));
+                    return Err(kind_conflict(format!(
+                        "the UID in the precondition ({uid}) does not match the UID in record ({stored}). The object might have been deleted and then recreated"
+                    )));
                 }
             }
             if let Some(rv) = &options.resource_version {
                 let stored = kv.mod_revision.to_string();
                 if *rv != stored {
-                    return Err(kind_conflict(format!("the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({stored}). The object might have been modified")));
+                    return Err(kind_conflict(format!(
+                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({stored}). The object might have been modified"
+                    )));
                 }
             }
             if !meta::finalizers(&old).is_empty() {
                 // Finalizers keep the object: mark it, once.
                 if !meta::meta_str(&old, "deletionTimestamp").is_empty() {
-                    return Ok(DeleteResult { object: old, removed: false });
+                    return Ok(DeleteResult {
+                        object: old,
+                        removed: false,
+                    });
                 }
                 let mut marked = old.clone();
                 meta::set_meta_str(&mut marked, "deletionTimestamp", &meta::now_rfc3339());
-                meta::metadata_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
+                meta::metadata_mut(&mut marked)
+                    .insert("deletionGracePeriodSeconds".into(), json!(0));
                 if options.dry_run {
-                    return Ok(DeleteResult { object: marked, removed: false });
+                    return Ok(DeleteResult {
+                        object: marked,
+                        removed: false,
+                    });
                 }
                 let txn = Txn::new()
                     .when(Compare::ModRevision(key.clone(), kv.mod_revision))
@@ -826,13 +893,19 @@ impl Registry {
                 match self.storage.txn(txn).await.map_err(storage_error)? {
                     TxnOutcome::Committed { revision, .. } => {
                         meta::set_meta_str(&mut marked, "resourceVersion", &revision.to_string());
-                        return Ok(DeleteResult { object: marked, removed: false });
+                        return Ok(DeleteResult {
+                            object: marked,
+                            removed: false,
+                        });
                     }
                     TxnOutcome::Failed { .. } => continue,
                 }
             }
             if options.dry_run {
-                return Ok(DeleteResult { object: old, removed: true });
+                return Ok(DeleteResult {
+                    object: old,
+                    removed: true,
+                });
             }
             let WriteExtras { compares, ops } = self.strategy.release(&old);
             let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision));
@@ -843,7 +916,10 @@ impl Registry {
                 TxnOutcome::Committed { revision, .. } => {
                     let mut object = old;
                     meta::set_meta_str(&mut object, "resourceVersion", &revision.to_string());
-                    return Ok(DeleteResult { object, removed: true });
+                    return Ok(DeleteResult {
+                        object,
+                        removed: true,
+                    });
                 }
                 TxnOutcome::Failed { .. } => continue,
             }

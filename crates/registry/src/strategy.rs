@@ -132,10 +132,10 @@ pub trait Strategy: Send + Sync + 'static {
 
     /// Clears what a create may not set (status) before validation.
     fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            if self.info().has_status {
-                map.remove("status");
-            }
+        if let Value::Object(map) = object
+            && self.info().has_status
+        {
+            map.remove("status");
         }
     }
 
@@ -158,9 +158,7 @@ pub trait Strategy: Send + Sync + 'static {
             }
         }
         if let Value::Object(map) = new {
-            map.retain(|k, _| {
-                k == "status" || k == "metadata" || old.get(k.as_str()).is_some()
-            });
+            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
         }
     }
 

@@ -130,7 +130,9 @@ impl Watcher {
         let now = self.matches(&event.object);
         let before = event.prev.as_ref().is_some_and(|p| self.matches(p));
         match event.kind {
-            EventType::Added => now.then(|| WatchItem::Event(EventType::Added, event.object.clone())),
+            EventType::Added => {
+                now.then(|| WatchItem::Event(EventType::Added, event.object.clone()))
+            }
             EventType::Deleted => {
                 let gone = event.prev.as_ref().map_or(now, |_| before || now);
                 gone.then(|| WatchItem::Event(EventType::Deleted, event.object.clone()))
@@ -141,11 +143,8 @@ impl Watcher {
                 (true, false) => {
                     let prev = event.prev.as_ref()?;
                     let mut object = prev.object.clone();
-                    let last = CachedObject::from_object(
-                        prev.key.clone(),
-                        &mut object,
-                        event.revision(),
-                    );
+                    let last =
+                        CachedObject::from_object(prev.key.clone(), &mut object, event.revision());
                     Some(WatchItem::Event(EventType::Deleted, Arc::new(last)))
                 }
                 (false, false) => None,

@@ -22,7 +22,9 @@ pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo {
     namespaced: false,
     short_names: &["ns"],
     categories: &[],
-    verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
     has_status: true,
     storage_version_hash: "Q3oi5N2YM8M=",
     storage_prefix: "namespaces",
@@ -43,7 +45,11 @@ impl Strategy for NamespaceStrategy {
     }
 
     fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix { name.trim_end_matches('-') } else { name };
+        let name = if prefix {
+            name.trim_end_matches('-')
+        } else {
+            name
+        };
         if prefix && name.is_empty() {
             return Vec::new();
         }
@@ -105,7 +111,12 @@ impl Strategy for NamespaceStrategy {
     fn cells(&self, object: &Value) -> Vec<Value> {
         vec![
             json!(meta::name(object)),
-            json!(object.pointer("/status/phase").and_then(Value::as_str).unwrap_or("")),
+            json!(
+                object
+                    .pointer("/status/phase")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            ),
             json!(age(meta::meta_str(object, "creationTimestamp"))),
         ]
     }

@@ -103,7 +103,11 @@ impl IpRange {
 
     fn static_band(&self) -> u128 {
         let size = self.size();
-        if size < 16 { 0 } else { (size / 16).clamp(16, 256) }
+        if size < 16 {
+            0
+        } else {
+            (size / 16).clamp(16, 256)
+        }
     }
 }
 
@@ -132,13 +136,19 @@ impl PortRange {
             if b < a {
                 return Err(bad());
             }
-            return Ok(PortRange { base: a, size: b - a + 1 });
+            return Ok(PortRange {
+                base: a,
+                size: b - a + 1,
+            });
         }
         if let Some((a, n)) = text.split_once('+') {
             let a: u16 = a.trim().parse().map_err(|_| bad())?;
             let n: u16 = n.trim().parse().map_err(|_| bad())?;
             a.checked_add(n).ok_or_else(bad)?;
-            return Ok(PortRange { base: a, size: n + 1 });
+            return Ok(PortRange {
+                base: a,
+                size: n + 1,
+            });
         }
         Err(bad())
     }
@@ -153,7 +163,11 @@ impl PortRange {
     }
 
     fn static_band(&self) -> u16 {
-        if self.size <= 16 { 0 } else { (self.size / 32).clamp(16, 128) }
+        if self.size <= 16 {
+            0
+        } else {
+            (self.size / 32).clamp(16, 128)
+        }
     }
 }
 
@@ -269,7 +283,9 @@ impl ServiceAllocator {
         owner: &str,
     ) -> Result<bool, ApiError> {
         let response = storage.get(key, None).await.map_err(ApiError::internal)?;
-        Ok(response.kv.is_some_and(|kv| kv.value.as_ref() != owner.as_bytes()))
+        Ok(response
+            .kv
+            .is_some_and(|kv| kv.value.as_ref() != owner.as_bytes()))
     }
 
     async fn free(storage: &dyn Storage, key: &str) -> Result<bool, ApiError> {
@@ -302,7 +318,9 @@ impl ServiceAllocator {
                 }
             }
         }
-        Err(ApiError::internal("failed to allocate a serviceIP: range is full"))
+        Err(ApiError::internal(
+            "failed to allocate a serviceIP: range is full",
+        ))
     }
 
     async fn taken(
@@ -335,7 +353,9 @@ impl ServiceAllocator {
             let span = (high - low + 1) as u64;
             for _ in 0..RANDOM_PROBES.min(span as usize) {
                 let port = low + (fastrand::u64(..span) as i64);
-                if !avoid.contains(&port) && Self::free(storage, &format!("{PORT_PREFIX}{port}")).await? {
+                if !avoid.contains(&port)
+                    && Self::free(storage, &format!("{PORT_PREFIX}{port}")).await?
+                {
                     return Ok(port);
                 }
             }
@@ -346,7 +366,9 @@ impl ServiceAllocator {
                 }
             }
         }
-        Err(ApiError::internal("failed to allocate a nodePort: range is full"))
+        Err(ApiError::internal(
+            "failed to allocate a nodePort: range is full",
+        ))
     }
 
     /// Resolves IP families and policy, allocates cluster IPs and node ports for `object`
@@ -394,11 +416,20 @@ impl ServiceAllocator {
             .get_mut("spec")
             .and_then(Value::as_object_mut)
             .ok_or_else(|| ApiError::bad_request("spec is required"))?;
-        let cluster_ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+        let cluster_ip = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let mut ips: Vec<String> = spec
             .get("clusterIPs")
             .and_then(Value::as_array)
-            .map(|l| l.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|l| {
+                l.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         if !cluster_ip.is_empty() && ips.is_empty() {
             ips.push(cluster_ip.clone());
@@ -423,7 +454,12 @@ impl ServiceAllocator {
         let mut families: Vec<String> = spec
             .get("ipFamilies")
             .and_then(Value::as_array)
-            .map(|l| l.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|l| {
+                l.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         let configured = self.families();
         let primary = configured[0];
@@ -434,14 +470,22 @@ impl ServiceAllocator {
                 families.push(primary.to_string());
             }
             if !has_selector && policy != "SingleStack" && families.len() == 1 {
-                let second = if families[0] == "IPv4" { "IPv6" } else { "IPv4" };
+                let second = if families[0] == "IPv4" {
+                    "IPv6"
+                } else {
+                    "IPv4"
+                };
                 families.push(second.to_string());
             }
         } else {
             for (i, ip) in ips.iter().enumerate().skip(families.len()) {
                 match ip.parse::<IpAddr>() {
-                    Ok(IpAddr::V4(_)) if configured.contains(&"IPv4") => families.push("IPv4".into()),
-                    Ok(IpAddr::V6(_)) if configured.contains(&"IPv6") => families.push("IPv6".into()),
+                    Ok(IpAddr::V4(_)) if configured.contains(&"IPv4") => {
+                        families.push("IPv4".into())
+                    }
+                    Ok(IpAddr::V6(_)) if configured.contains(&"IPv6") => {
+                        families.push("IPv6".into())
+                    }
                     Ok(addr) => {
                         let family = if addr.is_ipv4() { "IPv4" } else { "IPv6" };
                         errors.push(FieldError::invalid(
@@ -461,7 +505,8 @@ impl ServiceAllocator {
                 ));
             }
             for (i, family) in families.iter().enumerate() {
-                if (family == "IPv4" || family == "IPv6") && !configured.contains(&family.as_str()) {
+                if (family == "IPv4" || family == "IPv6") && !configured.contains(&family.as_str())
+                {
                     errors.push(FieldError::invalid(
                         format!("spec.ipFamilies[{i}]"),
                         &json!(family),
@@ -504,17 +549,23 @@ impl ServiceAllocator {
                             FieldErrors(vec![FieldError::invalid(
                                 "spec.clusterIPs",
                                 &json!(ips),
-                                format!("failed to allocate IP {requested}: the provided network does not match the current range"),
+                                format!(
+                                    "failed to allocate IP {requested}: the provided network does not match the current range"
+                                ),
                             )]),
                         ));
                     }
-                    if Self::held_by_other(storage, &format!("{IP_PREFIX}{requested}"), owner).await? {
+                    if Self::held_by_other(storage, &format!("{IP_PREFIX}{requested}"), owner)
+                        .await?
+                    {
                         return Err(invalid(
                             &snapshot,
                             FieldErrors(vec![FieldError::invalid(
                                 "spec.clusterIPs",
                                 &json!(ips),
-                                format!("failed to allocate IP {requested}: provided IP is already allocated"),
+                                format!(
+                                    "failed to allocate IP {requested}: provided IP is already allocated"
+                                ),
                             )]),
                         ));
                     }
@@ -543,29 +594,45 @@ impl ServiceAllocator {
         };
         let wants_node_ports = kind == "NodePort"
             || (kind == "LoadBalancer"
-                && spec.get("allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false));
+                && spec
+                    .get("allocateLoadBalancerNodePorts")
+                    .and_then(Value::as_bool)
+                    != Some(false));
         let mut used: Vec<i64> = Vec::new();
         let mut by_port: BTreeMap<i64, i64> = BTreeMap::new();
         if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
             for (i, port) in ports.iter_mut().enumerate() {
-                let Some(port) = port.as_object_mut() else { continue };
+                let Some(port) = port.as_object_mut() else {
+                    continue;
+                };
                 let requested = port.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
                 let number = port.get("port").and_then(Value::as_i64).unwrap_or(0);
                 if requested > 0 {
                     if !used.contains(&requested) {
                         if !self.ports.contains(requested) {
-                            return Err(invalid(&snapshot, FieldErrors(vec![FieldError::invalid(
-                                format!("spec.ports[{i}].nodePort"),
-                                &json!(requested),
-                                format!("provided port is not in the valid range. The range of valid ports is {}", self.ports),
-                            )])));
+                            return Err(invalid(
+                                &snapshot,
+                                FieldErrors(vec![FieldError::invalid(
+                                    format!("spec.ports[{i}].nodePort"),
+                                    &json!(requested),
+                                    format!(
+                                        "provided port is not in the valid range. The range of valid ports is {}",
+                                        self.ports
+                                    ),
+                                )]),
+                            ));
                         }
-                        if Self::held_by_other(storage, &format!("{PORT_PREFIX}{requested}"), owner).await? {
-                            return Err(invalid(&snapshot, FieldErrors(vec![FieldError::invalid(
-                                format!("spec.ports[{i}].nodePort"),
-                                &json!(requested),
-                                "provided port is already allocated",
-                            )])));
+                        if Self::held_by_other(storage, &format!("{PORT_PREFIX}{requested}"), owner)
+                            .await?
+                        {
+                            return Err(invalid(
+                                &snapshot,
+                                FieldErrors(vec![FieldError::invalid(
+                                    format!("spec.ports[{i}].nodePort"),
+                                    &json!(requested),
+                                    "provided port is already allocated",
+                                )]),
+                            ));
                         }
                         used.push(requested);
                     }
@@ -590,15 +657,24 @@ impl ServiceAllocator {
         let needs_health = kind == "LoadBalancer"
             && spec.get("externalTrafficPolicy").and_then(Value::as_str) == Some("Local");
         if needs_health {
-            let requested = spec.get("healthCheckNodePort").and_then(Value::as_i64).unwrap_or(0);
+            let requested = spec
+                .get("healthCheckNodePort")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
             if requested > 0 {
                 if used.contains(&requested)
-                    || Self::held_by_other(storage, &format!("{PORT_PREFIX}{requested}"), owner).await?
+                    || Self::held_by_other(storage, &format!("{PORT_PREFIX}{requested}"), owner)
+                        .await?
                 {
-                    return Err(ApiError::internal(format!("failed to allocate requested HealthCheck NodePort {requested}: provided port is already allocated")));
+                    return Err(ApiError::internal(format!(
+                        "failed to allocate requested HealthCheck NodePort {requested}: provided port is already allocated"
+                    )));
                 }
                 if !self.ports.contains(requested) {
-                    return Err(ApiError::internal(format!("failed to allocate requested HealthCheck NodePort {requested}: provided port is not in the valid range. The range of valid ports is {}", self.ports)));
+                    return Err(ApiError::internal(format!(
+                        "failed to allocate requested HealthCheck NodePort {requested}: provided port is not in the valid range. The range of valid ports is {}",
+                        self.ports
+                    )));
                 }
             } else {
                 let fresh = self.dynamic_port(storage, &used).await?;
@@ -612,15 +688,25 @@ impl ServiceAllocator {
     pub fn release(&self, object: &Value) -> WriteExtras {
         WriteExtras {
             compares: Vec::new(),
-            ops: Allocations::of(object).keys().into_iter().map(Op::Delete).collect(),
+            ops: Allocations::of(object)
+                .keys()
+                .into_iter()
+                .map(Op::Delete)
+                .collect(),
         }
     }
 }
 
 /// `normalizeClusterIPs`: a `clusterIP` without `clusterIPs` fills them.
 pub fn normalize_cluster_ips(object: &mut Value) {
-    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else { return };
-    let ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let ip = spec
+        .get("clusterIP")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let empty = spec
         .get("clusterIPs")
         .and_then(Value::as_array)
@@ -637,8 +723,12 @@ pub fn keep_allocated_values(new: &mut Value, old: &Value) {
     if old_type == "ExternalName" || new_type == "ExternalName" {
         return;
     }
-    let Some(old_spec) = old.get("spec").and_then(Value::as_object) else { return };
-    let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let Some(old_spec) = old.get("spec").and_then(Value::as_object) else {
+        return;
+    };
+    let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
     let empty = |v: Option<&Value>| match v {
         None | Some(Value::Null) => true,
         Some(Value::String(s)) => s.is_empty(),
@@ -651,13 +741,16 @@ pub fn keep_allocated_values(new: &mut Value, old: &Value) {
                 spec.insert(field.into(), v.clone());
             }
         }
-    } else if empty(spec.get("clusterIPs")) && spec.get("clusterIP") == old_spec.get("clusterIP") {
-        if let Some(v) = old_spec.get("clusterIPs") {
-            spec.insert("clusterIPs".into(), v.clone());
-        }
+    } else if empty(spec.get("clusterIPs"))
+        && spec.get("clusterIP") == old_spec.get("clusterIP")
+        && let Some(v) = old_spec.get("clusterIPs")
+    {
+        spec.insert("clusterIPs".into(), v.clone());
     }
     for field in ["ipFamilies", "ipFamilyPolicy"] {
-        if empty(spec.get(field)) && let Some(v) = old_spec.get(field) {
+        if empty(spec.get(field))
+            && let Some(v) = old_spec.get(field)
+        {
             spec.insert(field.into(), v.clone());
         }
     }
@@ -683,7 +776,8 @@ pub fn keep_allocated_values(new: &mut Value, old: &Value) {
                     continue;
                 }
                 let number = port.get("port").and_then(Value::as_i64).unwrap_or(0);
-                if let Some((_, node_port)) = old_ports.iter().find(|(p, n)| *p == number && *n > 0) {
+                if let Some((_, node_port)) = old_ports.iter().find(|(p, n)| *p == number && *n > 0)
+                {
                     port.insert("nodePort".into(), json!(node_port));
                 }
             }
@@ -715,9 +809,15 @@ mod tests {
     fn port_ranges_parse_both_forms() {
         assert_eq!(
             PortRange::parse("30000-32767"),
-            Ok(PortRange { base: 30000, size: 2768 })
+            Ok(PortRange {
+                base: 30000,
+                size: 2768
+            })
         );
         assert_eq!(PortRange::parse("30000+10").map(|r| r.size), Ok(11));
-        assert_eq!(PortRange::parse("30000-32767").map(|r| r.static_band()), Ok(86));
+        assert_eq!(
+            PortRange::parse("30000-32767").map(|r| r.static_band()),
+            Ok(86)
+        );
     }
 }

@@ -15,10 +15,19 @@ fn externally_accessible(spec: &Map<String, Value>) -> bool {
 
 /// Applies the v1 defaults to a Service.
 pub fn apply(object: &mut Value) {
-    let Some(root) = object.as_object_mut() else { return };
+    let Some(root) = object.as_object_mut() else {
+        return;
+    };
     let spec = root.entry("spec").or_insert_with(|| json!({}));
-    let Some(spec) = spec.as_object_mut() else { return };
-    if spec.get("sessionAffinity").and_then(Value::as_str).unwrap_or("").is_empty() {
+    let Some(spec) = spec.as_object_mut() else {
+        return;
+    };
+    if spec
+        .get("sessionAffinity")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .is_empty()
+    {
         spec.insert("sessionAffinity".into(), json!("None"));
     }
     match spec.get("sessionAffinity").and_then(Value::as_str) {
@@ -40,12 +49,22 @@ pub fn apply(object: &mut Value) {
         }
         _ => {}
     }
-    if spec.get("type").and_then(Value::as_str).unwrap_or("").is_empty() {
+    if spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .is_empty()
+    {
         spec.insert("type".into(), json!("ClusterIP"));
     }
     if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
         for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-            if port.get("protocol").and_then(Value::as_str).unwrap_or("").is_empty() {
+            if port
+                .get("protocol")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+            {
                 port.insert("protocol".into(), json!("TCP"));
             }
             let unset = match port.get("targetPort") {
@@ -59,7 +78,11 @@ pub fn apply(object: &mut Value) {
             }
         }
     }
-    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("").to_string();
+    let kind = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     if externally_accessible(spec)
         && spec
             .get("externalTrafficPolicy")
@@ -74,10 +97,18 @@ pub fn apply(object: &mut Value) {
     {
         spec.insert("internalTrafficPolicy".into(), json!("Cluster"));
     }
-    if kind == "LoadBalancer" && spec.get("allocateLoadBalancerNodePorts").is_none_or(Value::is_null) {
+    if kind == "LoadBalancer"
+        && spec
+            .get("allocateLoadBalancerNodePorts")
+            .is_none_or(Value::is_null)
+    {
         spec.insert("allocateLoadBalancerNodePorts".into(), json!(true));
     }
-    if spec.get("selector").and_then(Value::as_object).is_some_and(Map::is_empty) {
+    if spec
+        .get("selector")
+        .and_then(Value::as_object)
+        .is_some_and(Map::is_empty)
+    {
         spec.remove("selector");
     }
 }

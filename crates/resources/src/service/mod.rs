@@ -68,7 +68,11 @@ impl Strategy for ServiceStrategy {
     }
 
     fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix { name.trim_end_matches('-') } else { name };
+        let name = if prefix {
+            name.trim_end_matches('-')
+        } else {
+            name
+        };
         if prefix && name.is_empty() {
             return Vec::new();
         }

@@ -1,7 +1,7 @@
 //! The Table `kubectl get services` shows.
 
-use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_machinery::meta;
+use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use serde_json::{Value, json};
 
 const TYPE_DESCRIPTION: &str = "type determines how the Service is exposed. Defaults to ClusterIP. Valid options are ExternalName, ClusterIP, NodePort, and LoadBalancer. \"ClusterIP\" allocates a cluster-internal IP address for load-balancing to endpoints. Endpoints are determined by the selector or if that is not specified, by manual construction of an Endpoints object or EndpointSlice objects. If clusterIP is \"None\", no virtual IP is allocated and the endpoints are published as a set of endpoints rather than a virtual IP. \"NodePort\" builds on ClusterIP and allocates a port on every node which routes to the same endpoints as the clusterIP. \"LoadBalancer\" builds on NodePort and creates an external load-balancer (if supported in the current cloud) which routes to the same endpoints as the clusterIP. \"ExternalName\" aliases this service to the specified externalName. Several other fields do not apply to ExternalName services. More info: https://kubernetes.io/docs/concepts/services-networking/service/#publishing-services-service-types";
@@ -36,7 +36,12 @@ pub fn columns() -> Vec<Column> {
 fn strings(value: Option<&Value>) -> Vec<String> {
     value
         .and_then(Value::as_array)
-        .map(|l| l.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|l| {
+            l.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -48,7 +53,11 @@ pub fn cells(object: &Value) -> Vec<Value> {
     let cluster_ip = strings(spec.get("clusterIPs"))
         .into_iter()
         .next()
-        .or_else(|| spec.get("clusterIP").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| {
+            spec.get("clusterIP")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .filter(|ip| !ip.is_empty())
         .unwrap_or_else(|| "<none>".into());
     let external_ips = strings(spec.get("externalIPs"));
@@ -145,7 +154,16 @@ mod tests {
     fn node_port_row() {
         let svc = json!({"metadata":{"name":"s1"},"spec":{"type":"NodePort","clusterIPs":["10.96.0.10"],"selector":{"app":"np"},"ports":[{"port":80,"protocol":"TCP","nodePort":30080}]}});
         let row = cells(&svc);
-        assert_eq!(row[..5], [json!("s1"), json!("NodePort"), json!("10.96.0.10"), json!("<none>"), json!("80:30080/TCP")]);
+        assert_eq!(
+            row[..5],
+            [
+                json!("s1"),
+                json!("NodePort"),
+                json!("10.96.0.10"),
+                json!("<none>"),
+                json!("80:30080/TCP")
+            ]
+        );
         assert_eq!(row[6], json!("app=np"));
     }
 

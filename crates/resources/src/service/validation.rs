@@ -26,7 +26,10 @@ fn iana_service_name(name: &str) -> Vec<&'static str> {
     if name.len() > 15 {
         errors.push("must be no more than 15 characters");
     }
-    if !name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-') {
+    if !name
+        .bytes()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+    {
         errors.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
     }
     if !name.bytes().any(|c| c.is_ascii_lowercase()) {
@@ -78,7 +81,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
     }
     if kind == "ExternalName" {
         for field in ["clusterIPs", "ipFamilies"] {
-            if spec.get(field).and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
+            if spec
+                .get(field)
+                .and_then(Value::as_array)
+                .is_some_and(|l| !l.is_empty())
+            {
                 errors.push(FieldError::forbidden(
                     format!("spec.{field}"),
                     "may not be set for ExternalName services",
@@ -97,7 +104,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             errors.push(FieldError::required("spec.externalName", ""));
         } else {
             for message in dns1123_subdomain(name) {
-                errors.push(FieldError::invalid("spec.externalName", &json!(name), message));
+                errors.push(FieldError::invalid(
+                    "spec.externalName",
+                    &json!(name),
+                    message,
+                ));
             }
         }
     }
@@ -109,7 +120,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             errors.push(FieldError::required(format!("{path}.name"), ""));
         } else if !name.is_empty() {
             for message in dns1123_label(name) {
-                errors.push(FieldError::invalid(format!("{path}.name"), &json!(name), message));
+                errors.push(FieldError::invalid(
+                    format!("{path}.name"),
+                    &json!(name),
+                    message,
+                ));
             }
             if names.contains(&name) {
                 errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
@@ -131,18 +146,22 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             ));
         }
         match port.get("targetPort") {
-            Some(Value::Number(n)) => {
-                if !n.as_i64().is_some_and(|p| (1..=65535).contains(&p)) && !headless {
-                    errors.push(FieldError::invalid(
-                        format!("{path}.targetPort"),
-                        &Value::Number(n.clone()),
-                        RANGE,
-                    ));
-                }
+            Some(Value::Number(n))
+                if !n.as_i64().is_some_and(|p| (1..=65535).contains(&p)) && !headless =>
+            {
+                errors.push(FieldError::invalid(
+                    format!("{path}.targetPort"),
+                    &Value::Number(n.clone()),
+                    RANGE,
+                ));
             }
             Some(Value::String(s)) => {
                 for message in iana_service_name(s) {
-                    errors.push(FieldError::invalid(format!("{path}.targetPort"), &json!(s), message));
+                    errors.push(FieldError::invalid(
+                        format!("{path}.targetPort"),
+                        &json!(s),
+                        message,
+                    ));
                 }
             }
             _ => {}
@@ -204,7 +223,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
                     ));
                 }
             } else if !valid_ip(ip) {
-                errors.push(FieldError::invalid(format!("spec.clusterIPs[{i}]"), &json!(ip), IP));
+                errors.push(FieldError::invalid(
+                    format!("spec.clusterIPs[{i}]"),
+                    &json!(ip),
+                    IP,
+                ));
             }
         }
         if cluster_ips.len() > 2 {
@@ -225,13 +248,18 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
                         &["IPv4", "IPv6"],
                     ));
                 } else if seen.contains(&text) {
-                    errors.push(FieldError::duplicate(format!("spec.ipFamilies[{i}]"), family));
+                    errors.push(FieldError::duplicate(
+                        format!("spec.ipFamilies[{i}]"),
+                        family,
+                    ));
                 }
                 seen.push(text);
             }
         }
         let policy = str_at(spec, "ipFamilyPolicy");
-        if !policy.is_empty() && !["PreferDualStack", "RequireDualStack", "SingleStack"].contains(&policy) {
+        if !policy.is_empty()
+            && !["PreferDualStack", "RequireDualStack", "SingleStack"].contains(&policy)
+        {
             errors.push(FieldError::not_supported(
                 "spec.ipFamilyPolicy",
                 &json!(policy),
@@ -242,7 +270,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
     if let Some(ips) = spec.get("externalIPs").and_then(Value::as_array) {
         for (i, ip) in ips.iter().enumerate() {
             if !valid_ip(ip.as_str().unwrap_or("")) {
-                errors.push(FieldError::invalid(format!("spec.externalIPs[{i}]"), ip, IP));
+                errors.push(FieldError::invalid(
+                    format!("spec.externalIPs[{i}]"),
+                    ip,
+                    IP,
+                ));
             }
         }
     }
@@ -263,16 +295,29 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         }
         let key = (str_at(port, "protocol").to_string(), node_port);
         if seen_ports.contains(&key) {
-            errors.push(FieldError::duplicate(format!("spec.ports[{i}].nodePort"), &json!(node_port)));
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}].nodePort"),
+                &json!(node_port),
+            ));
         }
         seen_ports.push(key);
     }
-    if spec.get("allocateLoadBalancerNodePorts").is_some_and(|v| !v.is_null()) && kind != "LoadBalancer" {
-        errors.push(FieldError::forbidden("spec.allocateLoadBalancerNodePorts", LB_ONLY));
+    if spec
+        .get("allocateLoadBalancerNodePorts")
+        .is_some_and(|v| !v.is_null())
+        && kind != "LoadBalancer"
+    {
+        errors.push(FieldError::forbidden(
+            "spec.allocateLoadBalancerNodePorts",
+            LB_ONLY,
+        ));
     }
     let external = matches!(kind, "NodePort" | "LoadBalancer")
         || (kind == "ClusterIP"
-            && spec.get("externalIPs").and_then(Value::as_array).is_some_and(|l| !l.is_empty()));
+            && spec
+                .get("externalIPs")
+                .and_then(Value::as_array)
+                .is_some_and(|l| !l.is_empty()));
     let etp = str_at(spec, "externalTrafficPolicy");
     if !external && !etp.is_empty() {
         errors.push(FieldError::invalid(
@@ -289,7 +334,10 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             &["Cluster", "Local"],
         ));
     }
-    let health = spec.get("healthCheckNodePort").and_then(Value::as_i64).unwrap_or(0);
+    let health = spec
+        .get("healthCheckNodePort")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let needs_health = kind == "LoadBalancer" && etp == "Local";
     if !needs_health && health != 0 {
         errors.push(FieldError::invalid(
@@ -324,11 +372,23 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
 /// The update-only rules.
 pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let old_type = old.pointer("/spec/type").and_then(Value::as_str).unwrap_or("");
-    let new_type = new.pointer("/spec/type").and_then(Value::as_str).unwrap_or("");
+    let old_type = old
+        .pointer("/spec/type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let new_type = new
+        .pointer("/spec/type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if old_type != "ExternalName" && new_type != "ExternalName" {
-        let old_ips = old.pointer("/spec/clusterIPs").cloned().unwrap_or(json!([]));
-        let new_ips = new.pointer("/spec/clusterIPs").cloned().unwrap_or(json!([]));
+        let old_ips = old
+            .pointer("/spec/clusterIPs")
+            .cloned()
+            .unwrap_or(json!([]));
+        let new_ips = new
+            .pointer("/spec/clusterIPs")
+            .cloned()
+            .unwrap_or(json!([]));
         let first = |v: &Value| v.get(0).cloned();
         if first(&old_ips).is_some() && first(&old_ips) != first(&new_ips) {
             errors.push(FieldError::invalid(
