@@ -1,0 +1,163 @@
+//! Starts the real `capstan` binary and drives it with `/usr/bin/kubectl` and the `kube` crate.
+
+#![allow(dead_code, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Server {
+    /// Starts `capstan serve` on a fresh data directory and waits until `/readyz` answers.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = Server {
+            dir,
+            port: free_port(),
+            child: None,
+        };
+        server.launch(&[]);
+        server
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.data_dir().join("kubeconfig")
+    }
+
+    pub fn launch(&mut self, extra: &[&str]) {
+        let log = std::fs::File::create(self.dir.path().join("log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_capstan"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--bind-address", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("capstan starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("capstan did not become ready: {}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        child.wait().ok().and_then(|s| s.code())
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch(&[]);
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(args)
+            .env("KUBECACHEDIR", self.dir.path().join("kube-cache"))
+            .output()
+            .expect("kubectl runs")
+    }
+
+    /// Runs kubectl and returns stdout, failing the test when kubectl fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs kubectl expecting failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(!out.status.success(), "kubectl {args:?} unexpectedly succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    pub fn apply_file(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, contents).expect("write manifest");
+        path
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.data_dir().join("admin.token")).expect("token").trim().to_string()
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(config).expect("client")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// A raw request through the kube client (TLS and token from the kubeconfig).
+pub async fn raw(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value, http::HeaderMap) {
+    use http_body_util::BodyExt;
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    if let Some(ct) = content_type {
+        builder = builder.header("content-type", ct);
+    }
+    let request = builder.body(kube::client::Body::from(body)).expect("request");
+    let response = client.send(request).await.expect("response");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value, headers)
+}

@@ -1,0 +1,250 @@
+//! End-to-end: the real `capstan` binary driven by `/usr/bin/kubectl`.
+
+mod common;
+
+use common::{Server, path_str};
+
+const WEB: &str = "apiVersion: v1
+kind: Service
+metadata: {name: web, labels: {app: web, tier: front}}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+";
+
+#[test]
+fn create_get_describe_delete_a_service() {
+    let server = Server::start();
+    let file = server.apply_file("web.yaml", WEB);
+    assert_eq!(server.ok(&["create", "-f", path_str(&file)]).trim(), "service/web created");
+
+    let object: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
+    let ip = object["spec"]["clusterIP"].as_str().expect("clusterIP");
+    assert!(ip.starts_with("10."), "{ip}");
+    assert_eq!(object["spec"]["clusterIPs"][0], ip);
+    assert_eq!(object["spec"]["ports"][0]["protocol"], "TCP");
+    assert_eq!(object["spec"]["sessionAffinity"], "None");
+    assert_eq!(object["status"], serde_json::json!({"loadBalancer": {}}));
+    assert!(object["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+
+    let table = server.ok(&["get", "svc", "web"]);
+    let header = table.lines().next().unwrap_or_default();
+    let columns: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(columns, ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]);
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row[..5], ["web", "ClusterIP", ip, "<none>", "80/TCP"], "{table}");
+
+    let wide = server.ok(&["get", "svc", "web", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap_or_default().ends_with("SELECTOR"), "{wide}");
+    assert!(wide.contains("app=web"));
+
+    let yaml = server.ok(&["get", "svc", "web", "-o", "yaml"]);
+    assert!(yaml.contains("kind: Service") && yaml.contains(&format!("clusterIP: {ip}")));
+
+    let described = server.ok(&["describe", "svc", "web"]);
+    assert!(described.contains("Selector:") && described.contains("app=web"), "{described}");
+
+    assert!(server.fails(&["create", "-f", path_str(&file)]).contains("already exists"));
+    assert_eq!(server.ok(&["delete", "svc", "web"]).trim(), "service \"web\" deleted");
+    let missing = server.fails(&["get", "svc", "web"]);
+    assert!(missing.contains("services \"web\" not found"), "{missing}");
+}
+
+#[test]
+fn kubectl_create_service_generators_and_server_dry_run() {
+    let server = Server::start();
+    server.ok(&["create", "service", "clusterip", "c1", "--tcp=80:8080"]);
+    server.ok(&["create", "service", "nodeport", "n1", "--tcp=80:8080"]);
+    server.ok(&["create", "service", "externalname", "e1", "--external-name=foo.example.com"]);
+    let node_port: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "n1", "-o", "json"])).expect("json");
+    let port = node_port["spec"]["ports"][0]["nodePort"].as_i64().expect("nodePort");
+    assert!((30000..=32767).contains(&port));
+    assert_eq!(node_port["spec"]["externalTrafficPolicy"], "Cluster");
+    let external = server.ok(&["get", "svc", "e1", "--no-headers"]);
+    assert!(external.contains("ExternalName") && external.contains("foo.example.com"), "{external}");
+
+    let dry = server.ok(&["create", "service", "clusterip", "dry", "--tcp=80:80", "--dry-run=server", "-o", "json"]);
+    let dry: serde_json::Value = serde_json::from_str(&dry).expect("json");
+    assert!(dry["metadata"]["uid"].is_string());
+    assert!(dry["metadata"].get("resourceVersion").is_none());
+    assert!(server.fails(&["get", "svc", "dry"]).contains("not found"));
+}
+
+#[test]
+fn selectors_filter_lists() {
+    let server = Server::start();
+    server.ok(&["create", "-f", path_str(&server.apply_file("web.yaml", WEB))]);
+    server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
+    assert_eq!(server.ok(&["get", "svc", "-l", "tier=front", "-o", "name"]).trim(), "service/web");
+    assert_eq!(server.ok(&["get", "svc", "-l", "tier!=front,app", "-o", "name"]).trim(), "service/db");
+    assert_eq!(server.ok(&["get", "svc", "-l", "tier=back", "-o", "name"]).trim(), "");
+    assert_eq!(
+        server.ok(&["get", "svc", "--field-selector", "metadata.name=db", "-o", "name"]).trim(),
+        "service/db"
+    );
+    let bad = server.fails(&["get", "svc", "--field-selector", "spec.ports=80"]);
+    assert!(bad.contains("field label not supported: spec.ports"), "{bad}");
+    let bad = server.fails(&["get", "svc", "-l", "a b"]);
+    assert!(bad.contains("found 'b', expected: in, notin, =, ==, !=, gt, lt"), "{bad}");
+    let everywhere = server.ok(&["get", "svc", "-A", "-o", "name"]);
+    assert!(everywhere.contains("service/kubernetes") && everywhere.contains("service/db"));
+}
+
+#[test]
+fn chunked_lists_return_everything_from_one_snapshot() {
+    let server = Server::start();
+    for i in 0..12 {
+        server.ok(&["create", "service", "clusterip", &format!("s{i:02}"), "--tcp=80:80"]);
+    }
+    let names = server.ok(&["get", "svc", "--chunk-size=5", "-o", "name"]);
+    assert_eq!(names.lines().filter(|l| l.starts_with("service/s")).count(), 12);
+
+    let page: serde_json::Value = serde_json::from_str(&server.ok(&[
+        "get", "--raw", "/api/v1/namespaces/default/services?limit=5",
+    ]))
+    .expect("json");
+    assert_eq!(page["kind"], "ServiceList");
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(5));
+    // 13 services: kubernetes + 12.
+    assert_eq!(page["metadata"]["remainingItemCount"], 8);
+    let token = page["metadata"]["continue"].as_str().expect("continue");
+    let rv = page["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    server.ok(&["create", "service", "clusterip", "late", "--tcp=80:80"]);
+    let mut seen = 5;
+    let mut token = token.to_string();
+    loop {
+        let next: serde_json::Value = serde_json::from_str(&server.ok(&[
+            "get", "--raw", &format!("/api/v1/namespaces/default/services?limit=5&continue={token}"),
+        ]))
+        .expect("json");
+        assert_eq!(next["metadata"]["resourceVersion"], rv.as_str(), "pages share a snapshot");
+        seen += next["items"].as_array().map_or(0, Vec::len);
+        match next["metadata"]["continue"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, 13, "the service created mid-list is not in the snapshot");
+    let bad = server.fails(&["get", "--raw", "/api/v1/namespaces/default/services?limit=5&continue=garbage!"]);
+    assert!(bad.contains("invalid continue token"), "{bad}");
+}
+
+#[test]
+fn watch_sees_added_modified_deleted() {
+    let server = Server::start();
+    let mut watch = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig())
+        .args(["get", "svc", "--watch-only", "-o", "json", "--output-watch-events"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl watch");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    server.ok(&["create", "service", "clusterip", "watched", "--tcp=81:81"]);
+    server.ok(&["label", "svc", "watched", "x=y"]);
+    server.ok(&["delete", "svc", "watched"]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _ = watch.kill();
+    let output = watch.wait_with_output().expect("watch output");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let added = text.find("\"ADDED\"").expect("ADDED event");
+    let modified = text.find("\"MODIFIED\"").expect("MODIFIED event");
+    let deleted = text.find("\"DELETED\"").expect("DELETED event");
+    assert!(added < modified && modified < deleted, "{text}");
+}
+
+#[test]
+fn watch_with_table_output_prints_rows() {
+    let server = Server::start();
+    let mut watch = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig())
+        .args(["get", "svc", "-w"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl watch");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    server.ok(&["create", "service", "clusterip", "tbl", "--tcp=81:81"]);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let _ = watch.kill();
+    let output = watch.wait_with_output().expect("watch output");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("kubernetes ")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("tbl ") && l.contains("81/TCP")), "{text}");
+}
+
+#[test]
+fn discovery_and_explain_work_for_kubectl() {
+    let server = Server::start();
+    let resources = server.ok(&["api-resources"]);
+    assert!(
+        resources.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["services", "svc", "v1", "true", "Service"]),
+        "{resources}"
+    );
+    assert!(server.ok(&["api-versions"]).lines().any(|l| l == "v1"));
+    let explained = server.ok(&["explain", "service.spec.ports"]);
+    assert!(explained.contains("targetPort"), "{explained}");
+    let core: serde_json::Value = serde_json::from_str(&server.ok(&["get", "--raw", "/api/v1"])).expect("json");
+    assert!(core.get("apiVersion").is_none(), "legacy /api/v1 has no apiVersion");
+    let services = core["resources"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == "services"))
+        .cloned()
+        .expect("services listed");
+    assert_eq!(services["storageVersionHash"], "0/CO1lhkEBI=");
+    assert_eq!(services["shortNames"], serde_json::json!(["svc"]));
+    let version: serde_json::Value = serde_json::from_str(&server.ok(&["get", "--raw", "/version"])).expect("json");
+    assert_eq!(version["major"], "1");
+    assert_eq!(server.ok(&["get", "--raw", "/readyz"]), "ok");
+}
+
+#[test]
+fn stale_replace_conflicts_and_status_is_ignored_on_the_main_resource() {
+    let server = Server::start();
+    server.ok(&["create", "-f", path_str(&server.apply_file("web.yaml", WEB))]);
+    let stale = server.ok(&["get", "svc", "web", "-o", "json"]);
+    server.ok(&["label", "svc", "web", "a=b"]);
+    let file = server.apply_file("stale.json", &stale);
+    let conflict = server.fails(&["replace", "-f", path_str(&file)]);
+    assert!(
+        conflict.contains("the object has been modified; please apply your changes to the latest version and try again"),
+        "{conflict}"
+    );
+    let mut object: serde_json::Value = serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
+    object["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}});
+    object["metadata"]["labels"]["replaced"] = "yes".into();
+    let file = server.apply_file("replace.json", &object.to_string());
+    server.ok(&["replace", "-f", path_str(&file)]);
+    let after: serde_json::Value = serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
+    assert_eq!(after["metadata"]["labels"]["replaced"], "yes");
+    assert_eq!(after["status"], serde_json::json!({"loadBalancer": {}}));
+}
+
+#[test]
+fn services_survive_a_restart_and_sigterm_exits_cleanly() {
+    let mut server = Server::start();
+    server.ok(&["create", "service", "clusterip", "keep", "--tcp=80:80"]);
+    let before = server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]);
+    assert_eq!(server.stop(), Some(0), "SIGTERM exits 0: {}", server.log());
+    server.launch(&[]);
+    assert_eq!(server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]), before);
+    let ns = server.ok(&["get", "ns", "-o", "name"]);
+    for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(ns.contains(&format!("namespace/{name}")), "{ns}");
+    }
+}
+
+#[test]
+fn namespaces_gate_creation() {
+    let server = Server::start();
+    let missing = server.fails(&["create", "service", "clusterip", "x", "--tcp=80:80", "-n", "nowhere"]);
+    assert!(missing.contains("namespaces \"nowhere\" not found"), "{missing}");
+    server.ok(&["create", "namespace", "team"]);
+    server.ok(&["create", "service", "clusterip", "x", "--tcp=80:80", "-n", "team"]);
+    assert_eq!(server.ok(&["get", "svc", "-n", "team", "-o", "name"]).trim(), "service/x");
+}
