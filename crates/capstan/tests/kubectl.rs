@@ -16,7 +16,10 @@ spec:
 fn create_get_describe_delete_a_service() {
     let server = Server::start();
     let file = server.apply_file("web.yaml", WEB);
-    assert_eq!(server.ok(&["create", "-f", path_str(&file)]).trim(), "service/web created");
+    assert_eq!(
+        server.ok(&["create", "-f", path_str(&file)]).trim(),
+        "service/web created"
+    );
 
     let object: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
@@ -26,27 +29,66 @@ fn create_get_describe_delete_a_service() {
     assert_eq!(object["spec"]["ports"][0]["protocol"], "TCP");
     assert_eq!(object["spec"]["sessionAffinity"], "None");
     assert_eq!(object["status"], serde_json::json!({"loadBalancer": {}}));
-    assert!(object["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+    assert!(
+        object["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36)
+    );
 
     let table = server.ok(&["get", "svc", "web"]);
     let header = table.lines().next().unwrap_or_default();
     let columns: Vec<&str> = header.split_whitespace().collect();
-    assert_eq!(columns, ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]);
-    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
-    assert_eq!(row[..5], ["web", "ClusterIP", ip, "<none>", "80/TCP"], "{table}");
+    assert_eq!(
+        columns,
+        [
+            "NAME",
+            "TYPE",
+            "CLUSTER-IP",
+            "EXTERNAL-IP",
+            "PORT(S)",
+            "AGE"
+        ]
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..5],
+        ["web", "ClusterIP", ip, "<none>", "80/TCP"],
+        "{table}"
+    );
 
     let wide = server.ok(&["get", "svc", "web", "-o", "wide"]);
-    assert!(wide.lines().next().unwrap_or_default().ends_with("SELECTOR"), "{wide}");
+    assert!(
+        wide.lines()
+            .next()
+            .unwrap_or_default()
+            .ends_with("SELECTOR"),
+        "{wide}"
+    );
     assert!(wide.contains("app=web"));
 
     let yaml = server.ok(&["get", "svc", "web", "-o", "yaml"]);
     assert!(yaml.contains("kind: Service") && yaml.contains(&format!("clusterIP: {ip}")));
 
     let described = server.ok(&["describe", "svc", "web"]);
-    assert!(described.contains("Selector:") && described.contains("app=web"), "{described}");
+    assert!(
+        described.contains("Selector:") && described.contains("app=web"),
+        "{described}"
+    );
 
-    assert!(server.fails(&["create", "-f", path_str(&file)]).contains("already exists"));
-    assert_eq!(server.ok(&["delete", "svc", "web"]).trim(), "service \"web\" deleted");
+    assert!(
+        server
+            .fails(&["create", "-f", path_str(&file)])
+            .contains("already exists")
+    );
+    assert_eq!(
+        server.ok(&["delete", "svc", "web"]).trim(),
+        "service \"web\" deleted"
+    );
     let missing = server.fails(&["get", "svc", "web"]);
     assert!(missing.contains("services \"web\" not found"), "{missing}");
 }
@@ -56,16 +98,36 @@ fn kubectl_create_service_generators_and_server_dry_run() {
     let server = Server::start();
     server.ok(&["create", "service", "clusterip", "c1", "--tcp=80:8080"]);
     server.ok(&["create", "service", "nodeport", "n1", "--tcp=80:8080"]);
-    server.ok(&["create", "service", "externalname", "e1", "--external-name=foo.example.com"]);
+    server.ok(&[
+        "create",
+        "service",
+        "externalname",
+        "e1",
+        "--external-name=foo.example.com",
+    ]);
     let node_port: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "svc", "n1", "-o", "json"])).expect("json");
-    let port = node_port["spec"]["ports"][0]["nodePort"].as_i64().expect("nodePort");
+    let port = node_port["spec"]["ports"][0]["nodePort"]
+        .as_i64()
+        .expect("nodePort");
     assert!((30000..=32767).contains(&port));
     assert_eq!(node_port["spec"]["externalTrafficPolicy"], "Cluster");
     let external = server.ok(&["get", "svc", "e1", "--no-headers"]);
-    assert!(external.contains("ExternalName") && external.contains("foo.example.com"), "{external}");
+    assert!(
+        external.contains("ExternalName") && external.contains("foo.example.com"),
+        "{external}"
+    );
 
-    let dry = server.ok(&["create", "service", "clusterip", "dry", "--tcp=80:80", "--dry-run=server", "-o", "json"]);
+    let dry = server.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "dry",
+        "--tcp=80:80",
+        "--dry-run=server",
+        "-o",
+        "json",
+    ]);
     let dry: serde_json::Value = serde_json::from_str(&dry).expect("json");
     assert!(dry["metadata"]["uid"].is_string());
     assert!(dry["metadata"].get("resourceVersion").is_none());
@@ -75,19 +137,53 @@ fn kubectl_create_service_generators_and_server_dry_run() {
 #[test]
 fn selectors_filter_lists() {
     let server = Server::start();
-    server.ok(&["create", "-f", path_str(&server.apply_file("web.yaml", WEB))]);
+    server.ok(&[
+        "create",
+        "-f",
+        path_str(&server.apply_file("web.yaml", WEB)),
+    ]);
     server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
-    assert_eq!(server.ok(&["get", "svc", "-l", "tier=front", "-o", "name"]).trim(), "service/web");
-    assert_eq!(server.ok(&["get", "svc", "-l", "tier!=front,app", "-o", "name"]).trim(), "service/db");
-    assert_eq!(server.ok(&["get", "svc", "-l", "tier=back", "-o", "name"]).trim(), "");
     assert_eq!(
-        server.ok(&["get", "svc", "--field-selector", "metadata.name=db", "-o", "name"]).trim(),
+        server
+            .ok(&["get", "svc", "-l", "tier=front", "-o", "name"])
+            .trim(),
+        "service/web"
+    );
+    assert_eq!(
+        server
+            .ok(&["get", "svc", "-l", "tier!=front,app", "-o", "name"])
+            .trim(),
+        "service/db"
+    );
+    assert_eq!(
+        server
+            .ok(&["get", "svc", "-l", "tier=back", "-o", "name"])
+            .trim(),
+        ""
+    );
+    assert_eq!(
+        server
+            .ok(&[
+                "get",
+                "svc",
+                "--field-selector",
+                "metadata.name=db",
+                "-o",
+                "name"
+            ])
+            .trim(),
         "service/db"
     );
     let bad = server.fails(&["get", "svc", "--field-selector", "spec.ports=80"]);
-    assert!(bad.contains("field label not supported: spec.ports"), "{bad}");
+    assert!(
+        bad.contains("field label not supported: spec.ports"),
+        "{bad}"
+    );
     let bad = server.fails(&["get", "svc", "-l", "a b"]);
-    assert!(bad.contains("found 'b', expected: in, notin, =, ==, !=, gt, lt"), "{bad}");
+    assert!(
+        bad.contains("found 'b', expected: in, notin, =, ==, !=, gt, lt"),
+        "{bad}"
+    );
     let everywhere = server.ok(&["get", "svc", "-A", "-o", "name"]);
     assert!(everywhere.contains("service/kubernetes") && everywhere.contains("service/db"));
 }
@@ -96,13 +192,24 @@ fn selectors_filter_lists() {
 fn chunked_lists_return_everything_from_one_snapshot() {
     let server = Server::start();
     for i in 0..12 {
-        server.ok(&["create", "service", "clusterip", &format!("s{i:02}"), "--tcp=80:80"]);
+        server.ok(&[
+            "create",
+            "service",
+            "clusterip",
+            &format!("s{i:02}"),
+            "--tcp=80:80",
+        ]);
     }
     let names = server.ok(&["get", "svc", "--chunk-size=5", "-o", "name"]);
-    assert_eq!(names.lines().filter(|l| l.starts_with("service/s")).count(), 12);
+    assert_eq!(
+        names.lines().filter(|l| l.starts_with("service/s")).count(),
+        12
+    );
 
     let page: serde_json::Value = serde_json::from_str(&server.ok(&[
-        "get", "--raw", "/api/v1/namespaces/default/services?limit=5",
+        "get",
+        "--raw",
+        "/api/v1/namespaces/default/services?limit=5",
     ]))
     .expect("json");
     assert_eq!(page["kind"], "ServiceList");
@@ -110,24 +217,40 @@ fn chunked_lists_return_everything_from_one_snapshot() {
     // 13 services: kubernetes + 12.
     assert_eq!(page["metadata"]["remainingItemCount"], 8);
     let token = page["metadata"]["continue"].as_str().expect("continue");
-    let rv = page["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    let rv = page["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
     server.ok(&["create", "service", "clusterip", "late", "--tcp=80:80"]);
     let mut seen = 5;
     let mut token = token.to_string();
     loop {
         let next: serde_json::Value = serde_json::from_str(&server.ok(&[
-            "get", "--raw", &format!("/api/v1/namespaces/default/services?limit=5&continue={token}"),
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/default/services?limit=5&continue={token}"),
         ]))
         .expect("json");
-        assert_eq!(next["metadata"]["resourceVersion"], rv.as_str(), "pages share a snapshot");
+        assert_eq!(
+            next["metadata"]["resourceVersion"],
+            rv.as_str(),
+            "pages share a snapshot"
+        );
         seen += next["items"].as_array().map_or(0, Vec::len);
         match next["metadata"]["continue"].as_str() {
             Some(t) if !t.is_empty() => token = t.to_string(),
             _ => break,
         }
     }
-    assert_eq!(seen, 13, "the service created mid-list is not in the snapshot");
-    let bad = server.fails(&["get", "--raw", "/api/v1/namespaces/default/services?limit=5&continue=garbage!"]);
+    assert_eq!(
+        seen, 13,
+        "the service created mid-list is not in the snapshot"
+    );
+    let bad = server.fails(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/default/services?limit=5&continue=garbage!",
+    ]);
     assert!(bad.contains("invalid continue token"), "{bad}");
 }
 
@@ -137,7 +260,14 @@ fn watch_sees_added_modified_deleted() {
     let mut watch = std::process::Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(server.kubeconfig())
-        .args(["get", "svc", "--watch-only", "-o", "json", "--output-watch-events"])
+        .args([
+            "get",
+            "svc",
+            "--watch-only",
+            "-o",
+            "json",
+            "--output-watch-events",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -175,7 +305,11 @@ fn watch_with_table_output_prints_rows() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.starts_with("NAME"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("kubernetes ")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("tbl ") && l.contains("81/TCP")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("tbl ") && l.contains("81/TCP")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -183,14 +317,21 @@ fn discovery_and_explain_work_for_kubectl() {
     let server = Server::start();
     let resources = server.ok(&["api-resources"]);
     assert!(
-        resources.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["services", "svc", "v1", "true", "Service"]),
+        resources
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["services", "svc", "v1", "true", "Service"]),
         "{resources}"
     );
     assert!(server.ok(&["api-versions"]).lines().any(|l| l == "v1"));
     let explained = server.ok(&["explain", "service.spec.ports"]);
     assert!(explained.contains("targetPort"), "{explained}");
-    let core: serde_json::Value = serde_json::from_str(&server.ok(&["get", "--raw", "/api/v1"])).expect("json");
-    assert!(core.get("apiVersion").is_none(), "legacy /api/v1 has no apiVersion");
+    let core: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "--raw", "/api/v1"])).expect("json");
+    assert!(
+        core.get("apiVersion").is_none(),
+        "legacy /api/v1 has no apiVersion"
+    );
     let services = core["resources"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["name"] == "services"))
@@ -198,7 +339,8 @@ fn discovery_and_explain_work_for_kubectl() {
         .expect("services listed");
     assert_eq!(services["storageVersionHash"], "0/CO1lhkEBI=");
     assert_eq!(services["shortNames"], serde_json::json!(["svc"]));
-    let version: serde_json::Value = serde_json::from_str(&server.ok(&["get", "--raw", "/version"])).expect("json");
+    let version: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "--raw", "/version"])).expect("json");
     assert_eq!(version["major"], "1");
     assert_eq!(server.ok(&["get", "--raw", "/readyz"]), "ok");
 }
@@ -206,7 +348,11 @@ fn discovery_and_explain_work_for_kubectl() {
 #[test]
 fn stale_replace_conflicts_and_status_is_ignored_on_the_main_resource() {
     let server = Server::start();
-    server.ok(&["create", "-f", path_str(&server.apply_file("web.yaml", WEB))]);
+    server.ok(&[
+        "create",
+        "-f",
+        path_str(&server.apply_file("web.yaml", WEB)),
+    ]);
     let stale = server.ok(&["get", "svc", "web", "-o", "json"]);
     server.ok(&["label", "svc", "web", "a=b"]);
     let file = server.apply_file("stale.json", &stale);
@@ -215,12 +361,14 @@ fn stale_replace_conflicts_and_status_is_ignored_on_the_main_resource() {
         conflict.contains("the object has been modified; please apply your changes to the latest version and try again"),
         "{conflict}"
     );
-    let mut object: serde_json::Value = serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
+    let mut object: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
     object["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}});
     object["metadata"]["labels"]["replaced"] = "yes".into();
     let file = server.apply_file("replace.json", &object.to_string());
     server.ok(&["replace", "-f", path_str(&file)]);
-    let after: serde_json::Value = serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
+    let after: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "web", "-o", "json"])).expect("json");
     assert_eq!(after["metadata"]["labels"]["replaced"], "yes");
     assert_eq!(after["status"], serde_json::json!({"loadBalancer": {}}));
 }
@@ -231,8 +379,11 @@ fn services_survive_a_restart_and_sigterm_exits_cleanly() {
     server.ok(&["create", "service", "clusterip", "keep", "--tcp=80:80"]);
     let before = server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]);
     assert_eq!(server.stop(), Some(0), "SIGTERM exits 0: {}", server.log());
-    server.launch(&[]);
-    assert_eq!(server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]), before);
+    server.launch();
+    assert_eq!(
+        server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]),
+        before
+    );
     let ns = server.ok(&["get", "ns", "-o", "name"]);
     for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         assert!(ns.contains(&format!("namespace/{name}")), "{ns}");
@@ -242,9 +393,74 @@ fn services_survive_a_restart_and_sigterm_exits_cleanly() {
 #[test]
 fn namespaces_gate_creation() {
     let server = Server::start();
-    let missing = server.fails(&["create", "service", "clusterip", "x", "--tcp=80:80", "-n", "nowhere"]);
-    assert!(missing.contains("namespaces \"nowhere\" not found"), "{missing}");
+    let missing = server.fails(&[
+        "create",
+        "service",
+        "clusterip",
+        "x",
+        "--tcp=80:80",
+        "-n",
+        "nowhere",
+    ]);
+    assert!(
+        missing.contains("namespaces \"nowhere\" not found"),
+        "{missing}"
+    );
     server.ok(&["create", "namespace", "team"]);
-    server.ok(&["create", "service", "clusterip", "x", "--tcp=80:80", "-n", "team"]);
-    assert_eq!(server.ok(&["get", "svc", "-n", "team", "-o", "name"]).trim(), "service/x");
+    server.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "x",
+        "--tcp=80:80",
+        "-n",
+        "team",
+    ]);
+    assert_eq!(
+        server
+            .ok(&["get", "svc", "-n", "team", "-o", "name"])
+            .trim(),
+        "service/x"
+    );
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn serves_services_from_etcd() {
+    let Ok(endpoints) = std::env::var("CAPSTAN_TEST_ETCD_ENDPOINTS") else {
+        eprintln!("CAPSTAN_TEST_ETCD_ENDPOINTS is not set; .ci/run sets it");
+        return;
+    };
+    let prefix = format!("/capstan-e2e-{}/", std::process::id());
+    let mut server = Server::start_with(&[
+        "--storage",
+        "etcd",
+        "--etcd-servers",
+        &endpoints,
+        "--etcd-prefix",
+        &prefix,
+    ]);
+    server.ok(&[
+        "create",
+        "-f",
+        path_str(&server.apply_file("web.yaml", WEB)),
+    ]);
+    server.ok(&["label", "svc", "web", "stored=etcd"]);
+    server.restart();
+    assert_eq!(
+        server
+            .ok(&["get", "svc", "-l", "stored=etcd", "-o", "name"])
+            .trim(),
+        "service/web"
+    );
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "svc",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ]),
+        "10.96.0.1"
+    );
 }

@@ -10,6 +10,7 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -22,13 +23,19 @@ fn free_port() -> u16 {
 impl Server {
     /// Starts `capstan serve` on a fresh data directory and waits until `/readyz` answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `capstan serve` flags.
+    pub fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut server = Server {
             dir,
             port: free_port(),
             child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        server.launch(&[]);
+        server.launch();
         server
     }
 
@@ -40,14 +47,19 @@ impl Server {
         self.data_dir().join("kubeconfig")
     }
 
-    pub fn launch(&mut self, extra: &[&str]) {
+    pub fn launch(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_capstan"))
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
-            .args(["--bind-address", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(extra)
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+            ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -55,7 +67,9 @@ impl Server {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+            if self.kubeconfig().exists()
+                && self.kubectl(&["get", "--raw", "/readyz"]).status.success()
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -76,7 +90,7 @@ impl Server {
 
     pub fn restart(&mut self) {
         self.stop();
-        self.launch(&[]);
+        self.launch();
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
@@ -104,7 +118,10 @@ impl Server {
     /// Runs kubectl expecting failure; returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(!out.status.success(), "kubectl {args:?} unexpectedly succeeded");
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} unexpectedly succeeded"
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
@@ -115,11 +132,15 @@ impl Server {
     }
 
     pub fn token(&self) -> String {
-        std::fs::read_to_string(self.data_dir().join("admin.token")).expect("token").trim().to_string()
+        std::fs::read_to_string(self.data_dir().join("admin.token"))
+            .expect("token")
+            .trim()
+            .to_string()
     }
 
     pub async fn client(&self) -> kube::Client {
-        let kubeconfig = kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("config");
@@ -153,11 +174,20 @@ pub async fn raw(
     if let Some(ct) = content_type {
         builder = builder.header("content-type", ct);
     }
-    let request = builder.body(kube::client::Body::from(body)).expect("request");
+    let request = builder
+        .body(kube::client::Body::from(body))
+        .expect("request");
     let response = client.send(request).await.expect("response");
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::String(
+        String::from_utf8_lossy(&bytes).into_owned(),
+    ));
     (status, value, headers)
 }
