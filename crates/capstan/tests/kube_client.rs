@@ -333,3 +333,219 @@ async fn unauthenticated_requests_get_401() {
         json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401})
     );
 }
+
+#[tokio::test]
+async fn status_subresource_finalizers_patches_and_collections() {
+    let server = Server::start();
+    let client = server.client().await;
+    let base = "/api/v1/namespaces/default/services";
+    let body = |v: serde_json::Value| v.to_string().into_bytes();
+
+    // generateName
+    let (code, created, _) = raw(&client, "POST", base, Some("application/json"), body(json!({
+        "metadata": {"generateName": "gen-", "labels": {"group": "a"}, "finalizers": ["example.com/hold"]},
+        "spec": {"ports": [{"port": 80}]},
+    }))).await;
+    assert_eq!(code, 201, "{created}");
+    let name = created["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
+
+    // /status: status changes are kept, spec changes ignored.
+    let mut status_put = created.clone();
+    status_put["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
+    status_put["spec"]["sessionAffinity"] = json!("ClientIP");
+    let (code, updated, _) = raw(
+        &client,
+        "PUT",
+        &format!("{base}/{name}/status"),
+        Some("application/json"),
+        body(status_put),
+    )
+    .await;
+    assert_eq!(code, 200, "{updated}");
+    assert_eq!(
+        updated["status"]["loadBalancer"]["ingress"][0]["ip"],
+        "192.0.2.1"
+    );
+    assert_eq!(updated["spec"]["sessionAffinity"], "None");
+    let (code, got, _) = raw(
+        &client,
+        "GET",
+        &format!("{base}/{name}/status"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!((code, got["kind"].as_str()), (200, Some("Service")));
+
+    // JSON patch.
+    let (code, patched, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{base}/{name}"),
+        Some("application/json-patch+json"),
+        body(json!([{"op": "add", "path": "/metadata/labels/patched", "value": "yes"}])),
+    )
+    .await;
+    assert_eq!(code, 200, "{patched}");
+    assert_eq!(patched["metadata"]["labels"]["patched"], "yes");
+    let (code, failed, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{base}/{name}"),
+        Some("application/json-patch+json"),
+        body(json!([{"op": "test", "path": "/metadata/labels/patched", "value": "no"}])),
+    )
+    .await;
+    assert_eq!((code, failed["reason"].as_str()), (422, Some("Invalid")));
+
+    // A finalizer keeps the object, marked for deletion; removing it completes the delete.
+    let (code, marked, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{base}/{name}"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+    let (code, still, _) = raw(&client, "GET", &format!("{base}/{name}"), None, Vec::new()).await;
+    assert_eq!(code, 200, "{still}");
+    let (code, _, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{base}/{name}"),
+        Some("application/merge-patch+json"),
+        body(json!({"metadata": {"finalizers": null}})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _, _) = raw(&client, "GET", &format!("{base}/{name}"), None, Vec::new()).await;
+    assert_eq!(code, 404, "the last finalizer's removal deleted it");
+
+    // Preconditions.
+    let (_, s, _) = raw(
+        &client,
+        "POST",
+        base,
+        Some("application/json"),
+        body(json!({"metadata": {"name": "pre"}, "spec": {"ports": [{"port": 80}]}})),
+    )
+    .await;
+    let (code, conflict, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{base}/pre"),
+        Some("application/json"),
+        body(
+            json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "nope"}}),
+        ),
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_eq!(conflict["details"]["kind"], "Service");
+    assert_eq!(
+        conflict["message"],
+        format!(
+            "Operation cannot be fulfilled on Service \"pre\": the UID in the precondition (nope) does not match the UID in record ({}). The object might have been deleted and then recreated",
+            s["metadata"]["uid"].as_str().unwrap_or_default()
+        )
+    );
+
+    // deletecollection with a label selector.
+    for n in ["c1", "c2"] {
+        raw(&client, "POST", base, Some("application/json"), body(json!({"metadata": {"name": n, "labels": {"group": "c"}}, "spec": {"ports": [{"port": 80}]}}))).await;
+    }
+    let (code, deleted, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{base}?labelSelector=group%3Dc"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(deleted["kind"], "ServiceList");
+    assert_eq!(deleted["items"].as_array().map(Vec::len), Some(2));
+    let (_, left, _) = raw(
+        &client,
+        "GET",
+        &format!("{base}?labelSelector=group%3Dc"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(left["items"], json!([]));
+}
+
+#[tokio::test]
+async fn yaml_in_and_out() {
+    let server = Server::start();
+    let client = server.client().await;
+    let yaml =
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: yml\nspec:\n  ports:\n  - port: 80\n";
+    let (code, created, _) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/services",
+        Some("application/yaml"),
+        yaml.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    use http_body_util::BodyExt;
+    let request = http::Request::builder()
+        .uri("/api/v1/namespaces/default/services/yml")
+        .header("accept", "application/yaml")
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let response = client.send(request).await.expect("response");
+    assert_eq!(response.headers()["content-type"], "application/yaml");
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes()
+            .to_vec(),
+    )
+    .expect("utf-8");
+    assert!(
+        text.starts_with("apiVersion: v1\nkind: Service\nmetadata:\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn lists_at_a_compacted_revision_are_410() {
+    let server = Server::start_with(&["--etcd-compaction-interval", "200ms"]);
+    let client = server.client().await;
+    for n in ["a", "b", "c"] {
+        server.ok(&["create", "service", "clusterip", n, "--tcp=80:80"]);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    server.ok(&["label", "svc", "a", "x=y"]);
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let (code, body, _) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/services?resourceVersion=2&resourceVersionMatch=Exact",
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 410, "{body}");
+    assert_eq!(body["reason"], "Expired");
+    assert_eq!(
+        body["message"],
+        "The resourceVersion for the provided list is too old."
+    );
+}
