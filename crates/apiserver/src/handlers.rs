@@ -609,11 +609,42 @@ fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
 }
 
 /// Decodes a create/update body and checks its kind and apiVersion.
+/// `fieldValidation`: what to do about unknown fields.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+fn field_validation(query: &Query) -> FieldValidation {
+    match query.get("fieldValidation") {
+        Some("Ignore") => FieldValidation::Ignore,
+        Some("Strict") => FieldValidation::Strict,
+        _ => FieldValidation::Warn,
+    }
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
+fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+    let mut seen = std::collections::HashSet::new();
+    for warning in warnings {
+        if !seen.insert(warning) {
+            continue;
+        }
+        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(value) = http::HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
 async fn decode_body(
     request: &ResourceRequest,
     call: &Call,
     body: Option<hyper::body::Incoming>,
-) -> Result<Value, ApiError> {
+) -> Result<(Value, Vec<String>), ApiError> {
     let info = request.registry.strategy().info();
     let format = media::body_format(
         call.headers
@@ -677,16 +708,34 @@ async fn decode_body(
             info.kind
         )));
     }
-    map.remove("kind");
-    map.remove("apiVersion");
-    request.registry.strategy().decode(object).map_err(|e| {
+    let problems = request.registry.strategy().unknown_fields(&object);
+    let mut warnings = Vec::new();
+    match field_validation(&call.query) {
+        FieldValidation::Strict if !problems.is_empty() => {
+            return Err(ApiError::bad_request(format!(
+                "{} in version {} cannot be handled as a {}: strict decoding error: {}",
+                info.kind,
+                capstan_machinery::status::quote(info.version),
+                info.kind,
+                problems.join(", ")
+            )));
+        }
+        FieldValidation::Warn => warnings = problems,
+        _ => {}
+    }
+    if let Some(map) = object.as_object_mut() {
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    let decoded = request.registry.strategy().decode(object).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version {} cannot be handled as a {}: {e}",
             info.kind,
             capstan_machinery::status::quote(info.version),
             info.kind
         ))
-    })
+    })?;
+    Ok((decoded, warnings))
 }
 
 fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
@@ -711,18 +760,21 @@ async fn create(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let mut object = decode_body(request, call, body).await?;
+    let (mut object, warnings) = decode_body(request, call, body).await?;
     settle_namespace(request, &mut object)?;
     let created = request
         .registry
         .create(&request.namespace, object, &options)
         .await?;
-    Ok(object_response(
-        StatusCode::CREATED,
-        request.registry.strategy().as_ref(),
-        &created,
-        encoding,
-        &call.query,
+    Ok(with_warnings(
+        object_response(
+            StatusCode::CREATED,
+            request.registry.strategy().as_ref(),
+            &created,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
     ))
 }
 
@@ -735,7 +787,7 @@ async fn update(
     status: bool,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let mut object = decode_body(request, call, body).await?;
+    let (mut object, warnings) = decode_body(request, call, body).await?;
     let sent_name = meta::name(&object).to_string();
     if sent_name != name {
         return Err(ApiError::bad_request(format!(
@@ -752,12 +804,15 @@ async fn update(
     } else {
         StatusCode::OK
     };
-    Ok(object_response(
-        code,
-        request.registry.strategy().as_ref(),
-        &stored,
-        encoding,
-        &call.query,
+    Ok(with_warnings(
+        object_response(
+            code,
+            request.registry.strategy().as_ref(),
+            &stored,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
     ))
 }
 
@@ -798,6 +853,8 @@ async fn patch_object(
     let strategy = request.registry.strategy().clone();
     let info = strategy.info();
     let namespace = request.namespace.clone();
+    let validation = field_validation(&call.query);
+    let warnings = std::sync::Mutex::new(Vec::<String>::new());
     let patched = request
         .registry
         .patch(&request.namespace, name, &options, status, |current| {
@@ -805,6 +862,24 @@ async fn patch_object(
                 PatchType::Json => patch::json_patch(current, &bytes)?,
                 _ => patch::merge_patch(current, &bytes)?,
             };
+            let problems = strategy.unknown_fields(&result);
+            match validation {
+                FieldValidation::Strict if !problems.is_empty() => {
+                    let rendered = serde_json::to_string(&result).unwrap_or_default();
+                    let errors = capstan_machinery::field::FieldErrors(vec![
+                        capstan_machinery::field::FieldError::invalid(
+                            "patch",
+                            &Value::String(rendered),
+                            format!("strict decoding error: {}", problems.join(", ")),
+                        ),
+                    ]);
+                    return Err(ApiError::invalid("", "", "", &errors));
+                }
+                FieldValidation::Warn => {
+                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                }
+                _ => {}
+            }
             if let Some(map) = result.as_object_mut() {
                 let kind = map.get("kind").and_then(Value::as_str).unwrap_or(info.kind);
                 let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or(info.version);
@@ -833,12 +908,16 @@ async fn patch_object(
             })
         })
         .await?;
-    Ok(object_response(
-        StatusCode::OK,
-        request.registry.strategy().as_ref(),
-        &patched,
-        encoding,
-        &call.query,
+    let warnings = warnings.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(with_warnings(
+        object_response(
+            StatusCode::OK,
+            request.registry.strategy().as_ref(),
+            &patched,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
     ))
 }
 

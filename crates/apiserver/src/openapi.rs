@@ -8,8 +8,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use crate::discovery::sha512_hex;
 use crate::request::{Body, Query, full};
 
-static CORE_V1: &[u8] = include_bytes!("../openapi/api__v1_openapi.json");
-static SWAGGER: &[u8] = include_bytes!("../openapi/swagger.json");
+use capstan_machinery::schema::{CORE_V1_OPENAPI as CORE_V1, SWAGGER};
 
 struct Document {
     path: &'static str,

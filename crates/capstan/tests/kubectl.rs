@@ -464,3 +464,41 @@ fn serves_services_from_etcd() {
         "10.96.0.1"
     );
 }
+
+#[test]
+fn unknown_fields_follow_field_validation() {
+    let server = Server::start();
+    let with_unknown = server.apply_file(
+        "unknown.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: u}\nspec:\n  foo: 1\n  ports: [{port: 80, nodeport: 3}]\n",
+    );
+    // kubectl create defaults to --validate=strict, which the server enforces.
+    let strict = server.fails(&["create", "-f", path_str(&with_unknown)]);
+    assert!(
+        strict.contains(r#"strict decoding error: unknown field "spec.foo", unknown field "spec.ports[0].nodeport""#),
+        "{strict}"
+    );
+    assert!(server.fails(&["get", "svc", "u"]).contains("not found"));
+    // --validate=false sends fieldValidation=Ignore: the fields are dropped.
+    server.ok(&["create", "--validate=false", "-f", path_str(&with_unknown)]);
+    let stored = server.ok(&["get", "svc", "u", "-o", "json"]);
+    assert!(
+        !stored.contains("\"foo\"") && !stored.contains("nodeport"),
+        "{stored}"
+    );
+    // A merge patch gets the default, Warn: it succeeds with a warning.
+    let out = server.kubectl(&[
+        "patch",
+        "svc",
+        "u",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"bar":1}}"#,
+    ]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(r#"Warning: unknown field "spec.bar""#),
+        "{stderr}"
+    );
+}

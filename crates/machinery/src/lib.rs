@@ -17,6 +17,7 @@ pub mod media;
 pub mod meta;
 pub mod patch;
 pub mod protobuf;
+pub mod schema;
 pub mod status;
 pub mod table;
 pub mod validation;

@@ -127,6 +127,12 @@ pub trait Strategy: Send + Sync + 'static {
         Ok(object)
     }
 
+    /// `unknown field "spec.foo"` problems of a request body (with `kind`/`apiVersion`),
+    /// judged against the kind's OpenAPI schema.
+    fn unknown_fields(&self, _object: &Value) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Defaults applied when an object is decoded (what upstream's scheme defaulting does).
     fn default(&self, _object: &mut Value) {}
 

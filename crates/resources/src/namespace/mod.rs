@@ -56,6 +56,10 @@ impl Strategy for NamespaceStrategy {
         validation::dns1123_label(name)
     }
 
+    fn unknown_fields(&self, object: &Value) -> Vec<String> {
+        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Namespace", object)
+    }
+
     fn decode(&self, object: Value) -> Result<Value, String> {
         crate::typed::<k8s_openapi::api::core::v1::Namespace>(object)
     }

@@ -79,6 +79,10 @@ impl Strategy for ServiceStrategy {
         capstan_machinery::validation::dns1123_label(name)
     }
 
+    fn unknown_fields(&self, object: &Value) -> Vec<String> {
+        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Service", object)
+    }
+
     fn decode(&self, object: Value) -> Result<Value, String> {
         crate::typed::<k8s_openapi::api::core::v1::Service>(object)
     }
