@@ -549,3 +549,40 @@ async fn lists_at_a_compacted_revision_are_410() {
         "The resourceVersion for the provided list is too old."
     );
 }
+
+#[tokio::test]
+async fn created_objects_carry_upstreams_managed_fields() {
+    let server = Server::start();
+    let client = server.client().await;
+    // The request and the fieldsV1 kube-apiserver 1.36 answered (reference transcript).
+    let body = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
+    let (code, created, _) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/services?fieldManager=curl",
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let entry = &created["metadata"]["managedFields"][0];
+    assert_eq!(
+        (
+            entry["manager"].as_str(),
+            entry["operation"].as_str(),
+            entry["apiVersion"].as_str()
+        ),
+        (Some("curl"), Some("Update"), Some("v1"))
+    );
+    assert_eq!(entry["fieldsType"], "FieldsV1");
+    assert_eq!(
+        entry["fieldsV1"],
+        json!({
+        "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+        "f:spec": {"f:internalTrafficPolicy": {},
+                   "f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}}},
+                   "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}}})
+    );
+}

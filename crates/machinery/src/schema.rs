@@ -104,3 +104,52 @@ mod tests {
         );
     }
 }
+
+/// How server-side apply and managedFields see one node of a schema.
+#[derive(Debug, Clone, Copy)]
+pub enum Shape<'a> {
+    /// A struct: fields tracked one by one.
+    Struct(&'a serde_json::Map<String, Value>),
+    /// A map tracked key by key (`values` is the value schema).
+    Map(Option<&'a Value>),
+    /// A list of objects identified by these keys (`x-kubernetes-list-type: map`).
+    ListMap(&'a Value, &'a [Value]),
+    /// A list of scalars tracked by value (`x-kubernetes-list-type: set`).
+    Set,
+    /// Owned as a whole: scalars, atomic maps and lists.
+    Atomic,
+}
+
+/// The core/v1 schema of a definition (e.g. `io.k8s.api.core.v1.Service`).
+pub fn core_schema(name: &str) -> Option<&'static Value> {
+    CORE_V1.pointer(&format!("/components/schemas/{name}"))
+}
+
+/// The shape of a core/v1 schema node (references resolved).
+pub fn core_shape(schema: &'static Value) -> Shape<'static> {
+    let schema = resolve(&CORE_V1, schema);
+    if schema.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic") {
+        return Shape::Atomic;
+    }
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        return Shape::Struct(properties);
+    }
+    if schema.get("type").and_then(Value::as_str) == Some("object") {
+        return Shape::Map(schema.get("additionalProperties").filter(|v| v.is_object()));
+    }
+    if let Some(items) = schema.get("items") {
+        return match schema.get("x-kubernetes-list-type").and_then(Value::as_str) {
+            Some("map") => {
+                let keys = schema
+                    .get("x-kubernetes-list-map-keys")
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                Shape::ListMap(items, keys)
+            }
+            Some("set") => Shape::Set,
+            _ => Shape::Atomic,
+        };
+    }
+    Shape::Atomic
+}

@@ -1,14 +1,16 @@
 //! `metadata.managedFields` for Update operations: which manager set which fields.
 //!
-//! Field sets are computed from the object's shape: maps are granular, lists are owned whole.
-//! (Upstream's list-map keys — `k:{"port":80,"protocol":"TCP"}` — need the OpenAPI schema and
-//! arrive with server-side apply.)
+//! Field sets follow the kind's OpenAPI schema as upstream's structured-merge-diff does: struct
+//! fields `f:<name>`, granular maps `f:<key>` under a `.` marker, list-map entries
+//! `k:{"port":80,"protocol":"TCP"}`, set entries `v:<value>`, and atomic values owned whole.
 
 use std::collections::BTreeSet;
 
 use capstan_machinery::meta;
+use capstan_machinery::schema::{Shape, core_shape};
 use serde_json::{Map, Value, json};
 
+/// A path of fieldsV1 keys; a path ending in `.` marks the node itself.
 type Path = Vec<String>;
 
 const SYSTEM_METADATA: &[&str] = &[
@@ -25,21 +27,65 @@ const SYSTEM_METADATA: &[&str] = &[
     "selfLink",
 ];
 
-fn collect(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>, top: bool) {
-    match value {
-        Value::Object(map) if !map.is_empty() => {
+fn collect(
+    value: &Value,
+    schema: Option<&'static Value>,
+    path: &mut Path,
+    out: &mut BTreeSet<Path>,
+    depth: usize,
+) {
+    let shape = schema.map(core_shape).unwrap_or(match value {
+        Value::Object(_) => Shape::Map(None),
+        _ => Shape::Atomic,
+    });
+    let mark = |path: &Path, out: &mut BTreeSet<Path>| {
+        let mut marker = path.clone();
+        marker.push(".".into());
+        out.insert(marker);
+    };
+    match (shape, value) {
+        (Shape::Struct(properties), Value::Object(map)) if !map.is_empty() => {
             for (key, child) in map {
-                if top && (key == "kind" || key == "apiVersion" || key == "status") {
+                if depth == 0 && matches!(key.as_str(), "kind" | "apiVersion" | "status") {
                     continue;
                 }
-                if path.len() == 1
-                    && path[0] == "metadata"
-                    && SYSTEM_METADATA.contains(&key.as_str())
+                if depth == 1 && path[0] == "f:metadata" && SYSTEM_METADATA.contains(&key.as_str())
                 {
                     continue;
                 }
-                path.push(key.clone());
-                collect(child, path, out, false);
+                path.push(format!("f:{key}"));
+                collect(child, properties.get(key), path, out, depth + 1);
+                path.pop();
+            }
+        }
+        (Shape::Map(values), Value::Object(map)) if !map.is_empty() => {
+            mark(path, out);
+            for (key, child) in map {
+                path.push(format!("f:{key}"));
+                collect(child, values, path, out, depth + 1);
+                path.pop();
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(list)) if !list.is_empty() => {
+            mark(path, out);
+            for element in list {
+                let mut key = Map::new();
+                for name in keys.iter().filter_map(Value::as_str) {
+                    if let Some(v) = element.get(name) {
+                        key.insert(name.to_string(), v.clone());
+                    }
+                }
+                path.push(format!("k:{}", Value::Object(key)));
+                mark(path, out);
+                collect(element, Some(items), path, out, depth + 1);
+                path.pop();
+            }
+        }
+        (Shape::Set, Value::Array(list)) if !list.is_empty() => {
+            mark(path, out);
+            for element in list {
+                path.push(format!("v:{element}"));
+                out.insert(path.clone());
                 path.pop();
             }
         }
@@ -51,87 +97,104 @@ fn collect(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>, top: bool) 
     }
 }
 
-/// The leaf paths an object sets (system metadata and status excluded).
-fn field_set(object: &Value) -> BTreeSet<Path> {
+/// The fields an object sets (system metadata and status excluded).
+fn field_set(object: &Value, schema: Option<&'static Value>) -> BTreeSet<Path> {
     let mut out = BTreeSet::new();
-    collect(object, &mut Vec::new(), &mut out, true);
+    collect(object, schema, &mut Vec::new(), &mut out, 0);
     out
 }
 
+/// The value a path points at (`.` markers point at their node).
 fn lookup<'a>(object: &'a Value, path: &Path) -> Option<&'a Value> {
-    path.iter().try_fold(object, |v, k| v.get(k.as_str()))
+    let mut current = object;
+    for step in path {
+        if step == "." {
+            return Some(current);
+        }
+        current = if let Some(field) = step.strip_prefix("f:") {
+            current.get(field)?
+        } else if let Some(key) = step.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(key).ok()?;
+            current
+                .as_array()?
+                .iter()
+                .find(|e| key.iter().all(|(k, v)| e.get(k) == Some(v)))?
+        } else if let Some(value) = step.strip_prefix("v:") {
+            let value: Value = serde_json::from_str(value).ok()?;
+            current.as_array()?.iter().find(|e| **e == value)?
+        } else {
+            return None;
+        };
+    }
+    Some(current)
+}
+
+/// Whether the value at a path differs. For a `.` marker only its existence counts.
+fn differs(new: &Value, old: &Value, path: &Path) -> bool {
+    if path.last().map(String::as_str) == Some(".") {
+        return lookup(new, path).is_some() != lookup(old, path).is_some();
+    }
+    lookup(new, path) != lookup(old, path)
 }
 
 fn to_fields_v1(paths: &BTreeSet<Path>) -> Value {
     let mut root = Map::new();
     for path in paths {
         let mut node = &mut root;
-        for (i, key) in path.iter().enumerate() {
+        for key in path {
             let entry = node
-                .entry(format!("f:{key}"))
+                .entry(key.clone())
                 .or_insert_with(|| Value::Object(Map::new()));
             let Value::Object(child) = entry else { break };
-            if i + 1 < path.len() && child.is_empty() && i > 0 {
-                // Granular maps below the top level carry the "." marker, as upstream's
-                // `labels`/`annotations` do.
-            }
             node = child;
         }
     }
-    mark_maps(&mut root, 0);
+    sort_marker_first(&mut root);
     Value::Object(root)
 }
 
-fn mark_maps(node: &mut Map<String, Value>, depth: usize) {
-    for (key, child) in node.iter_mut() {
-        if let Value::Object(map) = child
-            && !map.is_empty()
-        {
-            mark_maps(map, depth + 1);
-            if depth == 1 && matches!(key.as_str(), "f:labels" | "f:annotations") {
-                map.insert(".".into(), json!({}));
-            }
+fn sort_marker_first(node: &mut Map<String, Value>) {
+    for child in node.values_mut() {
+        if let Value::Object(map) = child {
+            sort_marker_first(map);
         }
     }
-    // Keep "." first, as upstream serializes it.
-    if node.contains_key(".") {
-        let marker = node.remove(".");
+    if let Some(marker) = node.remove(".") {
         let rest = std::mem::take(node);
-        if let Some(marker) = marker {
-            node.insert(".".into(), marker);
-        }
+        node.insert(".".into(), marker);
         node.extend(rest);
     }
 }
 
 fn from_fields_v1(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
     let Some(map) = value.as_object() else { return };
-    let children: Vec<(&String, &Value)> =
-        map.iter().filter(|(k, _)| k.starts_with("f:")).collect();
-    if children.is_empty() && !path.is_empty() {
-        out.insert(path.clone());
+    if map.is_empty() {
+        if !path.is_empty() {
+            out.insert(path.clone());
+        }
         return;
     }
-    for (key, child) in children {
-        path.push(key[2..].to_string());
+    for (key, child) in map {
+        path.push(key.clone());
         from_fields_v1(child, path, out);
         path.pop();
     }
 }
 
 /// Records an `Update` by `manager` (at `api_version`, through `subresource`) on `new`, given the
-/// stored `old` object (None on create).
+/// stored `old` object (None on create). `schema` is the kind's OpenAPI definition.
 pub fn record_update(
     new: &mut Value,
     old: Option<&Value>,
     manager: &str,
     api_version: &str,
     subresource: Option<&str>,
+    schema: Option<&'static Value>,
 ) {
     let now = meta::now_rfc3339();
-    let new_fields = field_set(new);
+    let new_fields = field_set(new, schema);
     let mut entries: Vec<Value> = old
-        .and_then(|o| meta::metadata(o))
+        .and_then(meta::metadata)
         .and_then(|m| m.get("managedFields"))
         .and_then(Value::as_array)
         .cloned()
@@ -139,10 +202,10 @@ pub fn record_update(
     let changed: BTreeSet<Path> = match old {
         None => new_fields.clone(),
         Some(old) => {
-            let old_fields = field_set(old);
+            let old_fields = field_set(old, schema);
             new_fields
                 .iter()
-                .filter(|p| lookup(new, p) != lookup(old, p))
+                .filter(|p| differs(new, old, p))
                 .chain(old_fields.iter().filter(|p| !new_fields.contains(*p)))
                 .cloned()
                 .collect()
@@ -161,21 +224,19 @@ pub fn record_update(
             from_fields_v1(fields, &mut Vec::new(), &mut owned);
         }
         let before = owned.clone();
-        if is_mine(entry) {
+        let mine = is_mine(entry);
+        if mine {
             mine_found = true;
             owned.extend(changed.iter().filter(|p| new_fields.contains(*p)).cloned());
         } else {
-            owned.retain(|p| !changed.contains(p));
+            owned.retain(|p| !changed.contains(p) || p.last().map(String::as_str) == Some("."));
         }
         owned.retain(|p| new_fields.contains(p));
         if owned != before {
             entry["fieldsV1"] = to_fields_v1(&owned);
-            if is_mine(entry) {
+            if mine {
                 entry["time"] = json!(now);
             }
-        }
-        if owned.is_empty() {
-            entry["fieldsV1"] = json!({});
         }
     }
     if !mine_found {
@@ -234,33 +295,48 @@ pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
 mod tests {
     use super::*;
 
+    fn service_schema() -> Option<&'static Value> {
+        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
+    }
+
     #[test]
-    fn create_records_every_set_field() {
-        let mut object = json!({"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"type":"ClusterIP","ports":[{"port":80}]},"status":{}});
-        record_update(&mut object, None, "kubectl", "v1", None);
+    fn create_records_fields_as_upstream() {
+        // The reference transcript: kube-apiserver 1.36's managedFields for this create.
+        let mut object = json!({"metadata":{"name":"web","labels":{"app":"web"}},
+            "spec":{"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}],
+                    "selector":{"app":"web"},"type":"ClusterIP","sessionAffinity":"None","internalTrafficPolicy":"Cluster"},
+            "status":{"loadBalancer":{}}});
+        record_update(&mut object, None, "curl", "v1", None, service_schema());
         let entry = &object["metadata"]["managedFields"][0];
-        assert_eq!(entry["manager"], "kubectl");
+        assert_eq!(entry["manager"], "curl");
         assert_eq!(
             entry["fieldsV1"],
-            json!({"f:metadata":{"f:labels":{".":{},"f:app":{}}},"f:spec":{"f:type":{},"f:ports":{}}})
+            json!({"f:metadata":{"f:labels":{".":{},"f:app":{}}},
+                   "f:spec":{"f:internalTrafficPolicy":{},
+                             "f:ports":{".":{},"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:name":{},"f:port":{},"f:protocol":{},"f:targetPort":{}}},
+                             "f:selector":{},"f:sessionAffinity":{},"f:type":{}}})
         );
     }
 
     #[test]
     fn update_moves_changed_fields_to_the_new_manager() {
         let mut old = json!({"metadata":{"labels":{"a":"1"}},"spec":{"type":"ClusterIP"}});
-        record_update(&mut old, None, "first", "v1", None);
+        record_update(&mut old, None, "first", "v1", None, service_schema());
         let mut new = old.clone();
         new["metadata"]["labels"]["a"] = json!("2");
-        record_update(&mut new, Some(&old), "second", "v1", None);
+        record_update(&mut new, Some(&old), "second", "v1", None, service_schema());
         let entries = new["metadata"]["managedFields"]
             .as_array()
             .expect("entries");
         assert_eq!(entries.len(), 2);
-        assert_eq!(entries[0]["fieldsV1"], json!({"f:spec":{"f:type":{}}}));
+        // The map itself stays with its first manager; the changed key moves.
+        assert_eq!(
+            entries[0]["fieldsV1"],
+            json!({"f:metadata":{"f:labels":{".":{}}},"f:spec":{"f:type":{}}})
+        );
         assert_eq!(
             entries[1]["fieldsV1"],
-            json!({"f:metadata":{"f:labels":{".":{},"f:a":{}}}})
+            json!({"f:metadata":{"f:labels":{"f:a":{}}}})
         );
     }
 }

@@ -531,6 +531,7 @@ impl Registry {
             &options.field_manager,
             &info.api_version(),
             None,
+            self.strategy.schema(),
         );
         meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
         meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
@@ -767,6 +768,7 @@ impl Registry {
                 &options.field_manager,
                 &info.api_version(),
                 status.then_some("status"),
+                self.strategy.schema(),
             );
             if status {
                 self.strategy.prepare_for_status_update(&mut new, &old);

@@ -127,6 +127,11 @@ pub trait Strategy: Send + Sync + 'static {
         Ok(object)
     }
 
+    /// The kind's OpenAPI definition (drives managedFields).
+    fn schema(&self) -> Option<&'static Value> {
+        None
+    }
+
     /// `unknown field "spec.foo"` problems of a request body (with `kind`/`apiVersion`),
     /// judged against the kind's OpenAPI schema.
     fn unknown_fields(&self, _object: &Value) -> Vec<String> {

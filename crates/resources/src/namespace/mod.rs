@@ -56,6 +56,10 @@ impl Strategy for NamespaceStrategy {
         validation::dns1123_label(name)
     }
 
+    fn schema(&self) -> Option<&'static Value> {
+        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Namespace")
+    }
+
     fn unknown_fields(&self, object: &Value) -> Vec<String> {
         capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Namespace", object)
     }

@@ -79,6 +79,10 @@ impl Strategy for ServiceStrategy {
         capstan_machinery::validation::dns1123_label(name)
     }
 
+    fn schema(&self) -> Option<&'static Value> {
+        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
+    }
+
     fn unknown_fields(&self, object: &Value) -> Vec<String> {
         capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Service", object)
     }
