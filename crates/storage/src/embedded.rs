@@ -587,11 +587,15 @@ impl Batch {
         }
     }
 
-    fn last_change(&self, index: &Index, key: &str) -> Option<Change> {
-        self.overlay
-            .get(key)
-            .and_then(|(_, changes)| changes.last().copied())
-            .or_else(|| index.keys.get(key).and_then(|e| e.changes.last().copied()))
+    /// The key's current value and its newest change, with one lookup.
+    fn state(&self, index: &Index, key: &str) -> (Option<KeyValue>, Option<Change>) {
+        if let Some((value, changes)) = self.overlay.get(key) {
+            return (value.clone(), changes.last().copied());
+        }
+        match index.keys.get(key) {
+            Some(entry) => (entry.current.clone(), entry.changes.last().copied()),
+            None => (None, None),
+        }
     }
 }
 
@@ -773,7 +777,7 @@ fn apply_txn(
     let mut events = Vec::with_capacity(txn.ops.len());
     let mut op_index = 0u32;
     for op in &txn.ops {
-        let prev = batch.current(index, op.key());
+        let (prev, last_change) = batch.state(index, op.key());
         let value = match op {
             Op::Put(_, value) => Some(value.clone()),
             Op::Delete(_) if prev.is_some() => None,
@@ -787,7 +791,7 @@ fn apply_txn(
             key: key.clone(),
             create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
             version: prev.as_ref().map_or(1, |p| p.version + 1),
-            prev: batch.last_change(index, op.key()).map(Change::at),
+            prev: last_change.map(Change::at),
             value,
         };
         let change = Change {
