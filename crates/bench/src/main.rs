@@ -1,0 +1,591 @@
+//! `capstan-bench`: a load tool for any Kubernetes API server — Capstan or kube-apiserver —
+//! through the public API only, so one run can be pointed at both.
+//!
+//! `capstan-bench <scenario> --kubeconfig FILE [--count N] [--concurrency C] [--watchers W]
+//! [--updates M] [--json FILE] [--server-pid PID]…`. Every scenario works in its own namespace
+//! and deletes what it created; each prints a table and can write a JSON report.
+
+mod process;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use futures_util::{StreamExt, TryStreamExt};
+use hdrhistogram::Histogram;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+#[command(name = "capstan-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ScenarioName {
+    Create,
+    Get,
+    List,
+    Watch,
+    Update,
+    Delete,
+    Mixed,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Create N services from C concurrent clients.
+    Create(Args),
+    /// Random gets of existing services.
+    Get(Args),
+    /// Full lists of N services (JSON and Table) and paginated lists (limit=500).
+    List(Args),
+    /// W watchers on services, M updates: delivery latency and missed events.
+    Watch(Args),
+    /// Update throughput (a label change per service).
+    Update(Args),
+    /// Delete throughput.
+    Delete(Args),
+    /// A steady read/write mix at a fixed rate; latency percentiles per interval.
+    Mixed(Args),
+}
+
+#[derive(clap::Args, Clone)]
+struct Args {
+    /// Kubeconfig of the server to measure (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Server URL, instead of a kubeconfig (with --token and --certificate-authority or --insecure).
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long)]
+    token: Option<String>,
+    /// CA certificate (PEM file) for --server.
+    #[arg(long)]
+    certificate_authority: Option<std::path::PathBuf>,
+    /// Skip TLS verification for --server.
+    #[arg(long)]
+    insecure: bool,
+    /// Services (create, get, list, update, delete fixtures).
+    #[arg(long, default_value_t = 10_000)]
+    count: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Watchers (watch).
+    #[arg(long, default_value_t = 1_000)]
+    watchers: usize,
+    /// Updates observed by the watchers (watch).
+    #[arg(long, default_value_t = 100)]
+    updates: usize,
+    /// Requests per second (mixed).
+    #[arg(long, default_value_t = 500)]
+    rate: u64,
+    /// Seconds to run (mixed).
+    #[arg(long, default_value_t = 30)]
+    duration: u64,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Sample RSS and CPU of these server processes during the run (repeatable).
+    #[arg(long = "server-pid")]
+    server_pids: Vec<u32>,
+    /// Namespace to work in (default: a fresh `capstan-bench-xxxxx`, deleted afterwards).
+    #[arg(long)]
+    namespace: Option<String>,
+}
+
+fn latency_json(histogram: &Histogram<u64>) -> Value {
+    let ms = |micros: u64| (micros as f64 / 1000.0 * 1000.0).round() / 1000.0;
+    json!({
+        "p50": ms(histogram.value_at_quantile(0.50)),
+        "p90": ms(histogram.value_at_quantile(0.90)),
+        "p99": ms(histogram.value_at_quantile(0.99)),
+        "max": ms(histogram.max()),
+        "count": histogram.len(),
+    })
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits are valid")))
+}
+
+fn line(what: &str, count: usize, elapsed: Duration, latencies: &Histogram<u64>) -> Value {
+    let throughput = count as f64 / elapsed.as_secs_f64().max(1e-9);
+    println!(
+        "{what:<22} {count:>8} {:>9.2}s {:>10.0}/s   p50 {:>8.2} ms  p90 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
+        elapsed.as_secs_f64(),
+        throughput,
+        latencies.value_at_quantile(0.5) as f64 / 1000.0,
+        latencies.value_at_quantile(0.9) as f64 / 1000.0,
+        latencies.value_at_quantile(0.99) as f64 / 1000.0,
+        latencies.max() as f64 / 1000.0,
+    );
+    json!({
+        "operations": count,
+        "elapsed_seconds": elapsed.as_secs_f64(),
+        "throughput_per_second": throughput,
+        "latency_ms": latency_json(latencies),
+    })
+}
+
+/// A live progress line on stderr while a phase runs.
+fn progress(label: String, done: Arc<AtomicUsize>, total: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let n = done.load(Ordering::Relaxed);
+            let rate = n as f64 / started.elapsed().as_secs_f64();
+            eprint!("\r{label}: {n}/{total} ({rate:.0}/s)        ");
+            if n >= total {
+                break;
+            }
+        }
+    })
+}
+
+/// Runs `op(i)` for i in 0..count from `concurrency` tasks; returns elapsed time and latencies.
+async fn run<F, Fut>(label: &str, count: usize, concurrency: usize, op: F) -> anyhow::Result<(Duration, Histogram<u64>)>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let ticker = progress(label.to_string(), done.clone(), count);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (op, next, done) = (op.clone(), next.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = histogram();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let t = Instant::now();
+                op(i).await?;
+                let _ = latencies.record(t.elapsed().as_micros().max(1) as u64);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut total = histogram();
+    for task in tasks {
+        total.add(task.await.context("worker panicked")??).context("merging latencies")?;
+    }
+    let elapsed = started.elapsed();
+    ticker.abort();
+    eprint!("\r{:80}\r", "");
+    Ok((elapsed, total))
+}
+
+fn service(name: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "capstan-bench"}},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    }))
+    .unwrap_or_default()
+}
+
+fn name(i: usize) -> String {
+    format!("svc-{i:06}")
+}
+
+async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
+    let config = if let Some(server) = &args.server {
+        let mut cluster = format!("    server: {server}\n");
+        if args.insecure {
+            cluster.push_str("    insecure-skip-tls-verify: true\n");
+        }
+        if let Some(ca) = &args.certificate_authority {
+            cluster.push_str(&format!("    certificate-authority: {}\n", ca.display()));
+        }
+        let token = args.token.clone().unwrap_or_default();
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        );
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).context("building a kubeconfig for --server")?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+    } else if let Some(path) = &args.kubeconfig {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+    } else {
+        kube::Config::infer().await.context("no --kubeconfig or --server, and no default kubeconfig")?
+    };
+    let url = config.cluster_url.to_string();
+    Ok((kube::Client::try_from(config)?, url))
+}
+
+struct Bench {
+    client: kube::Client,
+    namespace: String,
+    owns_namespace: bool,
+    args: Args,
+}
+
+impl Bench {
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn prepare(&self) -> anyhow::Result<()> {
+        if self.owns_namespace {
+            let namespaces: Api<Namespace> = Api::all(self.client.clone());
+            let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": self.namespace}}))?;
+            namespaces.create(&PostParams::default(), &ns).await.context("creating the benchmark namespace")?;
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&self) {
+        let api = self.services();
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default().labels("app=capstan-bench"))
+            .await;
+        if self.owns_namespace {
+            let namespaces: Api<Namespace> = Api::all(self.client.clone());
+            let _ = namespaces.delete(&self.namespace, &DeleteParams::default()).await;
+        }
+    }
+
+    /// Creates `count` services (the measured phase of `create`, the fixture of the others).
+    async fn create(&self, label: &str) -> anyhow::Result<(Duration, Histogram<u64>)> {
+        let api = self.services();
+        run(label, self.args.count, self.args.concurrency, move |i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &service(&name(i))).await.with_context(|| format!("creating {}", name(i)))?;
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    async fn scenario(&self, which: ScenarioName) -> anyhow::Result<Value> {
+        let args = &self.args;
+        let api = self.services();
+        let mut report = serde_json::Map::new();
+        match which {
+            ScenarioName::Create => {
+                let (elapsed, latencies) = self.create("create").await?;
+                report.insert("create".into(), line("create", args.count, elapsed, &latencies));
+            }
+            ScenarioName::Get => {
+                self.create("fixture (create)").await?;
+                let count = args.count;
+                let (elapsed, latencies) = run("get", count, args.concurrency, move |_| {
+                    let api = api.clone();
+                    async move {
+                        api.get(&name(fastrand::usize(..count))).await?;
+                        Ok(())
+                    }
+                })
+                .await?;
+                report.insert("get".into(), line("get", count, elapsed, &latencies));
+            }
+            ScenarioName::List => {
+                self.create("fixture (create)").await?;
+                let rounds = 10;
+                let mut full = histogram();
+                let mut table = histogram();
+                let mut paged = histogram();
+                let started = Instant::now();
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    let list = api.list(&ListParams::default()).await?;
+                    anyhow::ensure!(list.items.len() >= args.count, "list returned {} items", list.items.len());
+                    let _ = full.record(t.elapsed().as_micros() as u64);
+                }
+                let full_elapsed = started.elapsed();
+                let path = format!("/api/v1/namespaces/{}/services", self.namespace);
+                let started = Instant::now();
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    let request = http_get(&path, "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")?;
+                    let text = self.client.request_text(request).await?;
+                    anyhow::ensure!(text.contains("\"Table\""), "the server did not answer a Table");
+                    let _ = table.record(t.elapsed().as_micros() as u64);
+                }
+                let table_elapsed = started.elapsed();
+                let started = Instant::now();
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    let mut params = ListParams::default().limit(500);
+                    let mut seen = 0;
+                    loop {
+                        let page = api.list(&params).await?;
+                        seen += page.items.len();
+                        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                            Some(token) => params = params.continue_token(&token),
+                            None => break,
+                        }
+                    }
+                    anyhow::ensure!(seen >= args.count, "paginated list returned {seen} items");
+                    let _ = paged.record(t.elapsed().as_micros() as u64);
+                }
+                let paged_elapsed = started.elapsed();
+                report.insert("list_json".into(), line("list (JSON)", rounds, full_elapsed, &full));
+                report.insert("list_table".into(), line("list (Table)", rounds, table_elapsed, &table));
+                report.insert("list_paginated".into(), line("list (limit=500)", rounds, paged_elapsed, &paged));
+            }
+            ScenarioName::Update => {
+                self.create("fixture (create)").await?;
+                let (elapsed, latencies) = run("update", args.count, args.concurrency, move |i| {
+                    let api = api.clone();
+                    async move {
+                        let patch = json!({"metadata": {"labels": {"capstan-bench/round": "1"}}});
+                        api.patch(&name(i), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                        Ok(())
+                    }
+                })
+                .await?;
+                report.insert("update".into(), line("update", args.count, elapsed, &latencies));
+            }
+            ScenarioName::Delete => {
+                self.create("fixture (create)").await?;
+                let (elapsed, latencies) = run("delete", args.count, args.concurrency, move |i| {
+                    let api = api.clone();
+                    async move {
+                        api.delete(&name(i), &DeleteParams::default()).await?;
+                        Ok(())
+                    }
+                })
+                .await?;
+                report.insert("delete".into(), line("delete", args.count, elapsed, &latencies));
+            }
+            ScenarioName::Watch => {
+                report.insert("watch".into(), self.watch().await?);
+            }
+            ScenarioName::Mixed => {
+                report.insert("mixed".into(), self.mixed().await?);
+            }
+        }
+        Ok(Value::Object(report))
+    }
+
+    async fn watch(&self) -> anyhow::Result<Value> {
+        let args = &self.args;
+        let api = self.services();
+        api.create(&PostParams::default(), &service("watched")).await?;
+        let rv = api.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+        let origin = Instant::now();
+        let ready = Arc::new(AtomicUsize::new(0));
+        let mut watchers = Vec::new();
+        for _ in 0..args.watchers {
+            let api = api.clone();
+            let rv = rv.clone();
+            let ready = ready.clone();
+            let updates = args.updates;
+            watchers.push(tokio::spawn(async move {
+                let params = WatchParams::default().fields("metadata.name=watched").timeout(290);
+                let mut stream = api.watch(&params, &rv).await?.boxed();
+                ready.fetch_add(1, Ordering::Relaxed);
+                let mut seen: Vec<(usize, u64)> = Vec::with_capacity(updates);
+                while let Some(event) = stream.try_next().await? {
+                    if let WatchEvent::Modified(s) = event {
+                        let round = s
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("capstan-bench/round"))
+                            .and_then(|r| r.parse::<usize>().ok());
+                        if let Some(round) = round {
+                            seen.push((round, origin.elapsed().as_micros() as u64));
+                            if round + 1 >= updates {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Ok::<_, anyhow::Error>(seen)
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ready.load(Ordering::Relaxed) < args.watchers && Instant::now() < deadline {
+            eprint!("\rwatch: {}/{} watchers open        ", ready.load(Ordering::Relaxed), args.watchers);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let answered: Arc<Vec<AtomicU64>> = Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
+        let started = Instant::now();
+        for round in 0..args.updates {
+            let patch = json!({"metadata": {"labels": {"capstan-bench/round": round.to_string()}}});
+            api.patch("watched", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            answered[round].store(origin.elapsed().as_micros() as u64, Ordering::Relaxed);
+            eprint!("\rwatch: update {}/{}        ", round + 1, args.updates);
+        }
+        let writes = started.elapsed();
+        let mut delivery = histogram();
+        let mut received = 0usize;
+        for watcher in watchers {
+            match tokio::time::timeout(Duration::from_secs(30), watcher).await {
+                Ok(Ok(Ok(seen))) => {
+                    for (round, at) in seen {
+                        received += 1;
+                        let sent = answered.get(round).map_or(0, |a| a.load(Ordering::Relaxed));
+                        let _ = delivery.record(at.saturating_sub(sent).max(1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        eprint!("\r{:80}\r", "");
+        let expected = args.watchers * args.updates;
+        let missed = expected.saturating_sub(received);
+        println!(
+            "watch                  {} watchers x {} updates: delivered {received}/{expected}, missed {missed}   p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            args.watchers,
+            args.updates,
+            delivery.value_at_quantile(0.5) as f64 / 1000.0,
+            delivery.value_at_quantile(0.99) as f64 / 1000.0,
+            delivery.max() as f64 / 1000.0,
+        );
+        Ok(json!({
+            "watchers": args.watchers,
+            "updates": args.updates,
+            "expected": expected,
+            "received": received,
+            "missed": missed,
+            "update_seconds": writes.as_secs_f64(),
+            "delivery_latency_ms": latency_json(&delivery),
+        }))
+    }
+
+    async fn mixed(&self) -> anyhow::Result<Value> {
+        let args = &self.args;
+        let fixture = args.count.min(1_000);
+        let api = self.services();
+        run("fixture (create)", fixture, args.concurrency, {
+            let api = api.clone();
+            move |i| {
+                let api = api.clone();
+                async move {
+                    api.create(&PostParams::default(), &service(&name(i))).await?;
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+        let windows: Arc<std::sync::Mutex<Vec<Histogram<u64>>>> =
+            Arc::new(std::sync::Mutex::new((0..args.duration.div_ceil(5) as usize + 1).map(|_| histogram()).collect()));
+        let errors = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 8));
+        let mut sent = 0u64;
+        while started.elapsed() < Duration::from_secs(args.duration) {
+            ticker.tick().await;
+            let Ok(permit) = limit.clone().acquire_owned().await else { break };
+            sent += 1;
+            let (api, windows, errors) = (api.clone(), windows.clone(), errors.clone());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let pick = fastrand::u32(..100);
+                let target = name(fastrand::usize(..fixture));
+                let result = if pick < 80 {
+                    api.get(&target).await.map(|_| ())
+                } else if pick < 85 {
+                    api.list(&ListParams::default().limit(100)).await.map(|_| ())
+                } else {
+                    let patch = json!({"metadata": {"labels": {"capstan-bench/touch": fastrand::u32(..1000).to_string()}}});
+                    api.patch(&target, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+                };
+                if result.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let window = (t.duration_since(started).as_secs() / 5) as usize;
+                if let Ok(mut windows) = windows.lock()
+                    && let Some(h) = windows.get_mut(window)
+                {
+                    let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                }
+                drop(permit);
+            });
+            if sent.is_multiple_of(args.rate.max(1)) {
+                eprint!("\rmixed: {:.0}s / {}s        ", started.elapsed().as_secs_f64(), args.duration);
+            }
+        }
+        let _ = limit.acquire_many(args.concurrency.max(1) as u32 * 8).await;
+        eprint!("\r{:80}\r", "");
+        let windows = windows.lock().map(|w| w.clone()).unwrap_or_default();
+        let mut rows = Vec::new();
+        println!("mixed: {} req/s for {} s (80% get, 5% list limit=100, 15% patch), {} errors", args.rate, args.duration, errors.load(Ordering::Relaxed));
+        for (i, h) in windows.iter().enumerate().filter(|(_, h)| h.len() > 0) {
+            println!(
+                "  {:>3}-{:<3}s  {:>7} req   p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms",
+                i * 5,
+                i * 5 + 5,
+                h.len(),
+                h.value_at_quantile(0.5) as f64 / 1000.0,
+                h.value_at_quantile(0.99) as f64 / 1000.0,
+                h.max() as f64 / 1000.0
+            );
+            rows.push(json!({"from_second": i * 5, "latency_ms": latency_json(h)}));
+        }
+        Ok(json!({"rate": args.rate, "duration_seconds": args.duration, "requests": sent, "errors": errors.load(Ordering::Relaxed), "windows": rows}))
+    }
+}
+
+fn http_get(path: &str, accept: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(http::Request::builder().uri(path).header("accept", accept).body(Vec::new())?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let (which, args) = match cli.scenario {
+        Scenario::Create(a) => (ScenarioName::Create, a),
+        Scenario::Get(a) => (ScenarioName::Get, a),
+        Scenario::List(a) => (ScenarioName::List, a),
+        Scenario::Watch(a) => (ScenarioName::Watch, a),
+        Scenario::Update(a) => (ScenarioName::Update, a),
+        Scenario::Delete(a) => (ScenarioName::Delete, a),
+        Scenario::Mixed(a) => (ScenarioName::Mixed, a),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let (client, url) = client(&args).await?;
+        let namespace = args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| format!("capstan-bench-{}", (0..5).map(|_| fastrand::lowercase()).collect::<String>()));
+        let bench = Bench {
+            client,
+            owns_namespace: args.namespace.is_none(),
+            namespace,
+            args: args.clone(),
+        };
+        println!("capstan-bench {which:?} against {url} (namespace {}, {} clients)", bench.namespace, args.concurrency);
+        let sampler = process::Sampler::start(&args.server_pids);
+        bench.prepare().await?;
+        let outcome = bench.scenario(which).await;
+        bench.cleanup().await;
+        let mut report = outcome?;
+        let usage = sampler.finish();
+        if let (Some(usage), Value::Object(map)) = (usage, &mut report) {
+            println!("server: peak RSS {:.1} MiB, {:.2} CPU seconds", usage.peak_rss_mib, usage.cpu_seconds);
+            map.insert("server".into(), json!({"peak_rss_mib": usage.peak_rss_mib, "cpu_seconds": usage.cpu_seconds}));
+        }
+        if let Value::Object(map) = &mut report {
+            map.insert("scenario".into(), json!(format!("{which:?}").to_lowercase()));
+            map.insert("server_url".into(), json!(url));
+            map.insert("count".into(), json!(args.count));
+            map.insert("concurrency".into(), json!(args.concurrency));
+        }
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    })
+}
