@@ -268,7 +268,7 @@ fn list_response(
             response
         }
         Output::Json | Output::Yaml => {
-            let items: Vec<Value> = result.items.iter().map(|o| o.object.clone()).collect();
+            let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
             let list = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
             if encoding.negotiated.output == Output::Yaml {
                 let mut response = json_response(StatusCode::OK, &json!(null), false);
@@ -288,7 +288,7 @@ fn list_response(
                 .items
                 .iter()
                 .map(
-                    |o| json!({"metadata": o.object.get("metadata").cloned().unwrap_or(json!({}))}),
+                    |o| json!({"metadata": o.object().get("metadata").cloned().unwrap_or(json!({}))}),
                 )
                 .collect();
             json_response(
@@ -302,19 +302,27 @@ fn list_response(
                 Ok(include) => include,
                 Err(error) => return error_response(&error, encoding),
             };
-            let objects: Vec<&Value> = result.items.iter().map(|o| &o.object).collect();
-            json_response(
-                StatusCode::OK,
-                &to_table(
-                    strategy.as_ref(),
-                    version,
-                    &objects,
-                    list_meta,
-                    include,
-                    true,
-                ),
-                encoding.pretty,
-            )
+            let bytes = crate::request::table_bytes(
+                strategy.as_ref(),
+                version,
+                result.items.iter().map(|o| o.object()),
+                list_meta,
+                include,
+            );
+            if encoding.pretty {
+                let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                return json_response(StatusCode::OK, &value, true);
+            }
+            let mut response = Response::new(crate::request::full(bytes));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response.headers_mut().insert(
+                header::CACHE_CONTROL,
+                http::HeaderValue::from_static("no-cache, private"),
+            );
+            response
         }
     }
 }
@@ -436,14 +444,14 @@ async fn start_watch(
                         Output::Table(version) => {
                             let mut list_meta = Map::new();
                             list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
-                            let table = to_table(strategy.as_ref(), version, &[&object.object], list_meta, include, first_table);
+                            let table = to_table(strategy.as_ref(), version, &[&object.object()], list_meta, include, first_table);
                             first_table = false;
                             Bytes::from(serde_json::to_vec(&table).unwrap_or_default())
                         }
                         Output::Metadata => Bytes::from(serde_json::to_vec(&json!({
                             "kind": "PartialObjectMetadata",
                             "apiVersion": "meta.k8s.io/v1",
-                            "metadata": object.object.get("metadata").cloned().unwrap_or(json!({})),
+                            "metadata": object.object().get("metadata").cloned().unwrap_or(json!({})),
                         })).unwrap_or_default()),
                         _ => typed_json(&object.json, info.kind, &api_version),
                     };

@@ -340,3 +340,46 @@ pub fn object_response(
         }
     }
 }
+
+/// Writes a list's Table row by row, decoding one object at a time, so a large list never
+/// holds every object decoded at once.
+pub fn table_bytes(
+    strategy: &dyn Strategy,
+    version: &'static str,
+    objects: impl Iterator<Item = Value>,
+    list_meta: Map<String, Value>,
+    include: IncludeObject,
+) -> Bytes {
+    let info = strategy.info();
+    let head = table::table(
+        version,
+        list_meta,
+        Some(strategy.columns().as_slice()),
+        Vec::new(),
+    );
+    let mut out = serde_json::to_vec(&head).unwrap_or_default();
+    // `head` ends with `"rows":[]}`: reopen the rows array.
+    out.truncate(out.len().saturating_sub(2));
+    for (i, object) in objects.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let mut row = Map::new();
+        row.insert("cells".into(), Value::Array(strategy.cells(&object)));
+        match include {
+            IncludeObject::Metadata => {
+                row.insert("object".into(), partial_metadata(&object));
+            }
+            IncludeObject::Object => {
+                row.insert(
+                    "object".into(),
+                    meta::with_type_meta(&object, &info.api_version(), info.kind),
+                );
+            }
+            IncludeObject::None => {}
+        }
+        let _ = serde_json::to_writer(&mut out, &Value::Object(row));
+    }
+    out.extend_from_slice(b"]}\n");
+    Bytes::from(out)
+}

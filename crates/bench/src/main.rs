@@ -16,7 +16,9 @@ use clap::{Parser, Subcommand};
 use futures_util::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -113,7 +115,9 @@ fn latency_json(histogram: &Histogram<u64>) -> Value {
 }
 
 fn histogram() -> Histogram<u64> {
-    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits are valid")))
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap_or_else(|_| {
+        Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits are valid"))
+    })
 }
 
 fn line(what: &str, count: usize, elapsed: Duration, latencies: &Histogram<u64>) -> Value {
@@ -152,7 +156,12 @@ fn progress(label: String, done: Arc<AtomicUsize>, total: usize) -> tokio::task:
 }
 
 /// Runs `op(i)` for i in 0..count from `concurrency` tasks; returns elapsed time and latencies.
-async fn run<F, Fut>(label: &str, count: usize, concurrency: usize, op: F) -> anyhow::Result<(Duration, Histogram<u64>)>
+async fn run<F, Fut>(
+    label: &str,
+    count: usize,
+    concurrency: usize,
+    op: F,
+) -> anyhow::Result<(Duration, Histogram<u64>)>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -181,7 +190,9 @@ where
     }
     let mut total = histogram();
     for task in tasks {
-        total.add(task.await.context("worker panicked")??).context("merging latencies")?;
+        total
+            .add(task.await.context("worker panicked")??)
+            .context("merging latencies")?;
     }
     let elapsed = started.elapsed();
     ticker.abort();
@@ -214,14 +225,17 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
         let yaml = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
         );
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).context("building a kubeconfig for --server")?;
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)
+            .context("building a kubeconfig for --server")?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
     } else if let Some(path) = &args.kubeconfig {
         let kubeconfig = kube::config::Kubeconfig::read_from(path)
             .with_context(|| format!("reading {}", path.display()))?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
     } else {
-        kube::Config::infer().await.context("no --kubeconfig or --server, and no default kubeconfig")?
+        kube::Config::infer()
+            .await
+            .context("no --kubeconfig or --server, and no default kubeconfig")?
     };
     let url = config.cluster_url.to_string();
     Ok((kube::Client::try_from(config)?, url))
@@ -242,8 +256,12 @@ impl Bench {
     async fn prepare(&self) -> anyhow::Result<()> {
         if self.owns_namespace {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": self.namespace}}))?;
-            namespaces.create(&PostParams::default(), &ns).await.context("creating the benchmark namespace")?;
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": self.namespace}}))?;
+            namespaces
+                .create(&PostParams::default(), &ns)
+                .await
+                .context("creating the benchmark namespace")?;
         }
         Ok(())
     }
@@ -251,11 +269,16 @@ impl Bench {
     async fn cleanup(&self) {
         let api = self.services();
         let _ = api
-            .delete_collection(&DeleteParams::default(), &ListParams::default().labels("app=capstan-bench"))
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels("app=capstan-bench"),
+            )
             .await;
         if self.owns_namespace {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            let _ = namespaces.delete(&self.namespace, &DeleteParams::default()).await;
+            let _ = namespaces
+                .delete(&self.namespace, &DeleteParams::default())
+                .await;
         }
     }
 
@@ -265,7 +288,9 @@ impl Bench {
         run(label, self.args.count, self.args.concurrency, move |i| {
             let api = api.clone();
             async move {
-                api.create(&PostParams::default(), &service(&name(i))).await.with_context(|| format!("creating {}", name(i)))?;
+                api.create(&PostParams::default(), &service(&name(i)))
+                    .await
+                    .with_context(|| format!("creating {}", name(i)))?;
                 Ok(())
             }
         })
@@ -279,7 +304,10 @@ impl Bench {
         match which {
             ScenarioName::Create => {
                 let (elapsed, latencies) = self.create("create").await?;
-                report.insert("create".into(), line("create", args.count, elapsed, &latencies));
+                report.insert(
+                    "create".into(),
+                    line("create", args.count, elapsed, &latencies),
+                );
             }
             ScenarioName::Get => {
                 self.create("fixture (create)").await?;
@@ -301,33 +329,54 @@ impl Bench {
                 let mut table = histogram();
                 let mut paged = histogram();
                 let started = Instant::now();
+                let path = format!("/api/v1/namespaces/{}/services", self.namespace);
+                // Lists are timed to the last byte received, not through a typed decode, so
+                // the figure is the server's (and the wire's), comparable across servers.
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    let list = api.list(&ListParams::default()).await?;
-                    anyhow::ensure!(list.items.len() >= args.count, "list returned {} items", list.items.len());
+                    let text = self
+                        .client
+                        .request_text(http_get(&path, "application/json")?)
+                        .await?;
                     let _ = full.record(t.elapsed().as_micros() as u64);
+                    let list: ItemCount = serde_json::from_str(&text)?;
+                    anyhow::ensure!(
+                        list.items.len() >= args.count,
+                        "list returned {} items",
+                        list.items.len()
+                    );
                 }
                 let full_elapsed = started.elapsed();
-                let path = format!("/api/v1/namespaces/{}/services", self.namespace);
                 let started = Instant::now();
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    let request = http_get(&path, "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")?;
+                    let request = http_get(
+                        &path,
+                        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+                    )?;
                     let text = self.client.request_text(request).await?;
-                    anyhow::ensure!(text.contains("\"Table\""), "the server did not answer a Table");
                     let _ = table.record(t.elapsed().as_micros() as u64);
+                    anyhow::ensure!(
+                        text.contains("\"Table\""),
+                        "the server did not answer a Table"
+                    );
                 }
                 let table_elapsed = started.elapsed();
                 let started = Instant::now();
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    let mut params = ListParams::default().limit(500);
                     let mut seen = 0;
+                    let mut token = String::new();
                     loop {
-                        let page = api.list(&params).await?;
+                        let page_path = format!("{path}?limit=500&continue={token}");
+                        let text = self
+                            .client
+                            .request_text(http_get(&page_path, "application/json")?)
+                            .await?;
+                        let page: Page = serde_json::from_str(&text)?;
                         seen += page.items.len();
-                        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                            Some(token) => params = params.continue_token(&token),
+                        match page.metadata.r#continue.filter(|c| !c.is_empty()) {
+                            Some(next) => token = next,
                             None => break,
                         }
                     }
@@ -335,9 +384,18 @@ impl Bench {
                     let _ = paged.record(t.elapsed().as_micros() as u64);
                 }
                 let paged_elapsed = started.elapsed();
-                report.insert("list_json".into(), line("list (JSON)", rounds, full_elapsed, &full));
-                report.insert("list_table".into(), line("list (Table)", rounds, table_elapsed, &table));
-                report.insert("list_paginated".into(), line("list (limit=500)", rounds, paged_elapsed, &paged));
+                report.insert(
+                    "list_json".into(),
+                    line("list (JSON)", rounds, full_elapsed, &full),
+                );
+                report.insert(
+                    "list_table".into(),
+                    line("list (Table)", rounds, table_elapsed, &table),
+                );
+                report.insert(
+                    "list_paginated".into(),
+                    line("list (limit=500)", rounds, paged_elapsed, &paged),
+                );
             }
             ScenarioName::Update => {
                 self.create("fixture (create)").await?;
@@ -345,12 +403,16 @@ impl Bench {
                     let api = api.clone();
                     async move {
                         let patch = json!({"metadata": {"labels": {"capstan-bench/round": "1"}}});
-                        api.patch(&name(i), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                        api.patch(&name(i), &PatchParams::default(), &Patch::Merge(&patch))
+                            .await?;
                         Ok(())
                     }
                 })
                 .await?;
-                report.insert("update".into(), line("update", args.count, elapsed, &latencies));
+                report.insert(
+                    "update".into(),
+                    line("update", args.count, elapsed, &latencies),
+                );
             }
             ScenarioName::Delete => {
                 self.create("fixture (create)").await?;
@@ -362,7 +424,10 @@ impl Bench {
                     }
                 })
                 .await?;
-                report.insert("delete".into(), line("delete", args.count, elapsed, &latencies));
+                report.insert(
+                    "delete".into(),
+                    line("delete", args.count, elapsed, &latencies),
+                );
             }
             ScenarioName::Watch => {
                 report.insert("watch".into(), self.watch().await?);
@@ -377,8 +442,14 @@ impl Bench {
     async fn watch(&self) -> anyhow::Result<Value> {
         let args = &self.args;
         let api = self.services();
-        api.create(&PostParams::default(), &service("watched")).await?;
-        let rv = api.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+        api.create(&PostParams::default(), &service("watched"))
+            .await?;
+        let rv = api
+            .list(&ListParams::default().limit(1))
+            .await?
+            .metadata
+            .resource_version
+            .unwrap_or_default();
         let origin = Instant::now();
         let ready = Arc::new(AtomicUsize::new(0));
         let mut watchers = Vec::new();
@@ -388,7 +459,9 @@ impl Bench {
             let ready = ready.clone();
             let updates = args.updates;
             watchers.push(tokio::spawn(async move {
-                let params = WatchParams::default().fields("metadata.name=watched").timeout(290);
+                let params = WatchParams::default()
+                    .fields("metadata.name=watched")
+                    .timeout(290);
                 let mut stream = api.watch(&params, &rv).await?.boxed();
                 ready.fetch_add(1, Ordering::Relaxed);
                 let mut seen: Vec<(usize, u64)> = Vec::with_capacity(updates);
@@ -413,14 +486,20 @@ impl Bench {
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while ready.load(Ordering::Relaxed) < args.watchers && Instant::now() < deadline {
-            eprint!("\rwatch: {}/{} watchers open        ", ready.load(Ordering::Relaxed), args.watchers);
+            eprint!(
+                "\rwatch: {}/{} watchers open        ",
+                ready.load(Ordering::Relaxed),
+                args.watchers
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let answered: Arc<Vec<AtomicU64>> = Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
+        let answered: Arc<Vec<AtomicU64>> =
+            Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
         let started = Instant::now();
         for round in 0..args.updates {
             let patch = json!({"metadata": {"labels": {"capstan-bench/round": round.to_string()}}});
-            api.patch("watched", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            api.patch("watched", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
             answered[round].store(origin.elapsed().as_micros() as u64, Ordering::Relaxed);
             eprint!("\rwatch: update {}/{}        ", round + 1, args.updates);
         }
@@ -428,15 +507,12 @@ impl Bench {
         let mut delivery = histogram();
         let mut received = 0usize;
         for watcher in watchers {
-            match tokio::time::timeout(Duration::from_secs(30), watcher).await {
-                Ok(Ok(Ok(seen))) => {
-                    for (round, at) in seen {
-                        received += 1;
-                        let sent = answered.get(round).map_or(0, |a| a.load(Ordering::Relaxed));
-                        let _ = delivery.record(at.saturating_sub(sent).max(1));
-                    }
+            if let Ok(Ok(Ok(seen))) = tokio::time::timeout(Duration::from_secs(30), watcher).await {
+                for (round, at) in seen {
+                    received += 1;
+                    let sent = answered.get(round).map_or(0, |a| a.load(Ordering::Relaxed));
+                    let _ = delivery.record(at.saturating_sub(sent).max(1));
                 }
-                _ => {}
             }
         }
         eprint!("\r{:80}\r", "");
@@ -470,14 +546,18 @@ impl Bench {
             move |i| {
                 let api = api.clone();
                 async move {
-                    api.create(&PostParams::default(), &service(&name(i))).await?;
+                    api.create(&PostParams::default(), &service(&name(i)))
+                        .await?;
                     Ok(())
                 }
             }
         })
         .await?;
-        let windows: Arc<std::sync::Mutex<Vec<Histogram<u64>>>> =
-            Arc::new(std::sync::Mutex::new((0..args.duration.div_ceil(5) as usize + 1).map(|_| histogram()).collect()));
+        let windows: Arc<std::sync::Mutex<Vec<Histogram<u64>>>> = Arc::new(std::sync::Mutex::new(
+            (0..args.duration.div_ceil(5) as usize + 1)
+                .map(|_| histogram())
+                .collect(),
+        ));
         let errors = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
         let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
@@ -487,7 +567,9 @@ impl Bench {
         let mut sent = 0u64;
         while started.elapsed() < Duration::from_secs(args.duration) {
             ticker.tick().await;
-            let Ok(permit) = limit.clone().acquire_owned().await else { break };
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                break;
+            };
             sent += 1;
             let (api, windows, errors) = (api.clone(), windows.clone(), errors.clone());
             tokio::spawn(async move {
@@ -497,10 +579,14 @@ impl Bench {
                 let result = if pick < 80 {
                     api.get(&target).await.map(|_| ())
                 } else if pick < 85 {
-                    api.list(&ListParams::default().limit(100)).await.map(|_| ())
+                    api.list(&ListParams::default().limit(100))
+                        .await
+                        .map(|_| ())
                 } else {
                     let patch = json!({"metadata": {"labels": {"capstan-bench/touch": fastrand::u32(..1000).to_string()}}});
-                    api.patch(&target, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+                    api.patch(&target, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| ())
                 };
                 if result.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -514,15 +600,24 @@ impl Bench {
                 drop(permit);
             });
             if sent.is_multiple_of(args.rate.max(1)) {
-                eprint!("\rmixed: {:.0}s / {}s        ", started.elapsed().as_secs_f64(), args.duration);
+                eprint!(
+                    "\rmixed: {:.0}s / {}s        ",
+                    started.elapsed().as_secs_f64(),
+                    args.duration
+                );
             }
         }
         let _ = limit.acquire_many(args.concurrency.max(1) as u32 * 8).await;
         eprint!("\r{:80}\r", "");
         let windows = windows.lock().map(|w| w.clone()).unwrap_or_default();
         let mut rows = Vec::new();
-        println!("mixed: {} req/s for {} s (80% get, 5% list limit=100, 15% patch), {} errors", args.rate, args.duration, errors.load(Ordering::Relaxed));
-        for (i, h) in windows.iter().enumerate().filter(|(_, h)| h.len() > 0) {
+        println!(
+            "mixed: {} req/s for {} s (80% get, 5% list limit=100, 15% patch), {} errors",
+            args.rate,
+            args.duration,
+            errors.load(Ordering::Relaxed)
+        );
+        for (i, h) in windows.iter().enumerate().filter(|(_, h)| !h.is_empty()) {
             println!(
                 "  {:>3}-{:<3}s  {:>7} req   p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms",
                 i * 5,
@@ -534,12 +629,36 @@ impl Bench {
             );
             rows.push(json!({"from_second": i * 5, "latency_ms": latency_json(h)}));
         }
-        Ok(json!({"rate": args.rate, "duration_seconds": args.duration, "requests": sent, "errors": errors.load(Ordering::Relaxed), "windows": rows}))
+        Ok(
+            json!({"rate": args.rate, "duration_seconds": args.duration, "requests": sent, "errors": errors.load(Ordering::Relaxed), "windows": rows}),
+        )
     }
 }
 
+/// A page of a list: its items (not decoded) and continue token.
+#[derive(serde::Deserialize)]
+struct Page {
+    items: Vec<serde::de::IgnoredAny>,
+    metadata: PageMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct PageMeta {
+    #[serde(default)]
+    r#continue: Option<String>,
+}
+
+/// Counts a list's items without decoding them.
+#[derive(serde::Deserialize)]
+struct ItemCount {
+    items: Vec<serde::de::IgnoredAny>,
+}
+
 fn http_get(path: &str, accept: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
-    Ok(http::Request::builder().uri(path).header("accept", accept).body(Vec::new())?)
+    Ok(http::Request::builder()
+        .uri(path)
+        .header("accept", accept)
+        .body(Vec::new())?)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -553,20 +672,27 @@ fn main() -> anyhow::Result<()> {
         Scenario::Delete(a) => (ScenarioName::Delete, a),
         Scenario::Mixed(a) => (ScenarioName::Mixed, a),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let (client, url) = client(&args).await?;
-        let namespace = args
-            .namespace
-            .clone()
-            .unwrap_or_else(|| format!("capstan-bench-{}", (0..5).map(|_| fastrand::lowercase()).collect::<String>()));
+        let namespace = args.namespace.clone().unwrap_or_else(|| {
+            format!(
+                "capstan-bench-{}",
+                (0..5).map(|_| fastrand::lowercase()).collect::<String>()
+            )
+        });
         let bench = Bench {
             client,
             owns_namespace: args.namespace.is_none(),
             namespace,
             args: args.clone(),
         };
-        println!("capstan-bench {which:?} against {url} (namespace {}, {} clients)", bench.namespace, args.concurrency);
+        println!(
+            "capstan-bench {which:?} against {url} (namespace {}, {} clients)",
+            bench.namespace, args.concurrency
+        );
         let sampler = process::Sampler::start(&args.server_pids);
         bench.prepare().await?;
         let outcome = bench.scenario(which).await;
@@ -574,17 +700,27 @@ fn main() -> anyhow::Result<()> {
         let mut report = outcome?;
         let usage = sampler.finish();
         if let (Some(usage), Value::Object(map)) = (usage, &mut report) {
-            println!("server: peak RSS {:.1} MiB, {:.2} CPU seconds", usage.peak_rss_mib, usage.cpu_seconds);
-            map.insert("server".into(), json!({"peak_rss_mib": usage.peak_rss_mib, "cpu_seconds": usage.cpu_seconds}));
+            println!(
+                "server: peak RSS {:.1} MiB, {:.2} CPU seconds",
+                usage.peak_rss_mib, usage.cpu_seconds
+            );
+            map.insert(
+                "server".into(),
+                json!({"peak_rss_mib": usage.peak_rss_mib, "cpu_seconds": usage.cpu_seconds}),
+            );
         }
         if let Value::Object(map) = &mut report {
-            map.insert("scenario".into(), json!(format!("{which:?}").to_lowercase()));
+            map.insert(
+                "scenario".into(),
+                json!(format!("{which:?}").to_lowercase()),
+            );
             map.insert("server_url".into(), json!(url));
             map.insert("count".into(), json!(args.count));
             map.insert("concurrency".into(), json!(args.concurrency));
         }
         if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
     })

@@ -135,11 +135,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
     let strategies: Vec<Arc<dyn Strategy>> =
         vec![Arc::new(NamespaceStrategy), service_strategy.clone()];
-    let prefixes: Vec<String> = strategies
+    let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
         .iter()
-        .map(|s| s.info().list_prefix(""))
+        .map(|strategy| {
+            let kind = strategy.clone();
+            let project: capstan_registry::cache::Projection =
+                Arc::new(move |object| kind.selectable(object));
+            (strategy.info().list_prefix(""), project)
+        })
         .collect();
-    let caches = Arc::new(CacheSet::new(store.clone(), &prefixes, 100_000));
+    let caches = Arc::new(CacheSet::new(store.clone(), prefixes, 102_400));
     caches.start().await.context("loading the watch cache")?;
     let registries: Vec<Arc<Registry>> = strategies
         .iter()

@@ -10,22 +10,39 @@ use capstan_storage::{EventKind, KeyValue, RangeRequest, Revision, Storage, Stor
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
-/// One object as the cache holds it: decoded once, serialized once.
-#[derive(Debug)]
+/// What of an object selectors need (labels, the fields field selectors read), kept beside
+/// its JSON so the cache does not hold every object twice.
+pub type Projection = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+
+/// One object as the cache holds it: serialized once, plus what selectors read.
 pub struct CachedObject {
     /// Its storage key.
     pub key: Arc<str>,
     /// The revision of its last write (its `resourceVersion`).
     pub revision: Revision,
-    /// The object without `kind`/`apiVersion`, with `metadata.resourceVersion` set.
-    pub object: Value,
-    /// `object` serialized as JSON.
+    /// The object (without `kind`/`apiVersion`, with `metadata.resourceVersion`) as JSON.
     pub json: Bytes,
+    /// The kind's projection of the object: what label and field selectors look at.
+    pub selectable: Value,
+}
+
+impl std::fmt::Debug for CachedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedObject")
+            .field("key", &self.key)
+            .field("revision", &self.revision)
+            .finish()
+    }
 }
 
 impl CachedObject {
     /// Decodes a stored value; `revision` becomes its `resourceVersion`.
-    pub fn decode(key: Arc<str>, value: &[u8], revision: Revision) -> Option<Self> {
+    pub fn decode(
+        key: Arc<str>,
+        value: &[u8],
+        revision: Revision,
+        project: &Projection,
+    ) -> Option<Self> {
         let mut object: Value = match serde_json::from_slice(value) {
             Ok(object) => object,
             Err(error) => {
@@ -33,11 +50,16 @@ impl CachedObject {
                 return None;
             }
         };
-        Some(Self::from_object(key, &mut object, revision))
+        Some(Self::from_object(key, &mut object, revision, project))
     }
 
     /// Wraps an object, stamping `revision` as its `resourceVersion`.
-    pub fn from_object(key: Arc<str>, object: &mut Value, revision: Revision) -> Self {
+    pub fn from_object(
+        key: Arc<str>,
+        object: &mut Value,
+        revision: Revision,
+        project: &Projection,
+    ) -> Self {
         if let Value::Object(map) = object {
             map.remove("kind");
             map.remove("apiVersion");
@@ -47,9 +69,20 @@ impl CachedObject {
         CachedObject {
             key,
             revision,
-            object: std::mem::take(object),
             json,
+            selectable: project(object),
         }
+    }
+
+    /// The object itself (decoded from its JSON).
+    pub fn object(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// The same object stamped with another revision (a deletion's).
+    pub fn at_revision(&self, revision: Revision, project: &Projection) -> Self {
+        let mut object = self.object();
+        Self::from_object(self.key.clone(), &mut object, revision, project)
     }
 }
 
@@ -78,6 +111,8 @@ impl EventType {
 /// One change, as watchers see it.
 #[derive(Debug)]
 pub struct CacheEvent {
+    /// When the cache applied it (history older than the retention window is dropped).
+    pub at: std::time::Instant,
     /// What happened.
     pub kind: EventType,
     /// The object after the change (for a delete: its last state, at the deletion revision).
@@ -112,9 +147,16 @@ struct State {
     progress_sent: Revision,
 }
 
+/// How long changes stay replayable for watches that resume from a revision (upstream keeps
+/// at least 75 s; kube-apiserver's etcd compaction keeps 5 minutes).
+const HISTORY_RETENTION: Duration = Duration::from_secs(300);
+/// Changes kept regardless of age.
+const HISTORY_MINIMUM: usize = 1_000;
+
 /// The objects of one kind (one storage prefix) and their recent changes.
 pub struct WatchCache {
     prefix: String,
+    project: Projection,
     state: RwLock<State>,
     history_limit: usize,
     channel_capacity: usize,
@@ -142,11 +184,17 @@ pub struct TooOld {
 }
 
 impl WatchCache {
-    fn new(prefix: String, global: watch::Receiver<Revision>, history_limit: usize) -> Self {
+    fn new(
+        prefix: String,
+        project: Projection,
+        global: watch::Receiver<Revision>,
+        history_limit: usize,
+    ) -> Self {
         let channel_capacity = 4096;
         let (sender, _) = broadcast::channel(channel_capacity);
         WatchCache {
             prefix,
+            project,
             state: RwLock::new(State {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
@@ -164,6 +212,11 @@ impl WatchCache {
     /// The storage prefix this cache mirrors (`services/specs/`).
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The kind's selector projection.
+    pub fn projection(&self) -> &Projection {
+        &self.project
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -282,13 +335,16 @@ impl WatchCache {
         let previous = state.objects.get(&kv.key).cloned();
         let event = match kind {
             EventKind::Put => {
-                let Some(object) = CachedObject::decode(kv.key.clone(), &kv.value, revision) else {
+                let Some(object) =
+                    CachedObject::decode(kv.key.clone(), &kv.value, revision, &self.project)
+                else {
                     state.revision = revision;
                     return;
                 };
                 let object = Arc::new(object);
                 state.objects.insert(kv.key.clone(), object.clone());
                 CacheEvent {
+                    at: std::time::Instant::now(),
                     kind: if previous.is_some() {
                         EventType::Modified
                     } else {
@@ -302,20 +358,17 @@ impl WatchCache {
                 state.objects.remove(&kv.key);
                 let last = previous.or_else(|| {
                     prev.and_then(|p| {
-                        CachedObject::decode(p.key.clone(), &p.value, p.mod_revision).map(Arc::new)
+                        CachedObject::decode(p.key.clone(), &p.value, p.mod_revision, &self.project)
+                            .map(Arc::new)
                     })
                 });
                 let Some(last) = last else {
                     state.revision = revision;
                     return;
                 };
-                let mut object = last.object.clone();
-                let object = Arc::new(CachedObject::from_object(
-                    kv.key.clone(),
-                    &mut object,
-                    revision,
-                ));
+                let object = Arc::new(last.at_revision(revision, &self.project));
                 CacheEvent {
+                    at: std::time::Instant::now(),
                     kind: EventType::Deleted,
                     object,
                     prev: Some(last),
@@ -324,7 +377,13 @@ impl WatchCache {
         };
         let event = Arc::new(event);
         state.history.push_back(event.clone());
-        while state.history.len() > self.history_limit {
+        while state.history.len() > self.history_limit
+            || (state.history.len() > HISTORY_MINIMUM
+                && state
+                    .history
+                    .front()
+                    .is_some_and(|e| e.at.elapsed() > HISTORY_RETENTION))
+        {
             if let Some(dropped) = state.history.pop_front() {
                 state.oldest = dropped.revision();
             }
@@ -352,12 +411,18 @@ pub struct CacheSet {
 }
 
 impl CacheSet {
-    /// Caches for these storage prefixes (each ending in `/`).
-    pub fn new(storage: Arc<dyn Storage>, prefixes: &[String], history_limit: usize) -> Self {
+    /// Caches for these storage prefixes (each ending in `/`), each with its kind's projection.
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        prefixes: Vec<(String, Projection)>,
+        history_limit: usize,
+    ) -> Self {
         let (global, receiver) = watch::channel(0);
         let caches = prefixes
-            .iter()
-            .map(|p| Arc::new(WatchCache::new(p.clone(), receiver.clone(), history_limit)))
+            .into_iter()
+            .map(|(p, project)| {
+                Arc::new(WatchCache::new(p, project, receiver.clone(), history_limit))
+            })
             .collect();
         CacheSet {
             storage,
@@ -392,7 +457,7 @@ impl CacheSet {
                 .kvs
                 .into_iter()
                 .filter_map(|kv| {
-                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
+                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision, &cache.project)
                         .map(|o| (kv.key, Arc::new(o)))
                 })
                 .collect();

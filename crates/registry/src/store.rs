@@ -143,9 +143,14 @@ impl Registry {
     }
 
     fn decode(&self, kv: &KeyValue) -> Result<Value, ApiError> {
-        CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
-            .map(|o| o.object)
-            .ok_or_else(|| ApiError::internal(format!("undecodable object at {}", kv.key)))
+        let mut object: Value = serde_json::from_slice(&kv.value)
+            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+        if let Value::Object(map) = &mut object {
+            map.remove("kind");
+            map.remove("apiVersion");
+        }
+        meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
+        Ok(object)
     }
 
     fn encode(&self, object: &Value) -> Bytes {
@@ -186,7 +191,7 @@ impl Registry {
                 }
                 self.cache
                     .get(&key)
-                    .map(|o| o.object.clone())
+                    .map(|o| o.object())
                     .ok_or_else(|| self.not_found(name))
             }
         }
@@ -271,7 +276,7 @@ impl Registry {
                 remaining += 1;
                 return true;
             }
-            if self.selected(options, &object.object) {
+            if self.selected(options, &object.selectable) {
                 last_key = Some(object.key.clone());
                 items.push(object.clone());
             }
@@ -323,9 +328,12 @@ impl Registry {
             revision = Some(response.revision);
             for kv in &response.kvs {
                 last_key = Some(kv.key.clone());
-                if let Some(object) =
-                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision)
-                    && self.selected(options, &object.object)
+                if let Some(object) = CachedObject::decode(
+                    kv.key.clone(),
+                    &kv.value,
+                    kv.mod_revision,
+                    self.cache.projection(),
+                ) && self.selected(options, &object.selectable)
                 {
                     items.push(Arc::new(object));
                 }
@@ -938,8 +946,8 @@ impl Registry {
     ) -> Result<ListResult, ApiError> {
         let mut listed = self.list(namespace, list).await?;
         for object in &listed.items {
-            let ns = meta::namespace(&object.object).to_string();
-            let name = meta::name(&object.object).to_string();
+            let ns = meta::namespace(&object.selectable).to_string();
+            let name = meta::name(&object.selectable).to_string();
             match self.delete(&ns, &name, options).await {
                 Ok(_) => {}
                 Err(err) if err.code == 404 => {}

@@ -200,6 +200,20 @@ pub trait Strategy: Send + Sync + 'static {
         WriteExtras::default()
     }
 
+    /// What label and field selectors read of an object: the watch cache keeps only this
+    /// beside the object's JSON. Must keep every field [`Strategy::field_value`] reads.
+    fn selectable(&self, object: &Value) -> Value {
+        let mut metadata = serde_json::Map::new();
+        if let Some(meta) = meta::metadata(object) {
+            for field in ["name", "namespace", "labels"] {
+                if let Some(value) = meta.get(field) {
+                    metadata.insert(field.into(), value.clone());
+                }
+            }
+        }
+        serde_json::json!({ "metadata": metadata })
+    }
+
     /// The value of a field for field selectors; `None` when the field is not supported.
     fn field_value(&self, object: &Value, field: &str) -> Option<String> {
         match field {

@@ -51,6 +51,7 @@ pub enum WatchItem {
 /// A running watch.
 pub struct Watcher {
     registry_prefix: String,
+    projection: crate::cache::Projection,
     strategy: Arc<dyn crate::Strategy>,
     labels: LabelSelector,
     fields: FieldSelector,
@@ -73,6 +74,7 @@ impl Registry {
         };
         let mut watcher = Watcher {
             registry_prefix: prefix,
+            projection: self.cache().projection().clone(),
             strategy: self.strategy().clone(),
             labels: options.labels,
             fields: options.fields,
@@ -117,13 +119,13 @@ impl Watcher {
     fn matches(&self, object: &CachedObject) -> bool {
         object.key.starts_with(self.registry_prefix.as_str())
             && self.labels.matches(
-                meta::metadata(&object.object)
+                meta::metadata(&object.selectable)
                     .and_then(|m| m.get("labels"))
                     .and_then(Value::as_object),
             )
             && self
                 .fields
-                .matches(|f| self.strategy.field_value(&object.object, f))
+                .matches(|f| self.strategy.field_value(&object.selectable, f))
     }
 
     fn translate(&self, event: &CacheEvent) -> Option<WatchItem> {
@@ -142,9 +144,7 @@ impl Watcher {
                 (false, true) => Some(WatchItem::Event(EventType::Added, event.object.clone())),
                 (true, false) => {
                     let prev = event.prev.as_ref()?;
-                    let mut object = prev.object.clone();
-                    let last =
-                        CachedObject::from_object(prev.key.clone(), &mut object, event.revision());
+                    let last = prev.at_revision(event.revision(), &self.projection);
                     Some(WatchItem::Event(EventType::Deleted, Arc::new(last)))
                 }
                 (false, false) => None,

@@ -72,7 +72,8 @@ pub struct EmbeddedOptions {
     pub data_dir: PathBuf,
     /// How many undelivered events one watcher may hold before it is closed as lagging.
     pub watch_buffer: usize,
-    /// redb's page cache size in bytes.
+    /// redb's page cache size in bytes. Latest reads never touch redb (they are served from
+    /// the in-memory index), so the cache only serves historical reads and watch catch-up.
     pub cache_bytes: usize,
 }
 
@@ -82,7 +83,7 @@ impl EmbeddedOptions {
         Self {
             data_dir: data_dir.into(),
             watch_buffer: 10_000,
-            cache_bytes: 256 * 1024 * 1024,
+            cache_bytes: 16 * 1024 * 1024,
         }
     }
 }

@@ -149,6 +149,26 @@ impl Strategy for ServiceStrategy {
         }
     }
 
+    fn selectable(&self, object: &Value) -> Value {
+        let meta = meta::metadata(object);
+        let pick = |field: &str| {
+            meta.and_then(|m| m.get(field))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        let spec = |field: &str| {
+            object
+                .get("spec")
+                .and_then(|s| s.get(field))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        serde_json::json!({
+            "metadata": {"name": pick("name"), "namespace": pick("namespace"), "labels": pick("labels")},
+            "spec": {"type": spec("type"), "clusterIP": spec("clusterIP")},
+        })
+    }
+
     fn unsupported_field_message(&self, field: &str) -> String {
         format!("field label not supported: {field}")
     }
