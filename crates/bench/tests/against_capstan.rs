@@ -1,0 +1,96 @@
+//! capstan-bench against a real `capstan serve`: every scenario runs, reports JSON, misses no
+//! watch event and cleans up after itself.
+
+#![allow(missing_docs)]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Capstan {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Capstan {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn capstan_binary() -> PathBuf {
+    // `cargo test --workspace` builds every binary into the same directory.
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_capstan-bench")).with_file_name("capstan");
+    assert!(path.exists(), "build the server first: cargo build -p capstan ({})", path.display());
+    path
+}
+
+fn start() -> Capstan {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let child = Command::new(capstan_binary())
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("capstan starts");
+    let kubeconfig = dir.path().join("data/kubeconfig");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !kubeconfig.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    Capstan { child, dir }
+}
+
+fn bench(server: &Capstan, args: &[&str]) -> serde_json::Value {
+    let report = server.dir.path().join(format!("{}.json", args[0]));
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan-bench"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(server.dir.path().join("data/kubeconfig"))
+        .arg("--json")
+        .arg(&report)
+        .args(["--server-pid", &server.child.id().to_string()])
+        .output()
+        .expect("capstan-bench runs");
+    assert!(out.status.success(), "capstan-bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("JSON report")
+}
+
+#[test]
+fn every_scenario_runs_and_cleans_up() {
+    let server = start();
+    let create = bench(&server, &["create", "--count", "200", "--concurrency", "8"]);
+    assert_eq!(create["create"]["operations"], 200);
+    assert!(create["create"]["latency_ms"]["p99"].as_f64().is_some_and(|p| p > 0.0));
+    assert!(create["server"]["peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0));
+    for scenario in ["get", "update", "delete"] {
+        let report = bench(&server, &[scenario, "--count", "100", "--concurrency", "4"]);
+        assert_eq!(report[scenario]["operations"], 100, "{report}");
+    }
+    let list = bench(&server, &["list", "--count", "300"]);
+    for kind in ["list_json", "list_table", "list_paginated"] {
+        assert_eq!(list[kind]["operations"], 10, "{list}");
+    }
+    let watch = bench(&server, &["watch", "--watchers", "20", "--updates", "20"]);
+    assert_eq!(watch["watch"]["expected"], 400);
+    assert_eq!(watch["watch"]["missed"], 0, "{watch}");
+    let mixed = bench(&server, &["mixed", "--count", "50", "--rate", "100", "--duration", "2"]);
+    assert_eq!(mixed["mixed"]["errors"], 0, "{mixed}");
+    // Everything it created is gone: only the built-in Service is left.
+    let kubeconfig = server.dir.path().join("data/kubeconfig");
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "svc", "-A", "-o", "name"])
+        .output()
+        .expect("kubectl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "service/kubernetes");
+}
