@@ -22,7 +22,11 @@ impl Drop for Capstan {
 fn capstan_binary() -> PathBuf {
     // `cargo test --workspace` builds every binary into the same directory.
     let path = PathBuf::from(env!("CARGO_BIN_EXE_capstan-bench")).with_file_name("capstan");
-    assert!(path.exists(), "build the server first: cargo build -p capstan ({})", path.display());
+    assert!(
+        path.exists(),
+        "build the server first: cargo build -p capstan ({})",
+        path.display()
+    );
     path
 }
 
@@ -60,7 +64,11 @@ fn bench(server: &Capstan, args: &[&str]) -> serde_json::Value {
         .args(["--server-pid", &server.child.id().to_string()])
         .output()
         .expect("capstan-bench runs");
-    assert!(out.status.success(), "capstan-bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "capstan-bench {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("JSON report")
 }
 
@@ -69,8 +77,16 @@ fn every_scenario_runs_and_cleans_up() {
     let server = start();
     let create = bench(&server, &["create", "--count", "200", "--concurrency", "8"]);
     assert_eq!(create["create"]["operations"], 200);
-    assert!(create["create"]["latency_ms"]["p99"].as_f64().is_some_and(|p| p > 0.0));
-    assert!(create["server"]["peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0));
+    assert!(
+        create["create"]["latency_ms"]["p99"]
+            .as_f64()
+            .is_some_and(|p| p > 0.0)
+    );
+    assert!(
+        create["server"]["peak_rss_mib"]
+            .as_f64()
+            .is_some_and(|m| m > 1.0)
+    );
     for scenario in ["get", "update", "delete"] {
         let report = bench(&server, &[scenario, "--count", "100", "--concurrency", "4"]);
         assert_eq!(report[scenario]["operations"], 100, "{report}");
@@ -82,7 +98,10 @@ fn every_scenario_runs_and_cleans_up() {
     let watch = bench(&server, &["watch", "--watchers", "20", "--updates", "20"]);
     assert_eq!(watch["watch"]["expected"], 400);
     assert_eq!(watch["watch"]["missed"], 0, "{watch}");
-    let mixed = bench(&server, &["mixed", "--count", "50", "--rate", "100", "--duration", "2"]);
+    let mixed = bench(
+        &server,
+        &["mixed", "--count", "50", "--rate", "100", "--duration", "2"],
+    );
     assert_eq!(mixed["mixed"]["errors"], 0, "{mixed}");
     // Everything it created is gone: only the built-in Service is left.
     let kubeconfig = server.dir.path().join("data/kubeconfig");
@@ -92,5 +111,8 @@ fn every_scenario_runs_and_cleans_up() {
         .args(["get", "svc", "-A", "-o", "name"])
         .output()
         .expect("kubectl");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "service/kubernetes");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "service/kubernetes"
+    );
 }
