@@ -406,7 +406,7 @@ async fn start_watch(
         Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
         _ => Duration::from_secs(1800 + fastrand_u64(1800)),
     };
-    let mut watcher = registry.watch(
+    let watcher = registry.watch(
         &request.namespace,
         WatchOptions {
             labels,
@@ -414,87 +414,34 @@ async fn start_watch(
             start,
         },
     );
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(256);
     let strategy = registry.strategy().clone();
     let include = IncludeObject::parse(query)?;
-    let mut shutdown = call.shutdown.clone();
-    tokio::spawn(async move {
-        let info = strategy.info();
-        let api_version = info.api_version();
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        let mut bookmark_timer = tokio::time::interval(Duration::from_secs(60));
-        bookmark_timer.tick().await;
-        let mut first_table = true;
-        let mut last_bookmark = 0;
-        loop {
-            let item = tokio::select! {
-                item = watcher.next() => match item { Some(item) => item, None => break },
-                _ = bookmark_timer.tick(), if bookmarks => {
-                    let revision = watcher.progress();
-                    if revision <= last_bookmark { continue; }
-                    WatchItem::Bookmark(revision, false)
-                }
-                _ = &mut deadline => break,
-                _ = shutdown.wait_for(|down| *down) => break,
-            };
-            let line = match item {
-                WatchItem::Event(kind, object) => {
-                    let encoded = match encoding.negotiated.output {
-                        Output::Table(version) => {
-                            let mut list_meta = Map::new();
-                            list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
-                            let table = to_table(strategy.as_ref(), version, &[&object.object()], list_meta, include, first_table);
-                            first_table = false;
-                            Bytes::from(serde_json::to_vec(&table).unwrap_or_default())
-                        }
-                        Output::Metadata => Bytes::from(serde_json::to_vec(&json!({
-                            "kind": "PartialObjectMetadata",
-                            "apiVersion": "meta.k8s.io/v1",
-                            "metadata": object.object().get("metadata").cloned().unwrap_or(json!({})),
-                        })).unwrap_or_default()),
-                        _ => typed_json(&object.json, info.kind, &api_version),
-                    };
-                    event_line(kind.as_str(), &encoded)
-                }
-                WatchItem::Bookmark(revision, initial_end) => {
-                    if !bookmarks {
-                        continue;
-                    }
-                    last_bookmark = revision;
-                    let mut metadata = Map::new();
-                    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
-                    if initial_end {
-                        metadata.insert(
-                            "annotations".into(),
-                            json!({"k8s.io/initial-events-end": "true"}),
-                        );
-                    }
-                    let object =
-                        json!({"kind": info.kind, "apiVersion": api_version, "metadata": metadata});
-                    event_line("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
-                }
-                WatchItem::Error(error) => {
-                    let line = event_line(
-                        "ERROR",
-                        &serde_json::to_vec(&error.to_status()).unwrap_or_default(),
-                    );
-                    let _ = sender.send(line).await;
-                    break;
-                }
-            };
-            if sender.send(line).await.is_err() {
-                break;
-            }
-        }
-    });
-    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|bytes| {
-            (
-                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes)),
-                receiver,
-            )
-        })
+    let mut bookmark_timer = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    bookmark_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = WatchStream {
+        watcher,
+        strategy,
+        output: encoding.negotiated.output,
+        include,
+        bookmarks,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
+        bookmark_timer,
+        shutdown: call.shutdown.clone(),
+        first_table: true,
+        last_bookmark: 0,
+        finished: false,
+    };
+    // The response body polls the watch itself: no task or channel between the watch cache
+    // and the connection.
+    let stream = futures_util::stream::unfold(state, |mut state| async move {
+        let line = state.next_line().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(line)),
+            state,
+        ))
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
     let mut response = Response::new(body);
@@ -507,6 +454,106 @@ async fn start_watch(
         http::HeaderValue::from_static("no-cache, private"),
     );
     Ok(response)
+}
+
+/// One watch response: turns watch items into JSON lines.
+struct WatchStream {
+    watcher: capstan_registry::watch::Watcher,
+    strategy: std::sync::Arc<dyn capstan_registry::Strategy>,
+    output: Output,
+    include: IncludeObject,
+    bookmarks: bool,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    bookmark_timer: tokio::time::Interval,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    first_table: bool,
+    last_bookmark: i64,
+    finished: bool,
+}
+
+impl WatchStream {
+    async fn next_line(&mut self) -> Option<Bytes> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            let item = tokio::select! {
+                item = self.watcher.next() => match item {
+                    Some(item) => item,
+                    None => return None,
+                },
+                _ = self.bookmark_timer.tick(), if self.bookmarks => {
+                    let revision = self.watcher.progress();
+                    if revision <= self.last_bookmark {
+                        continue;
+                    }
+                    WatchItem::Bookmark(revision, false)
+                }
+                _ = &mut self.deadline => return None,
+                _ = self.shutdown.wait_for(|down| *down) => return None,
+            };
+            let info = self.strategy.info();
+            match item {
+                WatchItem::Event(kind, object) => {
+                    return Some(match self.output {
+                        Output::Table(version) => {
+                            let mut list_meta = Map::new();
+                            list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
+                            let table = to_table(
+                                self.strategy.as_ref(),
+                                version,
+                                &[&object.object()],
+                                list_meta,
+                                self.include,
+                                self.first_table,
+                            );
+                            self.first_table = false;
+                            event_line(kind.as_str(), &serde_json::to_vec(&table).unwrap_or_default())
+                        }
+                        Output::Metadata => event_line(
+                            kind.as_str(),
+                            &serde_json::to_vec(&json!({
+                                "kind": "PartialObjectMetadata",
+                                "apiVersion": "meta.k8s.io/v1",
+                                "metadata": object.object().get("metadata").cloned().unwrap_or(json!({})),
+                            }))
+                            .unwrap_or_default(),
+                        ),
+                        // Every watcher of this change shares one encoded line.
+                        _ => object.watch_line(kind, || {
+                            event_line(kind.as_str(), &typed_json(&object.json, info.kind, &info.api_version()))
+                        }),
+                    });
+                }
+                WatchItem::Bookmark(revision, initial_end) => {
+                    if !self.bookmarks {
+                        continue;
+                    }
+                    self.last_bookmark = revision;
+                    let mut metadata = Map::new();
+                    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
+                    if initial_end {
+                        metadata.insert(
+                            "annotations".into(),
+                            json!({"k8s.io/initial-events-end": "true"}),
+                        );
+                    }
+                    let object = json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": metadata});
+                    return Some(event_line(
+                        "BOOKMARK",
+                        &serde_json::to_vec(&object).unwrap_or_default(),
+                    ));
+                }
+                WatchItem::Error(error) => {
+                    self.finished = true;
+                    return Some(event_line(
+                        "ERROR",
+                        &serde_json::to_vec(&error.to_status()).unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 fn fastrand_u64(bound: u64) -> u64 {

@@ -13,12 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use futures_util::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -334,12 +331,9 @@ impl Bench {
                 // the figure is the server's (and the wire's), comparable across servers.
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    let text = self
-                        .client
-                        .request_text(http_get(&path, "application/json")?)
-                        .await?;
+                    let body = fetch(&self.client, &path, "application/json").await?;
                     let _ = full.record(t.elapsed().as_micros() as u64);
-                    let list: ItemCount = serde_json::from_str(&text)?;
+                    let list: ItemCount = serde_json::from_slice(&body)?;
                     anyhow::ensure!(
                         list.items.len() >= args.count,
                         "list returned {} items",
@@ -350,14 +344,15 @@ impl Bench {
                 let started = Instant::now();
                 for _ in 0..rounds {
                     let t = Instant::now();
-                    let request = http_get(
+                    let body = fetch(
+                        &self.client,
                         &path,
                         "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
-                    )?;
-                    let text = self.client.request_text(request).await?;
+                    )
+                    .await?;
                     let _ = table.record(t.elapsed().as_micros() as u64);
                     anyhow::ensure!(
-                        text.contains("\"Table\""),
+                        body.starts_with(b"{\"kind\":\"Table\""),
                         "the server did not answer a Table"
                     );
                 }
@@ -369,11 +364,8 @@ impl Bench {
                     let mut token = String::new();
                     loop {
                         let page_path = format!("{path}?limit=500&continue={token}");
-                        let text = self
-                            .client
-                            .request_text(http_get(&page_path, "application/json")?)
-                            .await?;
-                        let page: Page = serde_json::from_str(&text)?;
+                        let body = fetch(&self.client, &page_path, "application/json").await?;
+                        let page: Page = serde_json::from_slice(&body)?;
                         seen += page.items.len();
                         match page.metadata.r#continue.filter(|c| !c.is_empty()) {
                             Some(next) => token = next,
@@ -454,29 +446,46 @@ impl Bench {
         let ready = Arc::new(AtomicUsize::new(0));
         let mut watchers = Vec::new();
         for _ in 0..args.watchers {
-            let api = api.clone();
+            let client = self.client.clone();
+            let namespace = self.namespace.clone();
             let rv = rv.clone();
             let ready = ready.clone();
             let updates = args.updates;
             watchers.push(tokio::spawn(async move {
-                let params = WatchParams::default()
-                    .fields("metadata.name=watched")
-                    .timeout(290);
-                let mut stream = api.watch(&params, &rv).await?.boxed();
+                // Raw watch lines, decoding only the label the benchmark reads: the client's
+                // cost stays small and the same for every server.
+                use http_body_util::BodyExt;
+                let path = format!(
+                    "/api/v1/namespaces/{namespace}/services?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Dwatched&timeoutSeconds=290"
+                );
+                let request = http::Request::builder()
+                    .uri(path)
+                    .body(kube::client::Body::empty())?;
+                let response = client.send(request).await?;
+                anyhow::ensure!(response.status().is_success(), "watch: {}", response.status());
+                let mut body = response.into_body();
                 ready.fetch_add(1, Ordering::Relaxed);
                 let mut seen: Vec<(usize, u64)> = Vec::with_capacity(updates);
-                while let Some(event) = stream.try_next().await? {
-                    if let WatchEvent::Modified(s) = event {
-                        let round = s
+                let mut buffer: Vec<u8> = Vec::new();
+                'read: while let Some(frame) = body.frame().await {
+                    let Ok(data) = frame?.into_data() else { continue };
+                    buffer.extend_from_slice(&data);
+                    while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buffer.drain(..=end).collect();
+                        let event: RoundEvent = serde_json::from_slice(&line)?;
+                        if event.kind != "MODIFIED" {
+                            continue;
+                        }
+                        let round = event
+                            .object
                             .metadata
                             .labels
-                            .as_ref()
-                            .and_then(|l| l.get("capstan-bench/round"))
+                            .get("capstan-bench/round")
                             .and_then(|r| r.parse::<usize>().ok());
                         if let Some(round) = round {
                             seen.push((round, origin.elapsed().as_micros() as u64));
                             if round + 1 >= updates {
-                                break;
+                                break 'read;
                             }
                         }
                     }
@@ -635,6 +644,25 @@ impl Bench {
     }
 }
 
+/// The parts of a watch line the watch scenario reads.
+#[derive(serde::Deserialize)]
+struct RoundEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    object: RoundObject,
+}
+
+#[derive(serde::Deserialize)]
+struct RoundObject {
+    metadata: RoundMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct RoundMeta {
+    #[serde(default)]
+    labels: std::collections::HashMap<String, String>,
+}
+
 /// A page of a list: its items (not decoded) and continue token.
 #[derive(serde::Deserialize)]
 struct Page {
@@ -654,11 +682,20 @@ struct ItemCount {
     items: Vec<serde::de::IgnoredAny>,
 }
 
-fn http_get(path: &str, accept: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
-    Ok(http::Request::builder()
+/// GETs a path and returns the whole body (timed to the last byte; not decoded here).
+async fn fetch(client: &kube::Client, path: &str, accept: &str) -> anyhow::Result<bytes::Bytes> {
+    use http_body_util::BodyExt;
+    let request = http::Request::builder()
         .uri(path)
         .header("accept", accept)
-        .body(Vec::new())?)
+        .body(kube::client::Body::empty())?;
+    let response = client.send(request).await?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "GET {path}: {}",
+        response.status()
+    );
+    Ok(response.into_body().collect().await?.to_bytes())
 }
 
 fn main() -> anyhow::Result<()> {

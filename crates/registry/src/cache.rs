@@ -24,6 +24,9 @@ pub struct CachedObject {
     pub json: Bytes,
     /// The kind's projection of the object: what label and field selectors look at.
     pub selectable: Value,
+    /// Encoded JSON watch lines (ADDED, MODIFIED, DELETED), built once and shared by every
+    /// watcher that sends this object.
+    lines: [std::sync::OnceLock<Bytes>; 3],
 }
 
 impl std::fmt::Debug for CachedObject {
@@ -71,7 +74,18 @@ impl CachedObject {
             revision,
             json,
             selectable: project(object),
+            lines: Default::default(),
         }
+    }
+
+    /// The watch line for this object as a `kind` event, built by `encode` the first time.
+    pub fn watch_line(&self, kind: EventType, encode: impl FnOnce() -> Bytes) -> Bytes {
+        let slot = match kind {
+            EventType::Added => &self.lines[0],
+            EventType::Modified => &self.lines[1],
+            EventType::Deleted => &self.lines[2],
+        };
+        slot.get_or_init(encode).clone()
     }
 
     /// The object itself (decoded from its JSON).
