@@ -733,9 +733,10 @@ fn main() -> anyhow::Result<()> {
         let sampler = process::Sampler::start(&args.server_pids);
         bench.prepare().await?;
         let outcome = bench.scenario(which).await;
+        // Server usage covers the scenario, not the clean-up after it.
+        let usage = sampler.finish();
         bench.cleanup().await;
         let mut report = outcome?;
-        let usage = sampler.finish();
         if let (Some(usage), Value::Object(map)) = (usage, &mut report) {
             println!(
                 "server: peak RSS {:.1} MiB, {:.2} CPU seconds",
