@@ -161,9 +161,9 @@ struct State {
     progress_sent: Revision,
 }
 
-/// How long changes stay replayable for watches that resume from a revision (upstream keeps
-/// at least 75 s; kube-apiserver's etcd compaction keeps 5 minutes).
-const HISTORY_RETENTION: Duration = Duration::from_secs(300);
+/// How long changes stay replayable for watches that resume from a revision: 75 s, as
+/// kube-apiserver's watch cache; older resumes get 410 and relist, as there.
+const HISTORY_RETENTION: Duration = Duration::from_secs(75);
 /// Changes kept regardless of age.
 const HISTORY_MINIMUM: usize = 1_000;
 
