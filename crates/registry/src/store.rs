@@ -544,12 +544,6 @@ impl Registry {
         meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
         meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
         self.strategy.prepare_for_create(&mut object);
-        let mut errors = FieldErrors::new();
-        self.validate_meta_create(&object, &mut errors);
-        errors.extend(self.strategy.validate_create(&object));
-        if !errors.is_empty() {
-            return Err(self.invalid(meta::name(&object), &errors));
-        }
         if info.namespaced {
             self.check_namespace(namespace).await?;
         }
@@ -564,10 +558,18 @@ impl Registry {
             }
             let name = meta::name(&candidate).to_string();
             let key = info.key(namespace, &name);
+            // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
+            // and validation sees the allocated values.
             let extras = self
                 .strategy
                 .allocate(self.storage.as_ref(), &mut candidate, None)
                 .await?;
+            let mut errors = FieldErrors::new();
+            self.validate_meta_create(&candidate, &mut errors);
+            errors.extend(self.strategy.validate_create(&candidate));
+            if !errors.is_empty() {
+                return Err(self.invalid(meta::name(&candidate), &errors));
+            }
             if options.dry_run {
                 let existing = self.storage.get(&key, None).await.map_err(storage_error)?;
                 if existing.kv.is_some() {
@@ -783,6 +785,13 @@ impl Registry {
             } else {
                 self.strategy.prepare_for_update(&mut new, &old);
             }
+            let extras = if status {
+                WriteExtras::default()
+            } else {
+                self.strategy
+                    .allocate(self.storage.as_ref(), &mut new, Some(&old))
+                    .await?
+            };
             let mut errors = FieldErrors::new();
             self.validate_meta_update(&new, &old, &mut errors);
             errors.extend(if status {
@@ -797,10 +806,6 @@ impl Registry {
             if crate::managed::same_ignoring_times(&new, &old) {
                 return Ok((old, false));
             }
-            let extras = self
-                .strategy
-                .allocate(self.storage.as_ref(), &mut new, Some(&old))
-                .await?;
             let finalized = !meta::meta_str(&new, "deletionTimestamp").is_empty()
                 && meta::finalizers(&new).is_empty();
             if options.dry_run {

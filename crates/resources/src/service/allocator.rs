@@ -412,6 +412,12 @@ impl ServiceAllocator {
         owner: &str,
     ) -> Result<(), ApiError> {
         let snapshot = object.clone();
+        let problems = super::validation::validate_cluster_ip_fields(
+            snapshot.get("spec").unwrap_or(&Value::Null),
+        );
+        if !problems.is_empty() {
+            return Err(invalid(&snapshot, problems));
+        }
         let spec = object
             .get_mut("spec")
             .and_then(Value::as_object_mut)

@@ -197,76 +197,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             &["ClientIP", "None"],
         )),
     }
-    if kind != "ExternalName" {
-        if !cluster_ip.is_empty() && cluster_ips.is_empty() {
-            errors.push(FieldError::required("spec.clusterIPs", ""));
-        } else if !cluster_ip.is_empty() && cluster_ips.first() != Some(&cluster_ip) {
-            errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "first value must match `clusterIP`",
-            ));
-        } else if cluster_ip.is_empty() && !cluster_ips.is_empty() {
-            errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "must be empty when `clusterIP` is not specified",
-            ));
-        }
-        for (i, ip) in cluster_ips.iter().enumerate() {
-            if *ip == "None" && i == 0 {
-                if cluster_ips.len() > 1 {
-                    errors.push(FieldError::invalid(
-                        "spec.clusterIPs",
-                        &json!(cluster_ips),
-                        "'None' must be the first and only value",
-                    ));
-                }
-            } else if !valid_ip(ip) {
-                errors.push(FieldError::invalid(
-                    format!("spec.clusterIPs[{i}]"),
-                    &json!(ip),
-                    IP,
-                ));
-            }
-        }
-        if cluster_ips.len() > 2 {
-            errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "may only hold up to 2 values",
-            ));
-        }
-        if let Some(families) = spec.get("ipFamilies").and_then(Value::as_array) {
-            let mut seen = Vec::new();
-            for (i, family) in families.iter().enumerate() {
-                let text = family.as_str().unwrap_or("");
-                if text != "IPv4" && text != "IPv6" {
-                    errors.push(FieldError::not_supported(
-                        format!("spec.ipFamilies[{i}]"),
-                        family,
-                        &["IPv4", "IPv6"],
-                    ));
-                } else if seen.contains(&text) {
-                    errors.push(FieldError::duplicate(
-                        format!("spec.ipFamilies[{i}]"),
-                        family,
-                    ));
-                }
-                seen.push(text);
-            }
-        }
-        let policy = str_at(spec, "ipFamilyPolicy");
-        if !policy.is_empty()
-            && !["PreferDualStack", "RequireDualStack", "SingleStack"].contains(&policy)
-        {
-            errors.push(FieldError::not_supported(
-                "spec.ipFamilyPolicy",
-                &json!(policy),
-                &["PreferDualStack", "RequireDualStack", "SingleStack"],
-            ));
-        }
-    }
+    errors.extend(validate_cluster_ip_fields(spec));
     if let Some(ips) = spec.get("externalIPs").and_then(Value::as_array) {
         for (i, ip) in ips.iter().enumerate() {
             if !valid_ip(ip.as_str().unwrap_or("")) {
@@ -366,6 +297,90 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         ));
     }
     let _ = allocator;
+    errors
+}
+
+/// `ValidateServiceClusterIPsRelatedFields` (skipped for ExternalName): also run by the
+/// allocator before it allocates, so malformed input gets these errors and only these.
+pub fn validate_cluster_ip_fields(spec: &Value) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let kind = str_at(spec, "type");
+    let cluster_ip = str_at(spec, "clusterIP");
+    let cluster_ips: Vec<&str> = spec
+        .get("clusterIPs")
+        .and_then(Value::as_array)
+        .map(|l| l.iter().map(|v| v.as_str().unwrap_or("")).collect())
+        .unwrap_or_default();
+    if kind != "ExternalName" {
+        if !cluster_ip.is_empty() && cluster_ips.is_empty() {
+            errors.push(FieldError::required("spec.clusterIPs", ""));
+        } else if !cluster_ip.is_empty() && cluster_ips.first() != Some(&cluster_ip) {
+            errors.push(FieldError::invalid(
+                "spec.clusterIPs",
+                &json!(cluster_ips),
+                "first value must match `clusterIP`",
+            ));
+        } else if cluster_ip.is_empty() && !cluster_ips.is_empty() {
+            errors.push(FieldError::invalid(
+                "spec.clusterIPs",
+                &json!(cluster_ips),
+                "must be empty when `clusterIP` is not specified",
+            ));
+        }
+        for (i, ip) in cluster_ips.iter().enumerate() {
+            if *ip == "None" && i == 0 {
+                if cluster_ips.len() > 1 {
+                    errors.push(FieldError::invalid(
+                        "spec.clusterIPs",
+                        &json!(cluster_ips),
+                        "'None' must be the first and only value",
+                    ));
+                }
+            } else if !valid_ip(ip) {
+                errors.push(FieldError::invalid(
+                    format!("spec.clusterIPs[{i}]"),
+                    &json!(ip),
+                    IP,
+                ));
+            }
+        }
+        if cluster_ips.len() > 2 {
+            errors.push(FieldError::invalid(
+                "spec.clusterIPs",
+                &json!(cluster_ips),
+                "may only hold up to 2 values",
+            ));
+        }
+        if let Some(families) = spec.get("ipFamilies").and_then(Value::as_array) {
+            let mut seen = Vec::new();
+            for (i, family) in families.iter().enumerate() {
+                let text = family.as_str().unwrap_or("");
+                if text != "IPv4" && text != "IPv6" {
+                    errors.push(FieldError::not_supported(
+                        format!("spec.ipFamilies[{i}]"),
+                        family,
+                        &["IPv4", "IPv6"],
+                    ));
+                } else if seen.contains(&text) {
+                    errors.push(FieldError::duplicate(
+                        format!("spec.ipFamilies[{i}]"),
+                        family,
+                    ));
+                }
+                seen.push(text);
+            }
+        }
+        let policy = str_at(spec, "ipFamilyPolicy");
+        if !policy.is_empty()
+            && !["PreferDualStack", "RequireDualStack", "SingleStack"].contains(&policy)
+        {
+            errors.push(FieldError::not_supported(
+                "spec.ipFamilyPolicy",
+                &json!(policy),
+                &["PreferDualStack", "RequireDualStack", "SingleStack"],
+            ));
+        }
+    }
     errors
 }
 
