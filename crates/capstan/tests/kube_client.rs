@@ -344,7 +344,7 @@ async fn status_subresource_finalizers_patches_and_collections() {
     // generateName
     let (code, created, _) = raw(&client, "POST", base, Some("application/json"), body(json!({
         "metadata": {"generateName": "gen-", "labels": {"group": "a"}, "finalizers": ["example.com/hold"]},
-        "spec": {"ports": [{"port": 80}]},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
     }))).await;
     assert_eq!(code, 201, "{created}");
     let name = created["metadata"]["name"]
@@ -367,8 +367,8 @@ async fn status_subresource_finalizers_patches_and_collections() {
     .await;
     assert_eq!(code, 200, "{updated}");
     assert_eq!(
-        updated["status"]["loadBalancer"]["ingress"][0]["ip"],
-        "192.0.2.1"
+        updated["status"]["loadBalancer"]["ingress"][0],
+        json!({"ip": "192.0.2.1", "ipMode": "VIP"})
     );
     assert_eq!(updated["spec"]["sessionAffinity"], "None");
     let (code, got, _) = raw(

@@ -547,8 +547,8 @@ impl Registry {
         if info.namespaced {
             self.check_namespace(namespace).await?;
         }
-        let generate = meta::name(&object).is_empty();
         let prefix = meta::meta_str(&object, "generateName").to_string();
+        let generate = meta::name(&object).is_empty() && !prefix.is_empty();
         let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
         for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
             let mut candidate = object.clone();
@@ -562,7 +562,7 @@ impl Registry {
             // and validation sees the allocated values.
             let extras = self
                 .strategy
-                .allocate(self.storage.as_ref(), &mut candidate, None)
+                .allocate(self.storage.as_ref(), &mut candidate, None, options.dry_run)
                 .await?;
             let mut errors = FieldErrors::new();
             self.validate_meta_create(&candidate, &mut errors);
@@ -789,7 +789,7 @@ impl Registry {
                 WriteExtras::default()
             } else {
                 self.strategy
-                    .allocate(self.storage.as_ref(), &mut new, Some(&old))
+                    .allocate(self.storage.as_ref(), &mut new, Some(&old), options.dry_run)
                     .await?
             };
             let mut errors = FieldErrors::new();

@@ -184,13 +184,15 @@ pub trait Strategy: Send + Sync + 'static {
         FieldErrors::new()
     }
 
-    /// Allocations for a write (called after validation, before the transaction). `old` is
-    /// the stored object on update. The default allocates nothing.
+    /// Allocations for a write (called before validation, as upstream's BeginCreate and
+    /// BeginUpdate; nothing is reserved until the transaction). `old` is the stored object on
+    /// update; a dry run only checks and fills placeholders. The default allocates nothing.
     async fn allocate(
         &self,
         _storage: &dyn Storage,
         _object: &mut Value,
         _old: Option<&Value>,
+        _dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
         Ok(WriteExtras::default())
     }

@@ -101,6 +101,16 @@ impl IpRange {
         (offset >= 1 && offset <= self.usable()).then_some(offset)
     }
 
+    /// Whether `ip` is inside the CIDR at all (usable or not).
+    fn contains_network(&self, ip: &str) -> bool {
+        let value = match ip.parse::<IpAddr>() {
+            Ok(IpAddr::V4(a)) if self.bits == 32 => u128::from(u32::from(a)),
+            Ok(IpAddr::V6(a)) if self.bits == 128 => u128::from(a),
+            _ => return false,
+        };
+        value >= self.base && value - self.base < self.size()
+    }
+
     fn static_band(&self) -> u128 {
         let size = self.size();
         if size < 16 {
@@ -378,12 +388,15 @@ impl ServiceAllocator {
         storage: &dyn Storage,
         object: &mut Value,
         old: Option<&Value>,
+        dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
         let owner = Self::owner(object);
         let kind = spec_str(object, "type").to_string();
         if kind != "ExternalName" {
-            self.allocate_ips(storage, object, old, &owner).await?;
-            self.allocate_ports(storage, object, &kind, &owner).await?;
+            self.allocate_ips(storage, object, old, &owner, dry_run)
+                .await?;
+            self.allocate_ports(storage, object, &kind, &owner, dry_run)
+                .await?;
         }
         let before = old.map(Allocations::of).unwrap_or_default();
         let after = Allocations::of(object);
@@ -410,6 +423,7 @@ impl ServiceAllocator {
         object: &mut Value,
         old: Option<&Value>,
         owner: &str,
+        dry_run: bool,
     ) -> Result<(), ApiError> {
         let snapshot = object.clone();
         let problems = super::validation::validate_cluster_ip_fields(
@@ -467,6 +481,48 @@ impl ServiceAllocator {
                     .collect()
             })
             .unwrap_or_default();
+        if let Some(old) = old {
+            let strings = |field: &str| -> Vec<String> {
+                old.pointer(&format!("/spec/{field}"))
+                    .and_then(Value::as_array)
+                    .map(|l| {
+                        l.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let (old_ips, old_families) = (strings("clusterIPs"), strings("ipFamilies"));
+            if policy == "SingleStack" {
+                // Downgrading to single-stack releases the secondary address and family.
+                if ips == old_ips && ips.len() == 2 {
+                    ips.truncate(1);
+                }
+                if families == old_families && families.len() == 2 {
+                    families.truncate(1);
+                }
+            } else {
+                let mut errors = FieldErrors::new();
+                if old_ips.len() == 2 && ips.len() == 1 {
+                    errors.push(FieldError::invalid(
+                        "spec.ipFamilyPolicy",
+                        &json!(policy),
+                        "must be 'SingleStack' to release the secondary cluster IP",
+                    ));
+                }
+                if old_families.len() == 2 && families.len() == 1 {
+                    errors.push(FieldError::invalid(
+                        "spec.ipFamilyPolicy",
+                        &json!(policy),
+                        "must be 'SingleStack' to release the secondary IP family",
+                    ));
+                }
+                if !errors.is_empty() {
+                    return Err(invalid(&snapshot, errors));
+                }
+            }
+        }
         let configured = self.families();
         let primary = configured[0];
         let other = if primary == "IPv4" { "IPv6" } else { "IPv4" };
@@ -555,14 +611,22 @@ impl ServiceAllocator {
                             FieldErrors(vec![FieldError::invalid(
                                 "spec.clusterIPs",
                                 &json!(ips),
-                                format!(
-                                    "failed to allocate IP {requested}: the provided network does not match the current range"
-                                ),
+                                if range.contains_network(requested) {
+                                    format!(
+                                        "failed to allocate IP {requested}: the provided IP ({requested}) is not in the valid range. The range of valid IPs is {range}"
+                                    )
+                                } else {
+                                    format!(
+                                        "failed to allocate IP {requested}: the provided network does not match the current range"
+                                    )
+                                },
                             )]),
                         ));
                     }
-                    if Self::held_by_other(storage, &format!("{IP_PREFIX}{requested}"), owner)
-                        .await?
+                    // A dry run checks the range only, as upstream's dry-run allocator does.
+                    if !dry_run
+                        && Self::held_by_other(storage, &format!("{IP_PREFIX}{requested}"), owner)
+                            .await?
                     {
                         return Err(invalid(
                             &snapshot,
@@ -577,6 +641,8 @@ impl ServiceAllocator {
                     }
                     allocated.push(requested.clone());
                 }
+                // A dry run reserves nothing: the placeholder is the range's network address.
+                None if dry_run => allocated.push(range.address(0)),
                 None => allocated.push(self.dynamic_ip(storage, range).await?),
             }
         }
@@ -593,6 +659,7 @@ impl ServiceAllocator {
         object: &mut Value,
         kind: &str,
         owner: &str,
+        dry_run: bool,
     ) -> Result<(), ApiError> {
         let snapshot = object.clone();
         let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
@@ -615,7 +682,7 @@ impl ServiceAllocator {
                 let number = port.get("port").and_then(Value::as_i64).unwrap_or(0);
                 if requested > 0 {
                     if !used.contains(&requested) {
-                        if !self.ports.contains(requested) {
+                        if !dry_run && !self.ports.contains(requested) {
                             return Err(invalid(
                                 &snapshot,
                                 FieldErrors(vec![FieldError::invalid(
@@ -651,7 +718,11 @@ impl ServiceAllocator {
                 let value = match by_port.get(&number) {
                     Some(shared) => *shared,
                     None => {
-                        let fresh = self.dynamic_port(storage, &used).await?;
+                        let fresh = if dry_run {
+                            dry_run_port(&used)
+                        } else {
+                            self.dynamic_port(storage, &used).await?
+                        };
                         used.push(fresh);
                         by_port.insert(number, fresh);
                         fresh
@@ -683,7 +754,11 @@ impl ServiceAllocator {
                     )));
                 }
             } else {
-                let fresh = self.dynamic_port(storage, &used).await?;
+                let fresh = if dry_run {
+                    dry_run_port(&used)
+                } else {
+                    self.dynamic_port(storage, &used).await?
+                };
                 spec.insert("healthCheckNodePort".into(), json!(fresh));
             }
         }
@@ -701,6 +776,12 @@ impl ServiceAllocator {
                 .collect(),
         }
     }
+}
+
+/// The dry-run placeholder for a dynamic node port: one more than the highest handed out in
+/// this request, or 32769 (upstream's dry-run allocator).
+fn dry_run_port(used: &[i64]) -> i64 {
+    used.iter().max().map_or(32769, |m| m + 1).max(32769)
 }
 
 /// `normalizeClusterIPs`: a `clusterIP` without `clusterIPs` fills them.

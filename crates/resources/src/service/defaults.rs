@@ -111,6 +111,27 @@ pub fn apply(object: &mut Value) {
     {
         spec.remove("selector");
     }
+    if kind == "ExternalName" {
+        // Read-time normalisation upstream: ExternalName Services show no traffic policy.
+        spec.remove("internalTrafficPolicy");
+    }
+    if kind == "LoadBalancer"
+        && let Some(ingress) = root
+            .get_mut("status")
+            .and_then(|s| s.get_mut("loadBalancer"))
+            .and_then(|l| l.get_mut("ingress"))
+            .and_then(Value::as_array_mut)
+    {
+        for entry in ingress.iter_mut().filter_map(Value::as_object_mut) {
+            let has_ip = entry
+                .get("ip")
+                .and_then(Value::as_str)
+                .is_some_and(|ip| !ip.is_empty());
+            if has_ip && entry.get("ipMode").is_none_or(Value::is_null) {
+                entry.insert("ipMode".into(), json!("VIP"));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -114,9 +114,13 @@ impl Strategy for ServiceStrategy {
     }
 
     fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors {
-        let mut errors = validation::validate(new, &self.allocator);
-        errors.extend(validation::validate_update(new, old));
+        let mut errors = validation::validate_update(new, old);
+        errors.extend(validation::validate(new, &self.allocator));
         errors
+    }
+
+    fn validate_status_update(&self, new: &Value, _old: &Value) -> FieldErrors {
+        validation::validate_status(new)
     }
 
     async fn allocate(
@@ -124,8 +128,9 @@ impl Strategy for ServiceStrategy {
         storage: &dyn Storage,
         object: &mut Value,
         old: Option<&Value>,
+        dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
-        self.allocator.allocate(storage, object, old).await
+        self.allocator.allocate(storage, object, old, dry_run).await
     }
 
     fn release(&self, object: &Value) -> WriteExtras {

@@ -11,6 +11,7 @@ use super::ServiceAllocator;
 
 const RANGE: &str = "must be between 1 and 65535, inclusive";
 const IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
+const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 const LB_ONLY: &str = "may only be used when `type` is 'LoadBalancer'";
 
 fn str_at<'a>(value: &'a Value, field: &str) -> &'a str {
@@ -19,6 +20,57 @@ fn str_at<'a>(value: &'a Value, field: &str) -> &'a str {
 
 fn valid_ip(text: &str) -> bool {
     text.parse::<IpAddr>().is_ok()
+}
+
+/// `ValidateNonSpecialIP`: addresses an external IP may not be.
+fn special_address(addr: IpAddr, text: &str) -> Option<String> {
+    if addr.is_unspecified() {
+        return Some(format!("may not be unspecified ({text})"));
+    }
+    if addr.is_loopback() {
+        return Some("may not be in the loopback range (127.0.0.0/8, ::1/128)".into());
+    }
+    let link_local_unicast = match addr {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    if link_local_unicast {
+        return Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)".into());
+    }
+    let link_local_multicast = match addr {
+        IpAddr::V4(a) => a.octets()[..3] == [224, 0, 0],
+        IpAddr::V6(a) => (a.segments()[0] & 0xff0f) == 0xff02,
+    };
+    if link_local_multicast {
+        return Some(
+            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)".into(),
+        );
+    }
+    None
+}
+
+fn valid_cidr(text: &str) -> bool {
+    let Some((address, prefix)) = text.split_once('/') else {
+        return false;
+    };
+    let Ok(address) = address.parse::<IpAddr>() else {
+        return false;
+    };
+    let max = if address.is_ipv4() { 32 } else { 128 };
+    prefix.parse::<u32>().is_ok_and(|p| p <= max) && !prefix.starts_with('+')
+}
+
+/// Go's `%v` of the internal ServicePort, as 1.36 renders a duplicate port (JSON of the
+/// internal struct: only protocol and port are compared).
+fn port_value(protocol: &str, port: i64) -> Value {
+    let mut map = serde_json::Map::new();
+    map.insert("Name".into(), json!(""));
+    map.insert("Protocol".into(), json!(protocol));
+    map.insert("AppProtocol".into(), Value::Null);
+    map.insert("Port".into(), json!(port));
+    map.insert("TargetPort".into(), json!(0));
+    map.insert("NodePort".into(), json!(0));
+    Value::Object(map)
 }
 
 fn iana_service_name(name: &str) -> Vec<&'static str> {
@@ -62,6 +114,21 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    let annotations = object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object);
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+    if let (Some(mode), Some(hints)) = (
+        annotation("service.kubernetes.io/topology-mode"),
+        annotation("service.kubernetes.io/topology-aware-hints"),
+    ) && mode != hints
+    {
+        errors.push(FieldError::invalid(
+            "metadata.annotations[service.kubernetes.io/topology-mode]",
+            &json!(mode),
+            "must match annotations[service.kubernetes.io/topology-aware-hints] when both are specified",
+        ));
+    }
     if ports.is_empty() && !headless && kind != "ExternalName" {
         errors.push(FieldError::required("spec.ports", ""));
     }
@@ -166,6 +233,15 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             }
             _ => {}
         }
+        if let Some(app) = port.get("appProtocol").and_then(Value::as_str) {
+            for message in capstan_machinery::validation::qualified_name(app) {
+                errors.push(FieldError::invalid(
+                    format!("{path}.appProtocol"),
+                    &json!(app),
+                    message,
+                ));
+            }
+        }
         if kind == "ClusterIP" && port.get("nodePort").and_then(Value::as_i64).unwrap_or(0) != 0 {
             errors.push(FieldError::forbidden(
                 format!("{path}.nodePort"),
@@ -200,12 +276,22 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
     errors.extend(validate_cluster_ip_fields(spec));
     if let Some(ips) = spec.get("externalIPs").and_then(Value::as_array) {
         for (i, ip) in ips.iter().enumerate() {
-            if !valid_ip(ip.as_str().unwrap_or("")) {
-                errors.push(FieldError::invalid(
+            let text = ip.as_str().unwrap_or("");
+            match text.parse::<IpAddr>() {
+                Err(_) => errors.push(FieldError::invalid(
                     format!("spec.externalIPs[{i}]"),
                     ip,
                     IP,
-                ));
+                )),
+                Ok(addr) => {
+                    if let Some(why) = special_address(addr, text) {
+                        errors.push(FieldError::invalid(
+                            format!("spec.externalIPs[{i}]"),
+                            ip,
+                            why,
+                        ));
+                    }
+                }
             }
         }
     }
@@ -233,6 +319,52 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         }
         seen_ports.push(key);
     }
+    let mut seen_protocol_ports: Vec<(String, i64)> = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let key = (
+            str_at(port, "protocol").to_string(),
+            port.get("port").and_then(Value::as_i64).unwrap_or(0),
+        );
+        if seen_protocol_ports.contains(&key) {
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}]"),
+                &port_value(&key.0, key.1),
+            ));
+        }
+        seen_protocol_ports.push(key);
+    }
+    let ranges = spec
+        .get("loadBalancerSourceRanges")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty());
+    if let Some(ranges) = ranges {
+        if kind != "LoadBalancer" {
+            errors.push(FieldError::forbidden(
+                "spec.LoadBalancerSourceRanges",
+                LB_ONLY,
+            ));
+        }
+        for (i, range) in ranges.iter().enumerate() {
+            let trimmed = range.as_str().unwrap_or("").trim();
+            if !valid_cidr(trimmed) {
+                errors.push(FieldError::invalid(
+                    format!("spec.LoadBalancerSourceRanges[{i}]"),
+                    &json!(trimmed),
+                    CIDR,
+                ));
+            }
+        }
+    } else if let Some(value) = annotation("service.beta.kubernetes.io/load-balancer-source-ranges")
+    {
+        let path = "metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]";
+        if kind != "LoadBalancer" {
+            errors.push(FieldError::forbidden(path, LB_ONLY));
+        }
+        let trimmed = value.trim();
+        if !trimmed.is_empty() && !trimmed.split(',').all(|r| valid_cidr(r.trim())) {
+            errors.push(FieldError::invalid(path, &json!(value), CIDR));
+        }
+    }
     if spec
         .get("allocateLoadBalancerNodePorts")
         .is_some_and(|v| !v.is_null())
@@ -243,6 +375,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             LB_ONLY,
         ));
     }
+    errors.extend(validate_load_balancer_class(spec));
     let external = matches!(kind, "NodePort" | "LoadBalancer")
         || (kind == "ClusterIP"
             && spec
@@ -384,34 +517,173 @@ pub fn validate_cluster_ip_fields(spec: &Value) -> FieldErrors {
     errors
 }
 
+/// §4.1 #30/#31.
+fn validate_load_balancer_class(spec: &Value) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    if let Some(class) = spec.get("loadBalancerClass").and_then(Value::as_str) {
+        if str_at(spec, "type") == "LoadBalancer" {
+            for message in capstan_machinery::validation::qualified_name(class) {
+                errors.push(FieldError::invalid(
+                    "spec.loadBalancerClass",
+                    &json!(class),
+                    message,
+                ));
+            }
+        } else {
+            errors.push(FieldError::forbidden("spec.loadBalancerClass", LB_ONLY));
+        }
+    }
+    errors
+}
+
+/// `ValidateServiceStatusUpdate`: the load balancer status.
+pub fn validate_status(new: &Value) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let ingress = new
+        .pointer("/status/loadBalancer/ingress")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if ingress.is_empty() {
+        return errors;
+    }
+    if new.pointer("/spec/type").and_then(Value::as_str) != Some("LoadBalancer") {
+        errors.push(FieldError::forbidden(
+            "status.loadBalancer.ingress",
+            "may only be used when `spec.type` is 'LoadBalancer'",
+        ));
+        return errors;
+    }
+    for (i, entry) in ingress.iter().enumerate() {
+        let path = format!("status.loadBalancer.ingress[{i}]");
+        let ip = str_at(entry, "ip");
+        if !ip.is_empty() && !valid_ip(ip) {
+            errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
+        }
+        match entry.get("ipMode").and_then(Value::as_str) {
+            None if !ip.is_empty() => errors.push(FieldError::required(
+                format!("{path}.ipMode"),
+                "must be specified when `ip` is set",
+            )),
+            Some(_) if ip.is_empty() => errors.push(FieldError::forbidden(
+                format!("{path}.ipMode"),
+                "may not be specified when `ip` is not set",
+            )),
+            Some(mode) if mode != "Proxy" && mode != "VIP" => {
+                errors.push(FieldError::not_supported(
+                    format!("{path}.ipMode"),
+                    &json!(mode),
+                    &["Proxy", "VIP"],
+                ))
+            }
+            _ => {}
+        }
+        let hostname = str_at(entry, "hostname");
+        if !hostname.is_empty() {
+            for message in dns1123_subdomain(hostname) {
+                errors.push(FieldError::invalid(
+                    format!("{path}.hostname"),
+                    &json!(hostname),
+                    message,
+                ));
+            }
+            if valid_ip(hostname) {
+                errors.push(FieldError::invalid(
+                    format!("{path}.hostname"),
+                    &json!(hostname),
+                    "must be a DNS name, not an IP address",
+                ));
+            }
+        }
+    }
+    errors
+}
+
 /// The update-only rules.
 pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let old_type = old
-        .pointer("/spec/type")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let new_type = new
-        .pointer("/spec/type")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if old_type != "ExternalName" && new_type != "ExternalName" {
-        let old_ips = old
-            .pointer("/spec/clusterIPs")
+    let empty = json!({});
+    let old_spec = old.get("spec").unwrap_or(&empty);
+    let new_spec = new.get("spec").unwrap_or(&empty);
+    let old_type = str_at(old_spec, "type");
+    let new_type = str_at(new_spec, "type");
+    let list = |spec: &Value, field: &str| -> Vec<Value> {
+        spec.get(field)
+            .and_then(Value::as_array)
             .cloned()
-            .unwrap_or(json!([]));
-        let new_ips = new
-            .pointer("/spec/clusterIPs")
-            .cloned()
-            .unwrap_or(json!([]));
-        let first = |v: &Value| v.get(0).cloned();
-        if first(&old_ips).is_some() && first(&old_ips) != first(&new_ips) {
+            .unwrap_or_default()
+    };
+    let old_ips = list(old_spec, "clusterIPs");
+    let new_ips = list(new_spec, "clusterIPs");
+    let headless = |ips: &[Value]| ips.first().and_then(Value::as_str) == Some("None");
+    let policy = str_at(new_spec, "ipFamilyPolicy");
+    if old_type != "ExternalName"
+        && new_type != "ExternalName"
+        && !(headless(&old_ips) && headless(&new_ips))
+    {
+        let ips = json!(new_ips);
+        if new_ips.len() == old_ips.len() {
+            for i in 0..new_ips.len() {
+                if new_ips[i] != old_ips[i] {
+                    errors.push(FieldError::invalid(
+                        format!("spec.clusterIPs[{i}]"),
+                        &ips,
+                        "may not change once set",
+                    ));
+                }
+            }
+        } else if new_ips.len() < old_ips.len() {
+            if new_ips.is_empty() {
+                errors.push(FieldError::invalid(
+                    "spec.clusterIPs[0]",
+                    &ips,
+                    "primary clusterIP can not be unset",
+                ));
+            } else if new_ips[0] != old_ips[0] {
+                errors.push(FieldError::invalid(
+                    "spec.clusterIPs[0]",
+                    &ips,
+                    "may not change once set",
+                ));
+            }
+            if new_ips.len() == 1 && policy != "SingleStack" {
+                errors.push(FieldError::invalid(
+                    "spec.ipFamilyPolicy",
+                    &json!(policy),
+                    "must be set to 'SingleStack' when releasing the secondary clusterIP",
+                ));
+            }
+        } else if !old_ips.is_empty() && new_ips[0] != old_ips[0] {
             errors.push(FieldError::invalid(
                 "spec.clusterIPs[0]",
-                &new_ips,
+                &ips,
                 "may not change once set",
             ));
         }
+    }
+    if old_type == "LoadBalancer" && new_type == "LoadBalancer" {
+        let before = old_spec.get("loadBalancerClass").filter(|v| !v.is_null());
+        let after = new_spec.get("loadBalancerClass").filter(|v| !v.is_null());
+        if before != after {
+            errors.push(FieldError::invalid(
+                "spec.loadBalancerClass",
+                after.unwrap_or(&json!("null")),
+                "may not change once set",
+            ));
+        }
+    }
+    errors.extend(validate_load_balancer_class(new_spec));
+    let needs = |spec: &Value| {
+        str_at(spec, "type") == "LoadBalancer" && str_at(spec, "externalTrafficPolicy") == "Local"
+    };
+    if needs(old_spec)
+        && needs(new_spec)
+        && old_spec.get("healthCheckNodePort") != new_spec.get("healthCheckNodePort")
+    {
+        errors.push(FieldError::forbidden(
+            "spec.healthCheckNodePort",
+            "field is immutable",
+        ));
     }
     errors
 }

@@ -1,0 +1,276 @@
+//! The concrete cases of `spec/conformance-cases.md` (Service sections), as data:
+//! `tests/conformance/services.json`, run against the real binary. Adding a case is adding an
+//! entry. Each case runs on a clean `default` namespace (only the `kubernetes` Service).
+
+mod common;
+
+use common::{Server, raw};
+use serde_json::{Value, json};
+
+fn lookup<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.')
+        .try_fold(value, |v, step| match step.parse::<usize>() {
+            Ok(i) if v.is_array() => v.get(i),
+            _ => v.get(step),
+        })
+}
+
+/// Whether `want` is contained in `have`: objects by key (recursively), everything else equal.
+fn contains(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w
+            .iter()
+            .all(|(k, wv)| h.get(k).is_some_and(|hv| contains(hv, wv))),
+        _ => have == want,
+    }
+}
+
+fn in_cidr(ip: &str, cidr: &str) -> bool {
+    let Some((net, bits)) = cidr.split_once('/') else {
+        return false;
+    };
+    let Ok(bits) = bits.parse::<u32>() else {
+        return false;
+    };
+    match (
+        ip.parse::<std::net::IpAddr>(),
+        net.parse::<std::net::IpAddr>(),
+    ) {
+        (Ok(std::net::IpAddr::V4(a)), Ok(std::net::IpAddr::V4(n))) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (Ok(std::net::IpAddr::V6(a)), Ok(std::net::IpAddr::V6(n))) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+fn check(case: &Value, body: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let expect = &case["expect"];
+    if let Some(subset) = expect.get("subset")
+        && !contains(body, subset)
+    {
+        problems.push(format!("subset {subset} not in {body}"));
+    }
+    for path in expect["absent"].as_array().into_iter().flatten() {
+        let path = path.as_str().unwrap_or_default();
+        if lookup(body, path).is_some() {
+            problems.push(format!("{path} should be absent"));
+        }
+    }
+    for c in expect["checks"].as_array().into_iter().flatten() {
+        let path = c["path"].as_str().unwrap_or_default();
+        let value = lookup(body, path);
+        let text = value.and_then(Value::as_str).unwrap_or_default();
+        let ok = if let Some(cidr) = c["in_cidr"].as_str() {
+            in_cidr(text, cidr)
+        } else if let Some(list) = c["not_in"].as_array() {
+            value.is_some() && !list.iter().any(|v| Some(v) == value)
+        } else if let Some(other) = c["equals_path"].as_str() {
+            value.is_some() && value == lookup(body, other)
+        } else if let Some(pattern) = c["regex"].as_str() {
+            simple_regex(pattern, text)
+        } else if let Some(range) = c["range"].as_array() {
+            let n = value.and_then(Value::as_i64).unwrap_or(i64::MIN);
+            n >= range[0].as_i64().unwrap_or(0) && n <= range[1].as_i64().unwrap_or(0)
+        } else if let Some(length) = c["length"].as_u64() {
+            value.and_then(Value::as_array).map(Vec::len) == Some(length as usize)
+        } else {
+            false
+        };
+        if !ok {
+            problems.push(format!("check {c} failed on {value:?}"));
+        }
+    }
+    if let Some(causes) = expect.get("causes") {
+        let have = body
+            .pointer("/details/causes")
+            .cloned()
+            .unwrap_or(json!([]));
+        if &have != causes {
+            problems.push(format!("causes\n    want {causes}\n    have {have}"));
+        }
+    }
+    if let Some(message) = expect.get("message")
+        && body.get("message") != Some(message)
+    {
+        problems.push(format!(
+            "message\n    want {message}\n    have {}",
+            body["message"]
+        ));
+    }
+    if let Some(part) = expect["message_contains"].as_str()
+        && !body["message"].as_str().unwrap_or_default().contains(part)
+    {
+        problems.push(format!(
+            "message should contain {part:?}: {}",
+            body["message"]
+        ));
+    }
+    problems
+}
+
+/// The few regular expressions the cases use: `^prefix[class]{n}$`.
+fn simple_regex(pattern: &str, text: &str) -> bool {
+    let pattern = pattern
+        .trim_start_matches('^')
+        .trim_end_matches('$')
+        .replace("\\.", ".");
+    let pattern = pattern.as_str();
+    let Some((prefix, rest)) = pattern.split_once('[') else {
+        return pattern == text;
+    };
+    let Some((class, count)) = rest.split_once(']') else {
+        return false;
+    };
+    let count: usize = count
+        .trim_matches(|c| c == '{' || c == '}')
+        .parse()
+        .unwrap_or(0);
+    text.strip_prefix(prefix).is_some_and(|tail| {
+        tail.chars().count() == count && tail.chars().all(|c| class.contains(c))
+    })
+}
+
+fn substitute(value: &Value, current: &Value) -> Value {
+    match value {
+        Value::String(s) if s == "$RV" => current["metadata"]["resourceVersion"].clone(),
+        Value::String(s) if s == "$UID" => current["metadata"]["uid"].clone(),
+        Value::String(s) if s == "$CLUSTER_IP" => current["spec"]["clusterIP"].clone(),
+        Value::Array(items) => Value::Array(items.iter().map(|v| substitute(v, current)).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), substitute(v, current)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+async fn send(client: &kube::Client, request: &Value) -> (u16, Value) {
+    let method = request["method"].as_str().unwrap_or("GET");
+    let path = request["path"].as_str().unwrap_or_default();
+    let mut body = request.get("body").cloned();
+    if let Some(b) = &body
+        && b.to_string().contains('$')
+    {
+        let name = path
+            .trim_end_matches("/status")
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        let (_, current, _) = raw(
+            client,
+            "GET",
+            &format!("/api/v1/namespaces/default/services/{name}"),
+            None,
+            Vec::new(),
+        )
+        .await;
+        body = Some(substitute(b, &current));
+    }
+    let content_type = request["content_type"]
+        .as_str()
+        .unwrap_or("application/json");
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    let (code, value, _) = raw(client, method, path, Some(content_type), bytes).await;
+    (code, value)
+}
+
+async fn run_cluster(
+    cluster: &str,
+    flags: &[&str],
+    cases: &[Value],
+) -> (usize, usize, Vec<String>) {
+    let server = Server::start_with(flags);
+    let client = server.client().await;
+    let (mut ran, mut skipped, mut failures) = (0, 0, Vec::new());
+    for case in cases.iter().filter(|c| c["cluster"] == cluster) {
+        let id = case["id"].as_str().unwrap_or("?");
+        if case.get("skip").is_some() {
+            skipped += 1;
+            continue;
+        }
+        ran += 1;
+        let mut problems = Vec::new();
+        for (i, setup) in case["setup"].as_array().into_iter().flatten().enumerate() {
+            let (code, body) = send(&client, setup).await;
+            if !(200..300).contains(&code) {
+                problems.push(format!("setup #{i} answered {code}: {body}"));
+            }
+        }
+        if problems.is_empty() {
+            let (code, body) = send(&client, &case["request"]).await;
+            let _ = &body;
+            if Some(u64::from(code)) != case["expect"]["code"].as_u64() {
+                problems.push(format!(
+                    "code {code}, want {}: {body}",
+                    case["expect"]["code"]
+                ));
+            } else {
+                problems.extend(check(case, &body));
+            }
+        }
+        // `xfail` marks a case known to fail, with the reason; it must keep failing, so a
+        // fix is noticed and the marker removed.
+        match (case["xfail"].as_str(), problems.is_empty()) {
+            (None, false) => failures.push(format!("{id}: {}", problems.join("\n  "))),
+            (Some(_), true) => failures.push(format!("{id}: passes now; remove its xfail")),
+            _ => {}
+        }
+        let _ = raw(
+            &client,
+            "DELETE",
+            "/api/v1/namespaces/default/services?fieldSelector=metadata.name%21%3Dkubernetes",
+            None,
+            Vec::new(),
+        )
+        .await;
+    }
+    (ran, skipped, failures)
+}
+
+#[tokio::test]
+async fn service_conformance_cases() {
+    let cases: Vec<Value> =
+        serde_json::from_str(include_str!("conformance/services.json")).expect("cases parse");
+    let single = [
+        "--service-cluster-ip-range",
+        "10.96.0.0/16",
+        "--service-node-port-range",
+        "30000-32767",
+    ];
+    let dual = [
+        "--service-cluster-ip-range",
+        "10.96.0.0/16,fd00:10:96::/108",
+        "--service-node-port-range",
+        "30000-32767",
+    ];
+    let (ran_s, skipped_s, mut failures) = run_cluster("S", &single, &cases).await;
+    let (ran_d, skipped_d, failures_d) = run_cluster("D", &dual, &cases).await;
+    failures.extend(failures_d);
+    eprintln!(
+        "{} cases ran, {} skipped, {} failed",
+        ran_s + ran_d,
+        skipped_s + skipped_d,
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failing cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
