@@ -815,12 +815,13 @@ async fn create(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let (mut object, warnings) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings) = decode_body(request, call, body).await?;
     settle_namespace(request, &mut object)?;
     let created = request
         .registry
         .create(&request.namespace, object, &options)
         .await?;
+    warnings.extend(request.registry.strategy().warnings(&created));
     Ok(with_warnings(
         object_response(
             StatusCode::CREATED,
@@ -842,7 +843,7 @@ async fn update(
     status: bool,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let (mut object, warnings) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings) = decode_body(request, call, body).await?;
     let sent_name = meta::name(&object).to_string();
     if sent_name != name {
         return Err(ApiError::bad_request(format!(
@@ -854,6 +855,9 @@ async fn update(
         .registry
         .update(&request.namespace, name, object, &options, status)
         .await?;
+    if !status {
+        warnings.extend(request.registry.strategy().warnings(&stored));
+    }
     let code = if created {
         StatusCode::CREATED
     } else {
@@ -963,7 +967,10 @@ async fn patch_object(
             })
         })
         .await?;
-    let warnings = warnings.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut warnings = warnings.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !status {
+        warnings.extend(request.registry.strategy().warnings(&patched));
+    }
     Ok(with_warnings(
         object_response(
             StatusCode::OK,

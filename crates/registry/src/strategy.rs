@@ -138,6 +138,11 @@ pub trait Strategy: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// `Warning` header texts for a written object (upstream's WarningsOnCreate/Update).
+    fn warnings(&self, _object: &Value) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Defaults applied when an object is decoded (what upstream's scheme defaulting does).
     fn default(&self, _object: &mut Value) {}
 

@@ -175,6 +175,10 @@ impl Strategy for ServiceStrategy {
         })
     }
 
+    fn warnings(&self, object: &Value) -> Vec<String> {
+        validation::warnings(object)
+    }
+
     fn unsupported_field_message(&self, field: &str) -> String {
         format!("field label not supported: {field}")
     }

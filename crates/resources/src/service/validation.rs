@@ -599,6 +599,54 @@ pub fn validate_status(new: &Value) -> FieldErrors {
     errors
 }
 
+/// The `Warning` texts upstream sends for a Service (§9).
+pub fn warnings(object: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let empty = json!({});
+    let spec = object.get("spec").unwrap_or(&empty);
+    let kind = str_at(spec, "type");
+    if object
+        .pointer("/metadata/annotations/service.kubernetes.io~1topology-aware-hints")
+        .is_some()
+    {
+        out.push("annotation service.kubernetes.io/topology-aware-hints is deprecated, please use service.kubernetes.io/topology-mode instead".to_string());
+    }
+    let external_ips = spec
+        .get("externalIPs")
+        .and_then(Value::as_array)
+        .is_some_and(|l| !l.is_empty());
+    if kind == "ExternalName" && external_ips {
+        out.push("spec.externalIPs is ignored when spec.type is \"ExternalName\"".to_string());
+    }
+    if kind != "ExternalName" && !str_at(spec, "externalName").is_empty() {
+        out.push("spec.externalName is ignored when spec.type is not \"ExternalName\"".to_string());
+    }
+    if kind == "ClusterIP" && str_at(spec, "clusterIP") == "None" {
+        if !str_at(spec, "loadBalancerIP").is_empty() {
+            out.push("spec.loadBalancerIP is ignored for headless services".to_string());
+        }
+        if external_ips {
+            out.push("spec.externalIPs is ignored for headless services".to_string());
+        }
+        if !matches!(str_at(spec, "sessionAffinity"), "" | "None") {
+            out.push("spec.SessionAffinity is ignored for headless services".to_string());
+        }
+    }
+    if str_at(spec, "trafficDistribution") == "PreferClose" {
+        out.push(
+            "spec.trafficDistribution: \"PreferClose\" is deprecated; use \"PreferSameZone\""
+                .to_string(),
+        );
+    }
+    if external_ips {
+        out.push(
+            "spec.externalIPs is deprecated and may no longer be implemented in some clusters"
+                .to_string(),
+        );
+    }
+    out
+}
+
 /// The update-only rules.
 pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
     let mut errors = FieldErrors::new();
