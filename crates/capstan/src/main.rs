@@ -167,6 +167,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ))
         })
         .collect();
+    let repaired = service_strategy
+        .allocator()
+        .repair(store.as_ref())
+        .await
+        .map_err(|e| anyhow::anyhow!("checking allocations: {}", e.message))?;
+    if repaired > 0 {
+        tracing::warn!(repaired, "allocation repair fixed mismatches");
+    }
+    service_strategy
+        .allocator()
+        .start(store.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("loading allocations: {}", e.message))?;
     bootstrap(&registries, &service_strategy, args.port).await?;
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()

@@ -9,11 +9,12 @@ use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::{ApiError, meta};
 use capstan_registry::WriteExtras;
 use capstan_storage::{Compare, Op, RangeRequest, Storage};
+
+use super::bitmap::Bitmap;
 use serde_json::{Value, json};
 
 const IP_PREFIX: &str = "ranges/serviceips/";
 const PORT_PREFIX: &str = "ranges/servicenodeports/";
-const RANDOM_PROBES: usize = 64;
 
 /// A service CIDR (`--service-cluster-ip-range`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,11 +244,20 @@ impl Allocations {
     }
 }
 
-/// Hands out cluster IPs and node ports.
+/// Hands out cluster IPs and node ports. Clones share one in-memory view of what is taken.
 #[derive(Debug, Clone)]
 pub struct ServiceAllocator {
     ranges: Vec<IpRange>,
     ports: PortRange,
+    taken: std::sync::Arc<std::sync::Mutex<Taken>>,
+}
+
+/// A bit per address of each service CIDR and per node port: kept current from the
+/// allocation keys by [`ServiceAllocator::start`].
+#[derive(Debug)]
+struct Taken {
+    ips: Vec<Bitmap>,
+    ports: Bitmap,
 }
 
 fn spec_str<'a>(object: &'a Value, field: &str) -> &'a str {
@@ -265,7 +275,160 @@ fn invalid(object: &Value, errors: FieldErrors) -> ApiError {
 impl ServiceAllocator {
     /// An allocator over one or two (dual-stack) service CIDRs and a node port range.
     pub fn new(ranges: Vec<IpRange>, ports: PortRange) -> Self {
-        ServiceAllocator { ranges, ports }
+        let taken = Taken {
+            ips: ranges
+                .iter()
+                .map(|r| Bitmap::new(r.usable() as usize + 1))
+                .collect(),
+            ports: Bitmap::new(usize::from(ports.size)),
+        };
+        ServiceAllocator {
+            ranges,
+            ports,
+            taken: std::sync::Arc::new(std::sync::Mutex::new(taken)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Taken> {
+        self.taken.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark(&self, taken: &mut Taken, key: &str, on: bool) {
+        if let Some(ip) = key.strip_prefix(IP_PREFIX) {
+            for (i, range) in self.ranges.iter().enumerate() {
+                if let Some(offset) = range.offset_of(ip) {
+                    taken.ips[i].set(offset as usize, on);
+                }
+            }
+        } else if let Some(port) = key
+            .strip_prefix(PORT_PREFIX)
+            .and_then(|p| p.parse::<i64>().ok())
+            && self.ports.contains(port)
+        {
+            taken
+                .ports
+                .set((port - i64::from(self.ports.base)) as usize, on);
+        }
+    }
+
+    /// Rebuilds the in-memory view from the allocation keys in storage.
+    async fn resync(&self, storage: &dyn Storage) -> Result<i64, ApiError> {
+        let response = storage
+            .range(RangeRequest {
+                prefix: "ranges/".into(),
+                ..RangeRequest::default()
+            })
+            .await
+            .map_err(ApiError::internal)?;
+        let mut taken = self.lock();
+        taken.ips.iter_mut().for_each(Bitmap::clear);
+        taken.ports.clear();
+        for kv in &response.kvs {
+            self.mark(&mut taken, &kv.key, true);
+        }
+        Ok(response.revision)
+    }
+
+    /// Loads what is taken and keeps it current from the storage watch (and a periodic
+    /// re-read), in a background task. Call once at start-up, after [`Self::repair`].
+    pub async fn start(&self, storage: std::sync::Arc<dyn Storage>) -> Result<(), ApiError> {
+        let mut revision = self.resync(storage.as_ref()).await?;
+        let allocator = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(mut stream) = storage.watch("ranges/", revision).await {
+                    let mut refresh = tokio::time::interval(std::time::Duration::from_secs(60));
+                    refresh.tick().await;
+                    loop {
+                        tokio::select! {
+                            event = stream.next_event() => match event {
+                                Some(Ok(event)) => {
+                                    revision = event.kv.mod_revision;
+                                    let on = event.kind == capstan_storage::EventKind::Put;
+                                    let mut taken = allocator.lock();
+                                    allocator.mark(&mut taken, &event.kv.key, on);
+                                }
+                                _ => break,
+                            },
+                            // Picks are marked before their transaction commits; a pick whose
+                            // write failed is cleared by the next full re-read.
+                            _ = refresh.tick() => {
+                                if let Ok(r) = allocator.resync(storage.as_ref()).await {
+                                    revision = r;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                if let Ok(r) = allocator.resync(storage.as_ref()).await {
+                    revision = r;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The repair check (upstream's repair loops, run once at start-up): every Service's
+    /// addresses and ports must be recorded as allocated to it, and nothing else may be.
+    /// Writes are transactional, so this finds nothing unless the data was edited by hand;
+    /// it reports and fixes what it finds. Returns the number of fixes.
+    pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
+        let services = storage
+            .range(RangeRequest {
+                prefix: "services/specs/".into(),
+                ..RangeRequest::default()
+            })
+            .await
+            .map_err(ApiError::internal)?;
+        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+        for kv in &services.kvs {
+            let Ok(object) = serde_json::from_slice::<Value>(&kv.value) else {
+                continue;
+            };
+            let owner = Self::owner(&object);
+            for key in Allocations::of(&object).keys() {
+                if let Some(other) = wanted.insert(key.clone(), owner.clone())
+                    && other != owner
+                {
+                    tracing::warn!(%key, first = %other, second = %owner, "allocated to several services; please recreate one of them");
+                }
+            }
+        }
+        let recorded = storage
+            .range(RangeRequest {
+                prefix: "ranges/".into(),
+                ..RangeRequest::default()
+            })
+            .await
+            .map_err(ApiError::internal)?;
+        let mut fixes = 0;
+        for kv in &recorded.kvs {
+            if !wanted.contains_key(kv.key.as_ref()) {
+                tracing::warn!(key = %kv.key, "allocation held by no service; releasing it");
+                let txn = capstan_storage::Txn::new()
+                    .when(Compare::ModRevision(kv.key.to_string(), kv.mod_revision))
+                    .then(Op::Delete(kv.key.to_string()));
+                storage.txn(txn).await.map_err(ApiError::internal)?;
+                fixes += 1;
+            }
+        }
+        for (key, owner) in &wanted {
+            if !recorded
+                .kvs
+                .iter()
+                .any(|kv| kv.key.as_ref() == key.as_str())
+            {
+                tracing::warn!(%key, %owner, "service address or port not recorded as allocated; repairing");
+                let txn = capstan_storage::Txn::new()
+                    .when(Compare::Absent(key.clone()))
+                    .then(Op::Put(key.clone(), owner.clone().into()));
+                storage.txn(txn).await.map_err(ApiError::internal)?;
+                fixes += 1;
+            }
+        }
+        Ok(fixes)
     }
 
     /// The primary service CIDR.
@@ -298,34 +461,29 @@ impl ServiceAllocator {
             .is_some_and(|kv| kv.value.as_ref() != owner.as_bytes()))
     }
 
-    async fn free(storage: &dyn Storage, key: &str) -> Result<bool, ApiError> {
-        let response = storage.get(key, None).await.map_err(ApiError::internal)?;
-        Ok(response.kv.is_none())
-    }
-
-    async fn dynamic_ip(&self, storage: &dyn Storage, range: &IpRange) -> Result<String, ApiError> {
-        let usable = range.usable();
-        let band = range.static_band().min(usable);
-        let bands = [(band + 1, usable), (1, band)];
-        for (low, high) in bands {
-            if low > high {
-                continue;
-            }
-            let span = high - low + 1;
-            for _ in 0..RANDOM_PROBES.min(span as usize) {
-                let offset = low + (fastrand::u64(..) as u128 % span);
-                let ip = range.address(offset);
-                if Self::free(storage, &format!("{IP_PREFIX}{ip}")).await? {
-                    return Ok(ip);
+    async fn dynamic_ip(&self, storage: &dyn Storage, index: usize) -> Result<String, ApiError> {
+        let range = &self.ranges[index];
+        for attempt in 0..2 {
+            {
+                let mut taken = self.lock();
+                let bitmap = &mut taken.ips[index];
+                let usable = range.usable() as usize;
+                let band = (range.static_band() as usize).min(usable);
+                // Dynamic picks come from above the static band first, then from inside it.
+                for (low, high) in [(band + 1, usable), (1, band)] {
+                    if low > high {
+                        continue;
+                    }
+                    let start = low + fastrand::usize(..=(high - low));
+                    if let Some(offset) = bitmap.find_clear(low, high, start) {
+                        bitmap.set(offset, true);
+                        return Ok(range.address(offset as u128));
+                    }
                 }
             }
-            // Crowded: read every allocation once and take the first free address.
-            let taken = self.taken(storage, IP_PREFIX).await?;
-            for offset in low..=high {
-                let ip = range.address(offset);
-                if !taken.contains_key(&ip) {
-                    return Ok(ip);
-                }
+            if attempt == 0 {
+                // The view may hold picks whose writes failed: re-read before giving up.
+                self.resync(storage).await?;
             }
         }
         Err(ApiError::internal(
@@ -333,47 +491,33 @@ impl ServiceAllocator {
         ))
     }
 
-    async fn taken(
-        &self,
-        storage: &dyn Storage,
-        prefix: &str,
-    ) -> Result<BTreeMap<String, ()>, ApiError> {
-        let response = storage
-            .range(RangeRequest {
-                prefix: prefix.to_string(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(ApiError::internal)?;
-        Ok(response
-            .kvs
-            .into_iter()
-            .map(|kv| (kv.key[prefix.len()..].to_string(), ()))
-            .collect())
-    }
-
     async fn dynamic_port(&self, storage: &dyn Storage, avoid: &[i64]) -> Result<i64, ApiError> {
-        let band = i64::from(self.ports.static_band());
         let base = i64::from(self.ports.base);
-        let bands = [(base + band, self.ports.last()), (base, base + band - 1)];
-        for (low, high) in bands {
-            if low > high {
-                continue;
-            }
-            let span = (high - low + 1) as u64;
-            for _ in 0..RANDOM_PROBES.min(span as usize) {
-                let port = low + (fastrand::u64(..span) as i64);
-                if !avoid.contains(&port)
-                    && Self::free(storage, &format!("{PORT_PREFIX}{port}")).await?
-                {
-                    return Ok(port);
+        for attempt in 0..2 {
+            {
+                let mut taken = self.lock();
+                for port in avoid.iter().filter(|p| self.ports.contains(**p)) {
+                    taken.ports.set((port - base) as usize, true);
+                }
+                let size = usize::from(self.ports.size);
+                let band = usize::from(self.ports.static_band()).min(size);
+                let mut bands = vec![(band, size.saturating_sub(1))];
+                if band > 0 {
+                    bands.push((0, band - 1));
+                }
+                for (low, high) in bands {
+                    if low > high {
+                        continue;
+                    }
+                    let start = low + fastrand::usize(..=(high - low));
+                    if let Some(offset) = taken.ports.find_clear(low, high, start) {
+                        taken.ports.set(offset, true);
+                        return Ok(base + offset as i64);
+                    }
                 }
             }
-            let taken = self.taken(storage, PORT_PREFIX).await?;
-            for port in low..=high {
-                if !avoid.contains(&port) && !taken.contains_key(&port.to_string()) {
-                    return Ok(port);
-                }
+            if attempt == 0 {
+                self.resync(storage).await?;
             }
         }
         Err(ApiError::internal(
@@ -643,7 +787,14 @@ impl ServiceAllocator {
                 }
                 // A dry run reserves nothing: the placeholder is the range's network address.
                 None if dry_run => allocated.push(range.address(0)),
-                None => allocated.push(self.dynamic_ip(storage, range).await?),
+                None => {
+                    let index = self
+                        .ranges
+                        .iter()
+                        .position(|r| r.family() == range.family())
+                        .unwrap_or(0);
+                    allocated.push(self.dynamic_ip(storage, index).await?)
+                }
             }
         }
         if let Some(first) = allocated.first() {

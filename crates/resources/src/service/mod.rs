@@ -1,6 +1,7 @@
 //! core/v1 Service.
 
 mod allocator;
+mod bitmap;
 mod defaults;
 mod printer;
 mod validation;

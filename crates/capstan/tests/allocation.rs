@@ -1,0 +1,197 @@
+//! Allocation under pressure, through the real server: ranges fill completely and report
+//! exhaustion cleanly; concurrent creates, type changes and deletes never hand out an address
+//! or port twice; deleting everything frees everything.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{Server, raw};
+use serde_json::{Value, json};
+
+const SERVICES: &str = "/api/v1/namespaces/default/services";
+
+async fn create(client: &kube::Client, name: &str, kind: &str) -> (u16, Value) {
+    let body = json!({"metadata": {"name": name}, "spec": {"type": kind, "selector": {"app": name}, "ports": [{"port": 80}]}});
+    let (code, value, _) = raw(
+        client,
+        "POST",
+        SERVICES,
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await;
+    (code, value)
+}
+
+async fn services(client: &kube::Client) -> Vec<Value> {
+    let (_, list, _) = raw(client, "GET", SERVICES, None, Vec::new()).await;
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Every cluster IP and node port in use, failing on any duplicate.
+fn assert_unique(items: &[Value]) {
+    let mut ips = HashSet::new();
+    let mut ports = HashSet::new();
+    for item in items {
+        for ip in item["spec"]["clusterIPs"].as_array().into_iter().flatten() {
+            let ip = ip.as_str().unwrap_or_default();
+            assert!(
+                ip == "None" || ips.insert(ip.to_string()),
+                "cluster IP {ip} handed out twice"
+            );
+        }
+        let mut own = HashSet::new();
+        for port in item["spec"]["ports"].as_array().into_iter().flatten() {
+            if let Some(p) = port["nodePort"].as_i64()
+                && own.insert(p)
+            {
+                assert!(ports.insert(p), "node port {p} handed out twice");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_small_range_fills_completely_reports_exhaustion_and_frees_on_delete() {
+    // 10.96.0.0/28: 14 usable addresses, 10.96.0.1 held by the kubernetes Service.
+    let server = Server::start_with(&[
+        "--service-cluster-ip-range",
+        "10.96.0.0/28",
+        "--service-node-port-range",
+        "30000-30009",
+    ]);
+    let client = server.client().await;
+    for round in 0..2 {
+        for i in 0..13 {
+            let (code, body) = create(&client, &format!("s{i}"), "ClusterIP").await;
+            assert_eq!(code, 201, "round {round}, service {i}: {body}");
+        }
+        let (code, body) = create(&client, "one-too-many", "ClusterIP").await;
+        assert_eq!(code, 500, "{body}");
+        assert_eq!(
+            body["message"],
+            "Internal error occurred: failed to allocate a serviceIP: range is full"
+        );
+        let (code, _, _) = raw(
+            &client,
+            "GET",
+            &format!("{SERVICES}/one-too-many"),
+            None,
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(code, 404, "a failed create stores nothing");
+        assert_unique(&services(&client).await);
+        // Deleting everything frees every address: the next round fills the range again.
+        let (code, _, _) = raw(
+            &client,
+            "DELETE",
+            &format!("{SERVICES}?fieldSelector=metadata.name%21%3Dkubernetes"),
+            None,
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    // Node ports: 10 in the range.
+    for i in 0..10 {
+        let (code, body) = create(&client, &format!("np{i}"), "NodePort").await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let (code, body) = create(&client, "np-too-many", "NodePort").await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(
+        body["message"],
+        "Internal error occurred: failed to allocate a nodePort: range is full"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
+    let server = Server::start_with(&[
+        "--service-cluster-ip-range",
+        "10.96.0.0/26",
+        "--service-node-port-range",
+        "30000-30039",
+    ]);
+    let client = server.client().await;
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(worker);
+            for step in 0..40 {
+                let name = format!("w{worker}-{}", rng.usize(..6));
+                match rng.u8(..4) {
+                    0 | 1 => {
+                        let kind = if rng.bool() { "NodePort" } else { "ClusterIP" };
+                        let (code, body) = create(&client, &name, kind).await;
+                        assert!(
+                            matches!(code, 201 | 409 | 500),
+                            "step {step}: {code} {body}"
+                        );
+                    }
+                    2 => {
+                        let kind = if rng.bool() { "NodePort" } else { "ClusterIP" };
+                        let patch = json!({"spec": {"type": kind, "ports": [{"port": 80}]}});
+                        let (code, body, _) = raw(
+                            &client,
+                            "PATCH",
+                            &format!("{SERVICES}/{name}"),
+                            Some("application/merge-patch+json"),
+                            patch.to_string().into_bytes(),
+                        )
+                        .await;
+                        assert!(
+                            matches!(code, 200 | 404 | 422 | 500),
+                            "step {step}: {code} {body}"
+                        );
+                    }
+                    _ => {
+                        let (code, body, _) = raw(
+                            &client,
+                            "DELETE",
+                            &format!("{SERVICES}/{name}"),
+                            None,
+                            Vec::new(),
+                        )
+                        .await;
+                        assert!(matches!(code, 200 | 404), "step {step}: {code} {body}");
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("worker");
+    }
+    assert_unique(&services(&client).await);
+    // Everything deleted: the whole range (62 usable, one held by kubernetes) is free again.
+    let (code, _, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{SERVICES}?fieldSelector=metadata.name%21%3Dkubernetes"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    for i in 0..61 {
+        let (code, body) = create(&client, &format!("refill{i}"), "ClusterIP").await;
+        assert_eq!(code, 201, "refill {i}: {body}");
+    }
+    for i in 0..40 {
+        let patch = json!({"spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+        let (code, body, _) = raw(
+            &client,
+            "PATCH",
+            &format!("{SERVICES}/refill{i}"),
+            Some("application/merge-patch+json"),
+            patch.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(code, 200, "node port refill {i}: {body}");
+    }
+    assert_unique(&services(&client).await);
+}
