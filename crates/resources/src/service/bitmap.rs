@@ -59,7 +59,7 @@ impl Bitmap {
         let mut i = from;
         while i <= to {
             let word = self.words[i / 64];
-            if word == u64::MAX && i % 64 == 0 && i + 63 <= to {
+            if word == u64::MAX && i.is_multiple_of(64) && i + 63 <= to {
                 i += 64;
                 continue;
             }
