@@ -98,6 +98,9 @@ struct Args {
     /// Namespace to work in (default: a fresh `capstan-bench-xxxxx`, deleted afterwards).
     #[arg(long)]
     namespace: Option<String>,
+    /// Keep what the scenario created (no clean-up).
+    #[arg(long)]
+    keep: bool,
 }
 
 fn latency_json(histogram: &Histogram<u64>) -> Value {
@@ -735,7 +738,9 @@ fn main() -> anyhow::Result<()> {
         let outcome = bench.scenario(which).await;
         // Server usage covers the scenario, not the clean-up after it.
         let usage = sampler.finish();
-        bench.cleanup().await;
+        if !args.keep {
+            bench.cleanup().await;
+        }
         let mut report = outcome?;
         if let (Some(usage), Value::Object(map)) = (usage, &mut report) {
             println!(
