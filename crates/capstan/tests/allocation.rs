@@ -195,3 +195,60 @@ async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
     }
     assert_unique(&services(&client).await);
 }
+
+#[tokio::test]
+async fn the_startup_repair_check_fixes_a_damaged_allocation_table() {
+    use capstan_storage::{EmbeddedOptions, EmbeddedStore, Op, Storage, Txn};
+    let mut server = Server::start();
+    let client = server.client().await;
+    let body = json!({"metadata": {"name": "a"}, "spec": {"clusterIP": "10.96.200.200", "ports": [{"port": 80}]}});
+    let (code, _, _) = raw(
+        &client,
+        "POST",
+        SERVICES,
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert_eq!(server.stop(), Some(0));
+    {
+        // Damage the table by hand: lose a's allocation, leak an address no Service holds.
+        let store = EmbeddedStore::open(EmbeddedOptions::new(server.data_dir())).expect("store");
+        let txn = Txn::new()
+            .then(Op::Delete("ranges/serviceips/10.96.200.200".into()))
+            .then(Op::Put(
+                "ranges/serviceips/10.96.200.201".into(),
+                "default/ghost".into(),
+            ));
+        store.txn(txn).await.expect("txn");
+    }
+    server.launch();
+    let client = server.client().await;
+    let taken = json!({"metadata": {"name": "b"}, "spec": {"clusterIP": "10.96.200.200", "ports": [{"port": 80}]}});
+    let (code, body, _) = raw(
+        &client,
+        "POST",
+        SERVICES,
+        Some("application/json"),
+        taken.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 422, "a's address was recorded again: {body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("provided IP is already allocated")
+    );
+    let leaked = json!({"metadata": {"name": "c"}, "spec": {"clusterIP": "10.96.200.201", "ports": [{"port": 80}]}});
+    let (code, body, _) = raw(
+        &client,
+        "POST",
+        SERVICES,
+        Some("application/json"),
+        leaked.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 201, "the leaked address was released: {body}");
+}

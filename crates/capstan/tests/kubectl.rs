@@ -502,3 +502,42 @@ fn unknown_fields_follow_field_validation() {
         "{stderr}"
     );
 }
+
+#[test]
+fn dual_stack_expose_style_manifests_and_kubectl_error_text() {
+    let server = Server::start_with(&[
+        "--service-cluster-ip-range",
+        "10.96.0.0/16,fd00:10:96::/108",
+    ]);
+    let dual = server.apply_file(
+        "dual.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ds}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {app: ds}\n  ports: [{port: 80}]\n",
+    );
+    server.ok(&["create", "-f", path_str(&dual)]);
+    let families = server.ok(&["get", "svc", "ds", "-o", "jsonpath={.spec.ipFamilies}"]);
+    assert_eq!(families, r#"["IPv4","IPv6"]"#);
+    let ips = server.ok(&["get", "svc", "ds", "-o", "jsonpath={.spec.clusterIPs[1]}"]);
+    assert!(ips.starts_with("fd00:10:96::"), "{ips}");
+    // What `kubectl expose deployment web --port=80 --target-port=8080` sends.
+    let expose = server.apply_file(
+        "expose.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {app: web}}\nspec:\n  selector: {app: web}\n  ports: [{protocol: TCP, port: 80, targetPort: 8080}]\n",
+    );
+    server.ok(&["create", "-f", path_str(&expose)]);
+    assert!(
+        server
+            .ok(&["get", "svc", "web", "--no-headers"])
+            .contains("80/TCP")
+    );
+    let invalid = server.apply_file(
+        "invalid.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad}\nspec:\n  type: ClusterIP\n  ports: [{port: 0, protocol: TCPX}]\n",
+    );
+    let error = server.fails(&["create", "-f", path_str(&invalid)]);
+    assert!(
+        error.contains(r#"The Service "bad" is invalid: "#)
+            && error.contains("spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive")
+            && error.contains(r#"spec.ports[0].protocol: Unsupported value: "TCPX": supported values: "SCTP", "TCP", "UDP""#),
+        "{error}"
+    );
+}
