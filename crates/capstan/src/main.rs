@@ -255,10 +255,55 @@ async fn bootstrap(
             "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
         },
     });
-    match find("services")?.create("default", service, &options).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.code == 409 => Ok(()),
-        Err(e) => anyhow::bail!("creating the kubernetes Service: {}", e.message),
+    let registry = find("services")?;
+    reconcile_kubernetes_service(&registry, &service, &options).await?;
+    // Upstream's controller keeps it there: re-created if deleted, its type and ports put back
+    // if edited.
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if let Err(error) = reconcile_kubernetes_service(&registry, &service, &options).await {
+                tracing::warn!(%error, "reconciling the kubernetes Service");
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn reconcile_kubernetes_service(
+    registry: &Registry,
+    wanted: &serde_json::Value,
+    options: &WriteOptions,
+) -> anyhow::Result<()> {
+    match registry
+        .get("default", "kubernetes", capstan_registry::ReadAt::Latest)
+        .await
+    {
+        Err(e) if e.code == 404 => {
+            match registry.create("default", wanted.clone(), options).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.code == 409 => Ok(()),
+                Err(e) => anyhow::bail!("creating the kubernetes Service: {}", e.message),
+            }
+        }
+        Err(e) => anyhow::bail!("reading the kubernetes Service: {}", e.message),
+        Ok(current) => {
+            let drifted = current.pointer("/spec/type") != wanted.pointer("/spec/type")
+                || current.pointer("/spec/ports") != wanted.pointer("/spec/ports");
+            if !drifted {
+                return Ok(());
+            }
+            let mut fixed = current.clone();
+            fixed["spec"]["type"] = wanted["spec"]["type"].clone();
+            fixed["spec"]["ports"] = wanted["spec"]["ports"].clone();
+            registry
+                .update("default", "kubernetes", fixed, options, false)
+                .await
+                .map(|_| ())
+                .map_err(|e| anyhow::anyhow!("repairing the kubernetes Service: {}", e.message))
+        }
     }
 }
 

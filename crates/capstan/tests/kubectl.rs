@@ -541,3 +541,50 @@ fn dual_stack_expose_style_manifests_and_kubectl_error_text() {
         "{error}"
     );
 }
+
+#[test]
+fn the_kubernetes_service_comes_back_when_deleted_or_edited() {
+    let server = Server::start();
+    server.ok(&["delete", "svc", "kubernetes"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
+    loop {
+        let out = server.kubectl(&[
+            "get",
+            "svc",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP} {.spec.ports[0].port}",
+        ]);
+        if out.status.success() && String::from_utf8_lossy(&out.stdout) == "10.96.0.1 443" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the kubernetes Service was not re-created"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    server.ok(&[
+        "patch",
+        "svc",
+        "kubernetes",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"ports":[{"name":"https","port":8443,"protocol":"TCP","targetPort":6443}]}}"#,
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
+    while server.ok(&[
+        "get",
+        "svc",
+        "kubernetes",
+        "-o",
+        "jsonpath={.spec.ports[0].port}",
+    ]) != "443"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the kubernetes Service's port was not put back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
