@@ -22,6 +22,43 @@ fn valid_ip(text: &str) -> bool {
     text.parse::<IpAddr>().is_ok()
 }
 
+/// 1.36's strict IP check: what is wrong with `text` as an IP of a Service field, if anything.
+fn ip_problem(text: &str) -> Option<&'static str> {
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
+            Some("must not be an IPv4-mapped IPv6 address")
+        }
+        Ok(_) => None,
+        Err(_) => {
+            // A dotted quad that parses once leading zeros are dropped had leading zeros.
+            let parts: Vec<&str> = text.split('.').collect();
+            let sloppy = parts.len() == 4
+                && parts.iter().all(|p| {
+                    !p.is_empty()
+                        && p.len() <= 3
+                        && p.bytes().all(|b| b.is_ascii_digit())
+                        && p.parse::<u16>().is_ok_and(|n| n <= 255)
+                });
+            Some(if sloppy {
+                "must not have leading 0s"
+            } else {
+                IP
+            })
+        }
+    }
+}
+
+/// The ≥1.33 warning for an IPv6 address not in RFC 5952 canonical form.
+fn canonical_ip_warning(path: &str, text: &str) -> Option<String> {
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) if v6.to_string() != text => Some(format!(
+            "{path}: IPv6 address {text:?} should be in RFC 5952 canonical format ({:?})",
+            v6.to_string()
+        )),
+        _ => None,
+    }
+}
+
 /// `ValidateNonSpecialIP`: addresses an external IP may not be.
 fn special_address(addr: IpAddr, text: &str) -> Option<String> {
     if addr.is_unspecified() {
@@ -281,7 +318,12 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
                 Err(_) => errors.push(FieldError::invalid(
                     format!("spec.externalIPs[{i}]"),
                     ip,
-                    IP,
+                    ip_problem(text).unwrap_or(IP),
+                )),
+                Ok(_) if ip_problem(text).is_some() => errors.push(FieldError::invalid(
+                    format!("spec.externalIPs[{i}]"),
+                    ip,
+                    ip_problem(text).unwrap_or(IP),
                 )),
                 Ok(addr) => {
                     if let Some(why) = special_address(addr, text) {
@@ -469,11 +511,11 @@ pub fn validate_cluster_ip_fields(spec: &Value) -> FieldErrors {
                         "'None' must be the first and only value",
                     ));
                 }
-            } else if !valid_ip(ip) {
+            } else if let Some(problem) = ip_problem(ip) {
                 errors.push(FieldError::invalid(
                     format!("spec.clusterIPs[{i}]"),
                     &json!(ip),
-                    IP,
+                    problem,
                 ));
             }
         }
@@ -632,6 +674,36 @@ pub fn warnings(object: &Value) -> Vec<String> {
             out.push("spec.SessionAffinity is ignored for headless services".to_string());
         }
     }
+    if str_at(spec, "clusterIP") != "None" {
+        for (i, ip) in spec
+            .get("clusterIPs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            out.extend(canonical_ip_warning(
+                &format!("spec.clusterIPs[{i}]"),
+                ip.as_str().unwrap_or(""),
+            ));
+        }
+    }
+    for (i, ip) in spec
+        .get("externalIPs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        out.extend(canonical_ip_warning(
+            &format!("spec.externalIPs[{i}]"),
+            ip.as_str().unwrap_or(""),
+        ));
+    }
+    out.extend(canonical_ip_warning(
+        "spec.loadBalancerIP",
+        str_at(spec, "loadBalancerIP"),
+    ));
     if str_at(spec, "trafficDistribution") == "PreferClose" {
         out.push(
             "spec.trafficDistribution: \"PreferClose\" is deprecated; use \"PreferSameZone\""
@@ -734,4 +806,24 @@ pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
         ));
     }
     errors
+}
+
+#[cfg(test)]
+mod ip_tests {
+    use super::*;
+
+    #[test]
+    fn strict_ip_rules_of_1_36() {
+        assert_eq!(ip_problem("10.96.0.10"), None);
+        assert_eq!(ip_problem("010.96.0.10"), Some("must not have leading 0s"));
+        assert_eq!(
+            ip_problem("::ffff:10.0.0.1"),
+            Some("must not be an IPv4-mapped IPv6 address")
+        );
+        assert_eq!(ip_problem("nope"), Some(IP));
+        assert_eq!(
+            canonical_ip_warning("spec.clusterIPs[1]", "FD00:10:96::A"),
+            Some("spec.clusterIPs[1]: IPv6 address \"FD00:10:96::A\" should be in RFC 5952 canonical format (\"fd00:10:96::a\")".into())
+        );
+    }
 }
