@@ -477,7 +477,9 @@ impl WatchStream {
             return None;
         }
         loop {
+            // `biased`: events first, and no random branch order to pay for on every poll.
             let item = tokio::select! {
+                biased;
                 item = self.watcher.next() => match item {
                     Some(item) => item,
                     None => return None,

@@ -472,6 +472,8 @@ impl Bench {
                 let mut buffer: Vec<u8> = Vec::new();
                 'read: while let Some(frame) = body.frame().await {
                     let Ok(data) = frame?.into_data() else { continue };
+                    // Delivery time is when the bytes arrive, before this client decodes them.
+                    let arrived = origin.elapsed().as_micros() as u64;
                     buffer.extend_from_slice(&data);
                     while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
                         let line: Vec<u8> = buffer.drain(..=end).collect();
@@ -486,7 +488,7 @@ impl Bench {
                             .get("capstan-bench/round")
                             .and_then(|r| r.parse::<usize>().ok());
                         if let Some(round) = round {
-                            seen.push((round, origin.elapsed().as_micros() as u64));
+                            seen.push((round, arrived));
                             if round + 1 >= updates {
                                 break 'read;
                             }
