@@ -86,15 +86,72 @@ fn special_address(addr: IpAddr, text: &str) -> Option<String> {
     None
 }
 
-fn valid_cidr(text: &str) -> bool {
-    let Some((address, prefix)) = text.split_once('/') else {
-        return false;
-    };
-    let Ok(address) = address.parse::<IpAddr>() else {
-        return false;
-    };
+/// Parses a CIDR as upstream's legacy parser does (IPv4 parts may have leading zeros).
+fn parse_cidr(text: &str) -> Option<(IpAddr, u32)> {
+    let (address, prefix) = text.split_once('/')?;
+    let address = address.parse::<IpAddr>().ok().or_else(|| {
+        let parts: Vec<u8> = address
+            .split('.')
+            .map(|p| {
+                (!p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| p.parse::<u8>().ok())
+                    .flatten()
+            })
+            .collect::<Option<Vec<u8>>>()?;
+        (parts.len() == 4).then(|| IpAddr::from([parts[0], parts[1], parts[2], parts[3]]))
+    })?;
     let max = if address.is_ipv4() { 32 } else { 128 };
-    prefix.parse::<u32>().is_ok_and(|p| p <= max) && !prefix.starts_with('+')
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bits = prefix.parse::<u32>().ok().filter(|p| *p <= max)?;
+    Some((address, bits))
+}
+
+fn valid_cidr(text: &str) -> bool {
+    parse_cidr(text).is_some()
+}
+
+/// The ≥1.33 warnings for a CIDR that is valid but not canonical.
+fn cidr_warning(path: &str, text: &str) -> Option<String> {
+    let (address, bits) = parse_cidr(text)?;
+    let network = match address {
+        IpAddr::V4(a) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
+            IpAddr::from(std::net::Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
+            IpAddr::from(std::net::Ipv6Addr::from(u128::from(a) & mask))
+        }
+    };
+    let canonical = format!("{address}/{bits}");
+    if network != address {
+        let host_bits = if address.is_ipv4() { 32 } else { 128 };
+        return Some(format!(
+            "{path}: CIDR value {text:?} is ambiguous in this context (should be \"{network}/{bits}\" or \"{address}/{host_bits}\"?)"
+        ));
+    }
+    if canonical != text {
+        return Some(if address.is_ipv4() {
+            format!(
+                "{path}: non-standard CIDR value {text:?} will be considered invalid in a future Kubernetes release: use {canonical:?}"
+            )
+        } else {
+            format!(
+                "{path}: IPv6 CIDR value {text:?} should be in RFC 5952 canonical format ({canonical:?})"
+            )
+        });
+    }
+    None
 }
 
 /// Go's `%v` of the internal ServicePort, as 1.36 renders a duplicate port (JSON of the
@@ -666,6 +723,18 @@ pub fn warnings(object: &Value) -> Vec<String> {
     if kind == "ClusterIP" && str_at(spec, "clusterIP") == "None" {
         if !str_at(spec, "loadBalancerIP").is_empty() {
             out.push("spec.loadBalancerIP is ignored for headless services".to_string());
+            for (i, range) in spec
+                .get("loadBalancerSourceRanges")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                out.extend(cidr_warning(
+                    &format!("spec.loadBalancerSourceRanges[{i}]"),
+                    range.as_str().unwrap_or("").trim(),
+                ));
+            }
         }
         if external_ips {
             out.push("spec.externalIPs is ignored for headless services".to_string());
@@ -811,6 +880,25 @@ pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
 #[cfg(test)]
 mod ip_tests {
     use super::*;
+
+    #[test]
+    fn cidr_warnings() {
+        let path = "spec.loadBalancerSourceRanges[0]";
+        assert_eq!(cidr_warning(path, "10.0.0.0/8"), None);
+        assert_eq!(
+            cidr_warning(path, "10.1.2.3/8"),
+            Some("spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous in this context (should be \"10.0.0.0/8\" or \"10.1.2.3/32\"?)".into())
+        );
+        assert_eq!(
+            cidr_warning(path, "010.0.0.0/8"),
+            Some("spec.loadBalancerSourceRanges[0]: non-standard CIDR value \"010.0.0.0/8\" will be considered invalid in a future Kubernetes release: use \"10.0.0.0/8\"".into())
+        );
+        assert_eq!(
+            cidr_warning(path, "FD00::/64"),
+            Some("spec.loadBalancerSourceRanges[0]: IPv6 CIDR value \"FD00::/64\" should be in RFC 5952 canonical format (\"fd00::/64\")".into())
+        );
+        assert!(!valid_cidr("1.2.3.4/33") && !valid_cidr("foo.bar"));
+    }
 
     #[test]
     fn strict_ip_rules_of_1_36() {
