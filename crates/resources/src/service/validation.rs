@@ -723,18 +723,6 @@ pub fn warnings(object: &Value) -> Vec<String> {
     if kind == "ClusterIP" && str_at(spec, "clusterIP") == "None" {
         if !str_at(spec, "loadBalancerIP").is_empty() {
             out.push("spec.loadBalancerIP is ignored for headless services".to_string());
-            for (i, range) in spec
-                .get("loadBalancerSourceRanges")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                out.extend(cidr_warning(
-                    &format!("spec.loadBalancerSourceRanges[{i}]"),
-                    range.as_str().unwrap_or("").trim(),
-                ));
-            }
         }
         if external_ips {
             out.push("spec.externalIPs is ignored for headless services".to_string());
@@ -773,6 +761,18 @@ pub fn warnings(object: &Value) -> Vec<String> {
         "spec.loadBalancerIP",
         str_at(spec, "loadBalancerIP"),
     ));
+    for (i, range) in spec
+        .get("loadBalancerSourceRanges")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        out.extend(cidr_warning(
+            &format!("spec.loadBalancerSourceRanges[{i}]"),
+            range.as_str().unwrap_or("").trim(),
+        ));
+    }
     if str_at(spec, "trafficDistribution") == "PreferClose" {
         out.push(
             "spec.trafficDistribution: \"PreferClose\" is deprecated; use \"PreferSameZone\""
@@ -898,6 +898,11 @@ mod ip_tests {
             Some("spec.loadBalancerSourceRanges[0]: IPv6 CIDR value \"FD00::/64\" should be in RFC 5952 canonical format (\"fd00::/64\")".into())
         );
         assert!(!valid_cidr("1.2.3.4/33") && !valid_cidr("foo.bar"));
+        let service =
+            json!({"spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": [" 10.1.2.3/8 "]}});
+        assert!(warnings(&service).iter().any(|w| w.starts_with(
+            "spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous"
+        )));
     }
 
     #[test]
