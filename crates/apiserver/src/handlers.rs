@@ -901,13 +901,24 @@ async fn patch_object(
         Some(body) => read_body(body).await?,
         None => Bytes::new(),
     };
-    if matches!(patch_type, PatchType::StrategicMerge | PatchType::Apply) {
+    if patch_type == PatchType::Apply {
+        // Server-side apply arrives with the patch issue.
         return Err(ApiError::new(
             415,
             Reason::UnsupportedMediaType,
-            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json".to_string(),
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
         ));
     }
+    let strategic: Option<Value> = if patch_type == PatchType::StrategicMerge {
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request("invalid JSON document"));
+        }
+        Some(value)
+    } else {
+        None
+    };
     if options.field_manager.is_empty() {
         options.field_manager = "unknown".into();
     }
@@ -921,6 +932,17 @@ async fn patch_object(
         .patch(&request.namespace, name, &options, status, |current| {
             let mut result = match patch_type {
                 PatchType::Json => patch::json_patch(current, &bytes)?,
+                PatchType::StrategicMerge => {
+                    let patch_value = strategic.as_ref().unwrap_or(&Value::Null);
+                    capstan_machinery::smp::apply(current, patch_value, strategy.schema())
+                        .map_err(|e| {
+                            if e.bad_request {
+                                ApiError::bad_request(e.message)
+                            } else {
+                                ApiError::new(422, Reason::Invalid, e.message)
+                            }
+                        })?
+                }
                 _ => patch::merge_patch(current, &bytes)?,
             };
             let problems = strategy.unknown_fields(&result);

@@ -588,3 +588,69 @@ fn the_kubernetes_service_comes_back_when_deleted_or_edited() {
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
+
+#[test]
+fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
+    let server = Server::start();
+    let first = server.apply_file(
+        "apply.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: app, labels: {app: app}}\nspec:\n  selector: {app: app}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n",
+    );
+    assert!(
+        server
+            .ok(&["apply", "-f", path_str(&first)])
+            .contains("service/app created")
+    );
+    // A strategic merge patch adds a port next to the existing one (merge key: port).
+    server.ok(&[
+        "patch",
+        "svc",
+        "app",
+        "-p",
+        r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
+    ]);
+    let ports = server.ok(&["get", "svc", "app", "-o", "jsonpath={.spec.ports[*].port}"]);
+    assert_eq!(ports, "80 443");
+    // Re-applying a changed manifest: kubectl computes a three-way patch from the
+    // last-applied annotation; fields the manifest dropped go, fields it never had stay.
+    let second = server.apply_file(
+        "apply.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: app, labels: {app: app, tier: web}}\nspec:\n  selector: {app: app}\n  ports:\n  - {name: http, port: 80, targetPort: 9090}\n",
+    );
+    assert!(
+        server
+            .ok(&["apply", "-f", path_str(&second)])
+            .contains("service/app configured")
+    );
+    let object: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "app", "-o", "json"])).expect("json");
+    assert_eq!(object["metadata"]["labels"]["tier"], "web");
+    assert_eq!(object["spec"]["ports"][0]["targetPort"], 9090);
+    assert_eq!(
+        object["spec"]["ports"][1]["port"], 443,
+        "the patched port was never in the manifest"
+    );
+    assert!(
+        object["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .as_str()
+            .is_some_and(|a| a.contains("9090"))
+    );
+    // Applying the same manifest again changes nothing: not even the resourceVersion (kubectl
+    // still sends a `$setElementOrder` patch here, as it would to kube-apiserver).
+    let before = server.ok(&[
+        "get",
+        "svc",
+        "app",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    server.ok(&["apply", "-f", path_str(&second)]);
+    let after = server.ok(&[
+        "get",
+        "svc",
+        "app",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    assert_eq!(before, after);
+}

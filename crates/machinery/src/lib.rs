@@ -18,6 +18,7 @@ pub mod meta;
 pub mod patch;
 pub mod protobuf;
 pub mod schema;
+pub mod smp;
 pub mod status;
 pub mod table;
 pub mod validation;

@@ -125,6 +125,16 @@ pub fn core_schema(name: &str) -> Option<&'static Value> {
     CORE_V1.pointer(&format!("/components/schemas/{name}"))
 }
 
+/// A core/v1 schema node with its references resolved.
+pub fn core_resolve(schema: &'static Value) -> &'static Value {
+    resolve(&CORE_V1, schema)
+}
+
+/// The schema of property `key` of a core/v1 struct schema (references resolved on the way in).
+pub fn core_property(schema: &'static Value, key: &str) -> Option<&'static Value> {
+    core_resolve(schema).get("properties")?.get(key)
+}
+
 /// The shape of a core/v1 schema node (references resolved).
 pub fn core_shape(schema: &'static Value) -> Shape<'static> {
     let schema = resolve(&CORE_V1, schema);
