@@ -51,7 +51,13 @@ pub struct Call {
 }
 
 /// Routes a resource request to its verb.
-pub async fn handle(request: ResourceRequest, mut call: Call) -> Response<Body> {
+pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
+    let warnings = request.registry.strategy().request_warnings();
+    let response = dispatch(request, call).await;
+    with_warnings(response, &warnings)
+}
+
+async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let is_watch = request.watch_path
         || (request.name.is_none()
             && call.method == Method::GET

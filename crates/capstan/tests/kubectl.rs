@@ -654,3 +654,50 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
     ]);
     assert_eq!(before, after);
 }
+
+#[test]
+fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
+    let server = Server::start();
+    server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
+    let ep = server.apply_file(
+        "ep.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: db}\nsubsets:\n- addresses: [{ip: 10.244.0.11}, {ip: 10.244.0.12}]\n  ports: [{port: 5432}]\n",
+    );
+    let out = server.kubectl(&["create", "-f", path_str(&ep)]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(
+        "Warning: v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
+    ));
+    let table = server.ok(&["get", "endpoints", "db"]);
+    assert!(
+        table.contains("10.244.0.11:5432,10.244.0.12:5432"),
+        "{table}"
+    );
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "ep",
+            "db",
+            "-o",
+            "jsonpath={.subsets[0].ports[0].protocol}"
+        ]),
+        "TCP"
+    );
+    let bad = server.apply_file(
+        "bad-ep.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: bad}\nsubsets:\n- ports: [{port: 80}]\n",
+    );
+    let error = server.fails(&["create", "-f", path_str(&bad)]);
+    assert!(
+        error.contains(
+            "subsets[0]: Required value: must specify `addresses` or `notReadyAddresses`"
+        ),
+        "{error}"
+    );
+    server.ok(&["delete", "svc", "db"]);
+    assert!(
+        server
+            .fails(&["get", "ep", "db"])
+            .contains("endpoints \"db\" not found")
+    );
+}

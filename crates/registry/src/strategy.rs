@@ -138,6 +138,11 @@ pub trait Strategy: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// `Warning` header texts sent with every request on this kind (deprecations).
+    fn request_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// `Warning` header texts for a written object (upstream's WarningsOnCreate/Update).
     fn warnings(&self, _object: &Value) -> Vec<String> {
         Vec::new()

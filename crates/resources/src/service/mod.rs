@@ -135,7 +135,16 @@ impl Strategy for ServiceStrategy {
     }
 
     fn release(&self, object: &Value) -> WriteExtras {
-        self.allocator.release(object)
+        // Deleting a Service deletes the Endpoints of the same name (upstream does it right
+        // after; here it is the same transaction).
+        let mut extras = self.allocator.release(object);
+        extras
+            .ops
+            .push(capstan_storage::Op::Delete(crate::endpoints::key(
+                meta::namespace(object),
+                meta::name(object),
+            )));
+        extras
     }
 
     fn field_value(&self, object: &Value, field: &str) -> Option<String> {

@@ -1,0 +1,174 @@
+//! `ValidateEndpoints`.
+
+use std::net::IpAddr;
+
+use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, qualified_name};
+use serde_json::{Value, json};
+
+const IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
+const RANGE: &str = "must be between 1 and 65535, inclusive";
+
+fn special(addr: IpAddr, text: &str) -> Option<String> {
+    if addr.is_unspecified() {
+        return Some(format!("may not be unspecified ({text})"));
+    }
+    if addr.is_loopback() {
+        return Some("may not be in the loopback range (127.0.0.0/8, ::1/128)".into());
+    }
+    let link_local = match addr {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    if link_local {
+        return Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)".into());
+    }
+    let link_local_multicast = match addr {
+        IpAddr::V4(a) => a.octets()[..3] == [224, 0, 0],
+        IpAddr::V6(a) => (a.segments()[0] & 0xff0f) == 0xff02,
+    };
+    if link_local_multicast {
+        return Some(
+            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)".into(),
+        );
+    }
+    None
+}
+
+fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
+    let ip = address.get("ip").and_then(Value::as_str).unwrap_or("");
+    let parsed = ip.parse::<IpAddr>();
+    if parsed.is_err() {
+        errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
+    }
+    if let Some(hostname) = address.get("hostname").and_then(Value::as_str)
+        && !hostname.is_empty()
+    {
+        for message in dns1123_label(hostname) {
+            errors.push(FieldError::invalid(
+                format!("{path}.hostname"),
+                &json!(hostname),
+                message,
+            ));
+        }
+    }
+    if let Some(node) = address.get("nodeName").and_then(Value::as_str) {
+        for message in dns1123_subdomain(node) {
+            errors.push(FieldError::invalid(
+                format!("{path}.nodeName"),
+                &json!(node),
+                message,
+            ));
+        }
+    }
+    match parsed {
+        Err(_) => errors.push(FieldError::invalid(
+            format!("{path}.ip"),
+            &json!(ip),
+            "must be a valid IP address",
+        )),
+        Ok(addr) => {
+            if let Some(why) = special(addr, ip) {
+                errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), why));
+            }
+        }
+    }
+}
+
+/// Validates an Endpoints object.
+pub fn validate(object: &Value) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let subsets = object
+        .get("subsets")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (i, subset) in subsets.iter().enumerate() {
+        let path = format!("subsets[{i}]");
+        let list = |field: &str| {
+            subset
+                .get(field)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (ready, not_ready, ports) =
+            (list("addresses"), list("notReadyAddresses"), list("ports"));
+        if ready.is_empty() && not_ready.is_empty() {
+            errors.push(FieldError::required(
+                path.clone(),
+                "must specify `addresses` or `notReadyAddresses`",
+            ));
+        }
+        for (j, a) in ready.iter().enumerate() {
+            address(&mut errors, &format!("{path}.addresses[{j}]"), a);
+        }
+        for (j, a) in not_ready.iter().enumerate() {
+            address(&mut errors, &format!("{path}.notReadyAddresses[{j}]"), a);
+        }
+        for (k, port) in ports.iter().enumerate() {
+            let port_path = format!("{path}.ports[{k}]");
+            let name = port.get("name").and_then(Value::as_str).unwrap_or("");
+            if ports.len() > 1 && name.is_empty() {
+                errors.push(FieldError::required(format!("{port_path}.name"), ""));
+            } else if !name.is_empty() {
+                for message in dns1123_label(name) {
+                    errors.push(FieldError::invalid(
+                        format!("{port_path}.name"),
+                        &json!(name),
+                        message,
+                    ));
+                }
+            }
+            let number = port.get("port").cloned().unwrap_or(json!(0));
+            if !number.as_i64().is_some_and(|p| (1..=65535).contains(&p)) {
+                errors.push(FieldError::invalid(
+                    format!("{port_path}.port"),
+                    &number,
+                    RANGE,
+                ));
+            }
+            let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("");
+            if protocol.is_empty() {
+                errors.push(FieldError::required(format!("{port_path}.protocol"), ""));
+            } else if !["SCTP", "TCP", "UDP"].contains(&protocol) {
+                errors.push(FieldError::not_supported(
+                    format!("{port_path}.protocol"),
+                    &json!(protocol),
+                    &["SCTP", "TCP", "UDP"],
+                ));
+            }
+            if let Some(app) = port.get("appProtocol").and_then(Value::as_str) {
+                for message in qualified_name(app) {
+                    errors.push(FieldError::invalid(
+                        format!("{port_path}.appProtocol"),
+                        &json!(app),
+                        message,
+                    ));
+                }
+            }
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_subset_and_a_bad_ip_read_like_upstream() {
+        let errors =
+            validate(&json!({"subsets": [{}, {"addresses": [{"ip": "x"}, {"ip": "127.0.0.1"}]}]}));
+        let texts: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "subsets[0]: Required value: must specify `addresses` or `notReadyAddresses`",
+                "subsets[1].addresses[0].ip: Invalid value: \"x\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+                "subsets[1].addresses[0].ip: Invalid value: \"x\": must be a valid IP address",
+                "subsets[1].addresses[1].ip: Invalid value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)",
+            ]
+        );
+    }
+}
