@@ -252,3 +252,33 @@ async fn the_startup_repair_check_fixes_a_damaged_allocation_table() {
     .await;
     assert_eq!(code, 201, "the leaked address was released: {body}");
 }
+
+/// Conformance case ALC-22 (not expressible as one request in `conformance/services.json`).
+#[tokio::test]
+async fn alc_22_two_hundred_concurrent_creates_get_distinct_dynamic_addresses() {
+    let server = Server::start_with(&["--service-cluster-ip-range", "10.96.0.0/16"]);
+    let client = server.client().await;
+    let mut tasks = Vec::new();
+    for i in 1..=200 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            create(&client, &format!("c{i}"), "ClusterIP").await
+        }));
+    }
+    let mut ips = HashSet::new();
+    for task in tasks {
+        let (code, body) = task.await.expect("task");
+        assert_eq!(code, 201, "{body}");
+        let ip: std::net::Ipv4Addr = body["spec"]["clusterIP"]
+            .as_str()
+            .unwrap_or_default()
+            .parse()
+            .expect("IPv4");
+        let offset = u32::from(ip) - u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0));
+        assert!(
+            offset > 256,
+            "{ip} is in the static band 10.96.0.1-10.96.1.0"
+        );
+        assert!(ips.insert(ip), "{ip} handed out twice");
+    }
+}
