@@ -142,6 +142,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(NamespaceStrategy),
         service_strategy.clone(),
         Arc::new(capstan_resources::endpoints::EndpointsStrategy),
+        Arc::new(capstan_resources::pod::PodStrategy),
     ];
     let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
         .iter()
@@ -184,6 +185,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("loading allocations: {}", e.message))?;
     bootstrap(&registries, &service_strategy, args.port).await?;
+    let registry = |plural: &str| {
+        registries
+            .iter()
+            .find(|r| r.strategy().info().plural == plural)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
+    };
+    capstan_controllers::EndpointsController::new(
+        registry("services")?,
+        registry("pods")?,
+        registry("endpoints")?,
+    )
+    .start();
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
     } else if args.bind_address.is_ipv6() {

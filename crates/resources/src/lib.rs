@@ -6,6 +6,7 @@
 
 pub mod endpoints;
 pub mod namespace;
+pub mod pod;
 pub mod service;
 
 /// Round-trips an object through its typed form: unknown fields are dropped and wrongly typed
