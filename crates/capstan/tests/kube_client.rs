@@ -281,7 +281,12 @@ async fn client_errors_get_upstreams_status_and_store_nothing() {
 #[tokio::test]
 async fn watch_from_a_too_old_revision_is_an_error_event() {
     let mut server = Server::start();
-    server.ok(&["create", "service", "clusterip", "old", "--tcp=80:80"]);
+    // Selector-less, so no controller writes follow the create.
+    let manifest = server.apply_file(
+        "old.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: old}\nspec:\n  ports: [{port: 80}]\n",
+    );
+    server.ok(&["create", "-f", common::path_str(&manifest)]);
     // After a restart the watch cache starts at the current revision: revision 1 is history.
     server.restart();
     let client = server.client().await;
