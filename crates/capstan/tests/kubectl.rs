@@ -658,7 +658,12 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
 #[test]
 fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
     let server = Server::start();
-    server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
+    // Selector-less: its Endpoints are the user's, not the controller's.
+    let service = server.apply_file(
+        "db.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n  ports: [{port: 5432}]\n",
+    );
+    server.ok(&["create", "-f", path_str(&service)]);
     let ep = server.apply_file(
         "ep.yaml",
         "apiVersion: v1\nkind: Endpoints\nmetadata: {name: db}\nsubsets:\n- addresses: [{ip: 10.244.0.11}, {ip: 10.244.0.12}]\n  ports: [{port: 5432}]\n",
@@ -700,4 +705,72 @@ fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
             .fails(&["get", "ep", "db"])
             .contains("endpoints \"db\" not found")
     );
+}
+
+#[test]
+fn the_endpoints_controller_follows_pods_and_services() {
+    let server = Server::start();
+    for (name, ip, ready) in [
+        ("p1", "10.244.0.11", "True"),
+        ("p2", "10.244.0.12", "True"),
+        ("p3", "10.244.0.13", "False"),
+    ] {
+        let pod = server.apply_file(
+            &format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),
+        );
+        server.ok(&["apply", "-f", path_str(&pod)]);
+        let status = format!(
+            r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
+        );
+        server.ok(&[
+            "patch",
+            "pod",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status,
+        ]);
+    }
+    let service = server.apply_file(
+        "web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n",
+    );
+    server.ok(&["apply", "-f", path_str(&service)]);
+    let wait_for = |jsonpath: &str, want: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let out = server.kubectl(&["get", "ep", "web", "-o", &format!("jsonpath={jsonpath}")]);
+            let have = String::from_utf8_lossy(&out.stdout).to_string();
+            if have == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{jsonpath}: want {want:?}, have {have:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait_for("{.subsets[0].addresses[*].ip}", "10.244.0.11 10.244.0.12");
+    wait_for("{.subsets[0].notReadyAddresses[*].ip}", "10.244.0.13");
+    wait_for("{.subsets[0].ports[0].port}", "8080");
+    server.ok(&[
+        "patch",
+        "pod",
+        "p3",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ]);
+    wait_for(
+        "{.subsets[0].addresses[*].ip}",
+        "10.244.0.11 10.244.0.12 10.244.0.13",
+    );
+    server.ok(&["delete", "pod", "p1"]);
+    wait_for("{.subsets[0].addresses[*].ip}", "10.244.0.12 10.244.0.13");
+    server.ok(&["delete", "svc", "web"]);
+    assert!(server.fails(&["get", "ep", "web"]).contains("not found"));
 }
