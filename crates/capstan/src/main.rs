@@ -71,6 +71,9 @@ struct ServeArgs {
     /// Inclusive node port range (`a-b` or `a+n`).
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: String,
+    /// Do not run the endpoints controller (Endpoints are then left entirely to clients).
+    #[arg(long)]
+    disable_endpoints_controller: bool,
 }
 
 /// Parses Go-style durations as kube-apiserver flags take them: `300ms`, `90s`, `5m`, `1h`, `0`.
@@ -192,12 +195,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
     };
-    capstan_controllers::EndpointsController::new(
-        registry("services")?,
-        registry("pods")?,
-        registry("endpoints")?,
-    )
-    .start();
+    if !args.disable_endpoints_controller {
+        capstan_controllers::EndpointsController::new(
+            registry("services")?,
+            registry("pods")?,
+            registry("endpoints")?,
+        )
+        .start();
+    }
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
     } else if args.bind_address.is_ipv6() {
