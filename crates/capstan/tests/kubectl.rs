@@ -774,3 +774,66 @@ fn the_endpoints_controller_follows_pods_and_services() {
     server.ok(&["delete", "svc", "web"]);
     assert!(server.fails(&["get", "ep", "web"]).contains("not found"));
 }
+
+#[test]
+fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
+    let mut server = Server::start();
+    let pod = server.apply_file(
+        "p.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",
+    );
+    server.ok(&["apply", "-f", path_str(&pod)]);
+    server.ok(&["patch", "pod", "p", "--subresource=status", "--type=merge", "-p",
+        r#"{"status":{"phase":"Running","podIP":"10.244.1.1","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#]);
+    let service = server.apply_file(
+        "r.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",
+    );
+    server.ok(&["apply", "-f", path_str(&service)]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server
+        .kubectl(&[
+            "get",
+            "ep",
+            "r",
+            "-o",
+            "jsonpath={.subsets[0].addresses[0].ip}",
+        ])
+        .stdout
+        != b"10.244.1.1"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "endpoints never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let trigger = server.ok(&[
+        "get",
+        "ep",
+        "r",
+        "-o",
+        r"jsonpath={.metadata.annotations.endpoints\.kubernetes\.io/last-change-trigger-time}",
+    ]);
+    assert!(!trigger.is_empty(), "the trigger-time annotation is set");
+    let before = server.ok(&[
+        "get",
+        "ep",
+        "r",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    server.restart();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let after = server.ok(&[
+        "get",
+        "ep",
+        "r",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    assert_eq!(
+        before, after,
+        "unchanged Endpoints are not rewritten after a restart"
+    );
+}

@@ -18,11 +18,21 @@ const MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
 const HEADLESS: &str = "service.kubernetes.io/headless";
 const MANAGER: &str = "kube-controller-manager";
 
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
 /// Keeps Endpoints in step with Services and Pods.
 pub struct EndpointsController {
     services: Arc<Registry>,
     pods: Arc<Registry>,
     endpoints: Arc<Registry>,
+    triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+}
+
+/// What §3.5 remembers per Service: the trigger time last seen of each pod and of the Service.
+#[derive(Default)]
+struct TriggerState {
+    pods: std::collections::HashMap<String, String>,
+    service: String,
 }
 
 type Key = (String, String);
@@ -50,6 +60,7 @@ impl EndpointsController {
             services,
             pods,
             endpoints,
+            triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -156,6 +167,48 @@ impl EndpointsController {
         }
     }
 
+    /// The last-change-trigger-time (§3.5): the Service's creation on the first sync, then the
+    /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
+    /// Timestamps are RFC 3339 strings in UTC, which order as text.
+    fn trigger_time(&self, key: &Key, service: &Value, pods: &[Value]) -> String {
+        let created = meta::meta_str(service, "creationTimestamp").to_string();
+        let pod_times: std::collections::HashMap<String, String> = pods
+            .iter()
+            .map(|pod| {
+                let time = pod
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+                    })
+                    .and_then(|c| c.get("lastTransitionTime"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                (meta::meta_str(pod, "uid").to_string(), time)
+            })
+            .collect();
+        let mut triggers = self.triggers.lock().unwrap_or_else(|e| e.into_inner());
+        let first = !triggers.contains_key(key);
+        let state = triggers.entry(key.clone()).or_default();
+        let trigger = if first || state.service != created {
+            created.clone()
+        } else {
+            pod_times
+                .iter()
+                .filter(|(uid, time)| {
+                    !time.is_empty() && state.pods.get(*uid).is_none_or(|old| old < *time)
+                })
+                .map(|(_, time)| time.clone())
+                .min()
+                .unwrap_or_default()
+        };
+        state.pods = pod_times;
+        state.service = created;
+        trigger
+    }
+
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), String> {
         let write = WriteOptions {
             dry_run: false,
@@ -201,6 +254,8 @@ impl EndpointsController {
             .map_err(|e| e.message)?;
         let pods: Vec<Value> = pods.items.iter().map(|o| o.object()).collect();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
+        let trigger =
+            self.trigger_time(&(namespace.to_string(), name.to_string()), &service, &pods);
 
         let current = match self.endpoints.get(namespace, name, ReadAt::Latest).await {
             Ok(current) => Some(current),
@@ -232,6 +287,11 @@ impl EndpointsController {
                 } else {
                     a.remove(OVER_CAPACITY);
                 }
+                if trigger.is_empty() {
+                    a.remove(TRIGGER_TIME);
+                } else {
+                    a.insert(TRIGGER_TIME.into(), json!(trigger));
+                }
                 a.is_empty()
             });
         if annotations == Some(true) {
@@ -246,7 +306,38 @@ impl EndpointsController {
         }
         match current {
             Some(current) => {
-                if current == desired {
+                // §3.2 step 10: nothing to write when subsets and labels already match and
+                // nothing is over capacity (the trigger-time annotation alone never causes a
+                // write, so a restart rewrites nothing).
+                let strip = |object: &Value| {
+                    let mut labels = object
+                        .pointer("/metadata/labels")
+                        .and_then(Value::as_object)
+                        .cloned()
+                        .unwrap_or_default();
+                    labels.remove(HEADLESS);
+                    labels
+                };
+                let subsets_of = |object: &Value| {
+                    object
+                        .get("subsets")
+                        .cloned()
+                        .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
+                };
+                let managed = current
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(MANAGED_BY))
+                    .is_some();
+                let over = current
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(OVER_CAPACITY))
+                    .is_some();
+                if managed
+                    && !truncated
+                    && !over
+                    && subsets_of(&current) == subsets_of(&desired)
+                    && strip(&current) == strip(&desired)
+                {
                     return Ok(());
                 }
                 self.endpoints
