@@ -254,22 +254,40 @@ async fn run_cluster(
             (Some(_), true) => failures.push(format!("{id}: passes now; remove its xfail")),
             _ => {}
         }
-        let _ = raw(
-            &client,
-            "DELETE",
+        for collection in [
             "/api/v1/namespaces/default/services?fieldSelector=metadata.name%21%3Dkubernetes",
-            None,
-            Vec::new(),
-        )
-        .await;
+            "/api/v1/namespaces/default/endpoints",
+            "/api/v1/namespaces/default/pods",
+        ] {
+            let _ = raw(&client, "DELETE", collection, None, Vec::new()).await;
+        }
     }
     (ran, skipped, failures)
 }
 
+/// Every case file in `tests/conformance/` (`services.json`, `endpoints.json`, …).
+fn load_cases() -> Vec<Value> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("conformance directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).expect("case file");
+            serde_json::from_str::<Vec<Value>>(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn service_conformance_cases() {
-    let cases: Vec<Value> =
-        serde_json::from_str(include_str!("conformance/services.json")).expect("cases parse");
+    let cases = load_cases();
     let single = [
         "--service-cluster-ip-range",
         "10.96.0.0/16",

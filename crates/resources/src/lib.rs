@@ -25,5 +25,18 @@ where
         map.remove("apiVersion");
         map.remove("kind");
     }
+    drop_empty_lists(&mut out);
     Ok(out)
+}
+
+/// Go's `omitempty`: an empty list is never written (every list field of these kinds has it).
+fn drop_empty_lists(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+            map.values_mut().for_each(drop_empty_lists);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
+        _ => {}
+    }
 }
