@@ -237,14 +237,28 @@ async fn run_cluster(
             }
         }
         if problems.is_empty() {
-            let (code, body, warnings) = send(&client, &case["request"]).await;
-            if Some(u64::from(code)) != case["expect"]["code"].as_u64() {
-                problems.push(format!(
-                    "code {code}, want {}: {body}",
-                    case["expect"]["code"]
-                ));
-            } else {
-                problems.extend(check(case, &body, &warnings));
+            // `eventually`: the request is repeated until the expectations hold (5 s), for
+            // outcomes a controller produces asynchronously.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                let (code, body, warnings) = send(&client, &case["request"]).await;
+                let mut attempt = Vec::new();
+                if Some(u64::from(code)) != case["expect"]["code"].as_u64() {
+                    attempt.push(format!(
+                        "code {code}, want {}: {body}",
+                        case["expect"]["code"]
+                    ));
+                } else {
+                    attempt.extend(check(case, &body, &warnings));
+                }
+                if attempt.is_empty()
+                    || case["eventually"].as_bool() != Some(true)
+                    || std::time::Instant::now() > deadline
+                {
+                    problems.extend(attempt);
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
         // `xfail` marks a case known to fail, with the reason; it must keep failing, so a
