@@ -26,6 +26,7 @@ pub struct EndpointsController {
     pods: Arc<Registry>,
     endpoints: Arc<Registry>,
     triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+    selectors: std::sync::Mutex<std::collections::HashMap<Key, LabelSelector>>,
 }
 
 /// What §3.5 remembers per Service: the trigger time last seen of each pod and of the Service.
@@ -61,6 +62,7 @@ impl EndpointsController {
             pods,
             endpoints,
             triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            selectors: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -68,7 +70,8 @@ impl EndpointsController {
     pub fn start(self) {
         let controller = Arc::new(self);
         let (queue, mut work) = mpsc::unbounded_channel::<Key>();
-        // Services: every change syncs that Service.
+        // Services: every change syncs that Service; their selectors are remembered so a pod
+        // change only wakes the Services that select (or selected) it.
         {
             let queue = queue.clone();
             let controller = controller.clone();
@@ -76,28 +79,82 @@ impl EndpointsController {
                 loop {
                     let mut watcher = watch_all(&controller.services, false);
                     while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(_, object) = item {
+                        if let WatchItem::Event(kind, object) = item {
                             let s = &object.selectable;
-                            let _ = queue.send((meta::namespace(s).into(), meta::name(s).into()));
+                            let key: Key = (meta::namespace(s).into(), meta::name(s).into());
+                            let selector = (kind != EventType::Deleted)
+                                .then(|| {
+                                    object
+                                        .object()
+                                        .pointer("/spec/selector")
+                                        .and_then(Value::as_object)
+                                        .cloned()
+                                })
+                                .flatten()
+                                .filter(|m| !m.is_empty());
+                            {
+                                let mut selectors = controller
+                                    .selectors
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner());
+                                match selector {
+                                    Some(selector) => {
+                                        selectors.insert(
+                                            key.clone(),
+                                            LabelSelector::from_map(&selector),
+                                        );
+                                    }
+                                    None => {
+                                        selectors.remove(&key);
+                                    }
+                                }
+                            }
+                            let _ = queue.send(key);
                         }
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
             });
         }
-        // Pods: a change syncs every selector Service of the pod's namespace (a superset of the
-        // Services whose membership can have changed).
+        // Pods: a change wakes the Services whose selector matches the pod's labels now or
+        // matched them before.
         {
             let queue = queue.clone();
             let controller = controller.clone();
             tokio::spawn(async move {
+                let mut last_labels: std::collections::HashMap<
+                    std::sync::Arc<str>,
+                    Map<String, Value>,
+                > = std::collections::HashMap::new();
                 loop {
                     let mut watcher = watch_all(&controller.pods, false);
                     while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(_, object) = item {
+                        if let WatchItem::Event(kind, object) = item {
                             let namespace = meta::namespace(&object.selectable).to_string();
-                            for name in controller.selector_services(&namespace).await {
-                                let _ = queue.send((namespace.clone(), name));
+                            let labels = object
+                                .selectable
+                                .pointer("/metadata/labels")
+                                .and_then(Value::as_object)
+                                .cloned()
+                                .unwrap_or_default();
+                            let before = if kind == EventType::Deleted {
+                                last_labels.remove(&object.key)
+                            } else {
+                                last_labels.insert(object.key.clone(), labels.clone())
+                            };
+                            let selectors = controller
+                                .selectors
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner());
+                            for ((ns, name), selector) in selectors.iter() {
+                                if *ns == namespace
+                                    && (selector.matches(Some(&labels))
+                                        || before
+                                            .as_ref()
+                                            .is_some_and(|b| selector.matches(Some(b))))
+                                {
+                                    let _ = queue.send((ns.clone(), name.clone()));
+                                }
                             }
                         }
                     }
@@ -150,21 +207,6 @@ impl EndpointsController {
                 }
             }
         });
-    }
-
-    async fn selector_services(&self, namespace: &str) -> Vec<String> {
-        let options = ListOptions {
-            read_at: ReadAt::Any,
-            ..ListOptions::default()
-        };
-        match self.services.list(namespace, &options).await {
-            Ok(list) => list
-                .items
-                .iter()
-                .map(|o| meta::name(&o.selectable).to_string())
-                .collect(),
-            Err(_) => Vec::new(),
-        }
     }
 
     /// The last-change-trigger-time (§3.5): the Service's creation on the first sync, then the
