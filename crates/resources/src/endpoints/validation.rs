@@ -35,10 +35,44 @@ fn special(addr: IpAddr, text: &str) -> Option<String> {
     None
 }
 
+/// A dotted quad that only parses once leading zeros are allowed.
+fn sloppy_v4(text: &str) -> Option<IpAddr> {
+    if text.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let parts: Option<Vec<u8>> = text
+        .split('.')
+        .map(|p| {
+            (!p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse::<u8>().ok())
+                .flatten()
+        })
+        .collect();
+    let parts = parts.filter(|p| p.len() == 4)?;
+    Some(IpAddr::from([parts[0], parts[1], parts[2], parts[3]]))
+}
+
 fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
     let ip = address.get("ip").and_then(Value::as_str).unwrap_or("");
+    // 1.36's strict check: leading zeros and IPv4-mapped IPv6 are refused with their own text
+    // (the legacy sloppy parse accepts them, so the special-address check still runs).
+    let sloppy = sloppy_v4(ip);
     let parsed = ip.parse::<IpAddr>();
-    if parsed.is_err() {
+    if sloppy.is_some() {
+        errors.push(FieldError::invalid(
+            format!("{path}.ip"),
+            &json!(ip),
+            "must not have leading 0s",
+        ));
+    } else if let Ok(IpAddr::V6(v6)) = parsed
+        && v6.to_ipv4_mapped().is_some()
+    {
+        errors.push(FieldError::invalid(
+            format!("{path}.ip"),
+            &json!(ip),
+            "must not be an IPv4-mapped IPv6 address",
+        ));
+    } else if parsed.is_err() {
         errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
     }
     if let Some(hostname) = address.get("hostname").and_then(Value::as_str)
@@ -61,13 +95,13 @@ fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
             ));
         }
     }
-    match parsed {
-        Err(_) => errors.push(FieldError::invalid(
+    match parsed.ok().or(sloppy) {
+        None => errors.push(FieldError::invalid(
             format!("{path}.ip"),
             &json!(ip),
             "must be a valid IP address",
         )),
-        Ok(addr) => {
+        Some(addr) => {
             if let Some(why) = special(addr, ip) {
                 errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), why));
             }
@@ -155,6 +189,21 @@ pub fn validate(object: &Value) -> FieldErrors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leading_zeros_and_mapped_addresses_are_refused_as_in_1_36() {
+        let errors = validate(
+            &json!({"subsets": [{"addresses": [{"ip": "010.1.1.1"}, {"ip": "::ffff:10.1.1.1"}]}]}),
+        );
+        let texts: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "subsets[0].addresses[0].ip: Invalid value: \"010.1.1.1\": must not have leading 0s",
+                "subsets[0].addresses[1].ip: Invalid value: \"::ffff:10.1.1.1\": must not be an IPv4-mapped IPv6 address",
+            ]
+        );
+    }
 
     #[test]
     fn an_empty_subset_and_a_bad_ip_read_like_upstream() {
