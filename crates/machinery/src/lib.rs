@@ -12,6 +12,7 @@
 pub mod continue_token;
 pub mod field;
 pub mod fields;
+pub mod ip;
 pub mod labels;
 pub mod media;
 pub mod meta;

@@ -1,79 +1,22 @@
 //! `ValidateEndpoints`.
 
-use std::net::IpAddr;
-
 use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::ip;
 use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, qualified_name};
 use serde_json::{Value, json};
 
-const IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
 const RANGE: &str = "must be between 1 and 65535, inclusive";
-
-fn special(addr: IpAddr, text: &str) -> Option<String> {
-    if addr.is_unspecified() {
-        return Some(format!("may not be unspecified ({text})"));
-    }
-    if addr.is_loopback() {
-        return Some("may not be in the loopback range (127.0.0.0/8, ::1/128)".into());
-    }
-    let link_local = match addr {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
-    };
-    if link_local {
-        return Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)".into());
-    }
-    let link_local_multicast = match addr {
-        IpAddr::V4(a) => a.octets()[..3] == [224, 0, 0],
-        IpAddr::V6(a) => (a.segments()[0] & 0xff0f) == 0xff02,
-    };
-    if link_local_multicast {
-        return Some(
-            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)".into(),
-        );
-    }
-    None
-}
-
-/// A dotted quad that only parses once leading zeros are allowed.
-fn sloppy_v4(text: &str) -> Option<IpAddr> {
-    if text.parse::<IpAddr>().is_ok() {
-        return None;
-    }
-    let parts: Option<Vec<u8>> = text
-        .split('.')
-        .map(|p| {
-            (!p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| p.parse::<u8>().ok())
-                .flatten()
-        })
-        .collect();
-    let parts = parts.filter(|p| p.len() == 4)?;
-    Some(IpAddr::from([parts[0], parts[1], parts[2], parts[3]]))
-}
 
 fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
     let ip = address.get("ip").and_then(Value::as_str).unwrap_or("");
     // 1.36's strict check: leading zeros and IPv4-mapped IPv6 are refused with their own text
     // (the legacy sloppy parse accepts them, so the special-address check still runs).
-    let sloppy = sloppy_v4(ip);
-    let parsed = ip.parse::<IpAddr>();
-    if sloppy.is_some() {
+    if let Some(problem) = ip::strict_problem(ip) {
         errors.push(FieldError::invalid(
             format!("{path}.ip"),
             &json!(ip),
-            "must not have leading 0s",
+            problem,
         ));
-    } else if let Ok(IpAddr::V6(v6)) = parsed
-        && v6.to_ipv4_mapped().is_some()
-    {
-        errors.push(FieldError::invalid(
-            format!("{path}.ip"),
-            &json!(ip),
-            "must not be an IPv4-mapped IPv6 address",
-        ));
-    } else if parsed.is_err() {
-        errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
     }
     if let Some(hostname) = address.get("hostname").and_then(Value::as_str)
         && !hostname.is_empty()
@@ -95,14 +38,14 @@ fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
             ));
         }
     }
-    match parsed.ok().or(sloppy) {
+    match ip::parse_sloppy(ip) {
         None => errors.push(FieldError::invalid(
             format!("{path}.ip"),
             &json!(ip),
             "must be a valid IP address",
         )),
         Some(addr) => {
-            if let Some(why) = special(addr, ip) {
+            if let Some(why) = ip::special_problem(addr, ip) {
                 errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), why));
             }
         }

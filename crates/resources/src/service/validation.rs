@@ -4,13 +4,16 @@
 use std::net::IpAddr;
 
 use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::ip::{
+    INVALID_IP as IP, canonical_ip_warning, cidr_warning, parse_cidr, special_problem,
+    strict_problem,
+};
 use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, validate_labels};
 use serde_json::{Value, json};
 
 use super::ServiceAllocator;
 
 const RANGE: &str = "must be between 1 and 65535, inclusive";
-const IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
 const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 const LB_ONLY: &str = "may only be used when `type` is 'LoadBalancer'";
 
@@ -22,136 +25,8 @@ fn valid_ip(text: &str) -> bool {
     text.parse::<IpAddr>().is_ok()
 }
 
-/// 1.36's strict IP check: what is wrong with `text` as an IP of a Service field, if anything.
-fn ip_problem(text: &str) -> Option<&'static str> {
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
-            Some("must not be an IPv4-mapped IPv6 address")
-        }
-        Ok(_) => None,
-        Err(_) => {
-            // A dotted quad that parses once leading zeros are dropped had leading zeros.
-            let parts: Vec<&str> = text.split('.').collect();
-            let sloppy = parts.len() == 4
-                && parts.iter().all(|p| {
-                    !p.is_empty()
-                        && p.len() <= 3
-                        && p.bytes().all(|b| b.is_ascii_digit())
-                        && p.parse::<u16>().is_ok_and(|n| n <= 255)
-                });
-            Some(if sloppy {
-                "must not have leading 0s"
-            } else {
-                IP
-            })
-        }
-    }
-}
-
-/// The ≥1.33 warning for an IPv6 address not in RFC 5952 canonical form.
-fn canonical_ip_warning(path: &str, text: &str) -> Option<String> {
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) if v6.to_string() != text => Some(format!(
-            "{path}: IPv6 address {text:?} should be in RFC 5952 canonical format ({:?})",
-            v6.to_string()
-        )),
-        _ => None,
-    }
-}
-
-/// `ValidateNonSpecialIP`: addresses an external IP may not be.
-fn special_address(addr: IpAddr, text: &str) -> Option<String> {
-    if addr.is_unspecified() {
-        return Some(format!("may not be unspecified ({text})"));
-    }
-    if addr.is_loopback() {
-        return Some("may not be in the loopback range (127.0.0.0/8, ::1/128)".into());
-    }
-    let link_local_unicast = match addr {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
-    };
-    if link_local_unicast {
-        return Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)".into());
-    }
-    let link_local_multicast = match addr {
-        IpAddr::V4(a) => a.octets()[..3] == [224, 0, 0],
-        IpAddr::V6(a) => (a.segments()[0] & 0xff0f) == 0xff02,
-    };
-    if link_local_multicast {
-        return Some(
-            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)".into(),
-        );
-    }
-    None
-}
-
-/// Parses a CIDR as upstream's legacy parser does (IPv4 parts may have leading zeros).
-fn parse_cidr(text: &str) -> Option<(IpAddr, u32)> {
-    let (address, prefix) = text.split_once('/')?;
-    let address = address.parse::<IpAddr>().ok().or_else(|| {
-        let parts: Vec<u8> = address
-            .split('.')
-            .map(|p| {
-                (!p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| p.parse::<u8>().ok())
-                    .flatten()
-            })
-            .collect::<Option<Vec<u8>>>()?;
-        (parts.len() == 4).then(|| IpAddr::from([parts[0], parts[1], parts[2], parts[3]]))
-    })?;
-    let max = if address.is_ipv4() { 32 } else { 128 };
-    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let bits = prefix.parse::<u32>().ok().filter(|p| *p <= max)?;
-    Some((address, bits))
-}
-
 fn valid_cidr(text: &str) -> bool {
     parse_cidr(text).is_some()
-}
-
-/// The ≥1.33 warnings for a CIDR that is valid but not canonical.
-fn cidr_warning(path: &str, text: &str) -> Option<String> {
-    let (address, bits) = parse_cidr(text)?;
-    let network = match address {
-        IpAddr::V4(a) => {
-            let mask = if bits == 0 {
-                0
-            } else {
-                u32::MAX << (32 - bits)
-            };
-            IpAddr::from(std::net::Ipv4Addr::from(u32::from(a) & mask))
-        }
-        IpAddr::V6(a) => {
-            let mask = if bits == 0 {
-                0
-            } else {
-                u128::MAX << (128 - bits)
-            };
-            IpAddr::from(std::net::Ipv6Addr::from(u128::from(a) & mask))
-        }
-    };
-    let canonical = format!("{address}/{bits}");
-    if network != address {
-        let host_bits = if address.is_ipv4() { 32 } else { 128 };
-        return Some(format!(
-            "{path}: CIDR value {text:?} is ambiguous in this context (should be \"{network}/{bits}\" or \"{address}/{host_bits}\"?)"
-        ));
-    }
-    if canonical != text {
-        return Some(if address.is_ipv4() {
-            format!(
-                "{path}: non-standard CIDR value {text:?} will be considered invalid in a future Kubernetes release: use {canonical:?}"
-            )
-        } else {
-            format!(
-                "{path}: IPv6 CIDR value {text:?} should be in RFC 5952 canonical format ({canonical:?})"
-            )
-        });
-    }
-    None
 }
 
 /// Go's `%v` of the internal ServicePort, as 1.36 renders a duplicate port (JSON of the
@@ -371,26 +246,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
     if let Some(ips) = spec.get("externalIPs").and_then(Value::as_array) {
         for (i, ip) in ips.iter().enumerate() {
             let text = ip.as_str().unwrap_or("");
-            match text.parse::<IpAddr>() {
-                Err(_) => errors.push(FieldError::invalid(
-                    format!("spec.externalIPs[{i}]"),
-                    ip,
-                    ip_problem(text).unwrap_or(IP),
-                )),
-                Ok(_) if ip_problem(text).is_some() => errors.push(FieldError::invalid(
-                    format!("spec.externalIPs[{i}]"),
-                    ip,
-                    ip_problem(text).unwrap_or(IP),
-                )),
-                Ok(addr) => {
-                    if let Some(why) = special_address(addr, text) {
-                        errors.push(FieldError::invalid(
-                            format!("spec.externalIPs[{i}]"),
-                            ip,
-                            why,
-                        ));
-                    }
-                }
+            let path = format!("spec.externalIPs[{i}]");
+            if let Some(problem) = strict_problem(text) {
+                errors.push(FieldError::invalid(path, ip, problem));
+            } else if let Some(why) = text.parse().ok().and_then(|a| special_problem(a, text)) {
+                errors.push(FieldError::invalid(path, ip, why));
             }
         }
     }
@@ -568,7 +428,7 @@ pub fn validate_cluster_ip_fields(spec: &Value) -> FieldErrors {
                         "'None' must be the first and only value",
                     ));
                 }
-            } else if let Some(problem) = ip_problem(ip) {
+            } else if let Some(problem) = strict_problem(ip) {
                 errors.push(FieldError::invalid(
                     format!("spec.clusterIPs[{i}]"),
                     &json!(ip),
@@ -903,20 +763,5 @@ mod ip_tests {
         assert!(warnings(&service).iter().any(|w| w.starts_with(
             "spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous"
         )));
-    }
-
-    #[test]
-    fn strict_ip_rules_of_1_36() {
-        assert_eq!(ip_problem("10.96.0.10"), None);
-        assert_eq!(ip_problem("010.96.0.10"), Some("must not have leading 0s"));
-        assert_eq!(
-            ip_problem("::ffff:10.0.0.1"),
-            Some("must not be an IPv4-mapped IPv6 address")
-        );
-        assert_eq!(ip_problem("nope"), Some(IP));
-        assert_eq!(
-            canonical_ip_warning("spec.clusterIPs[1]", "FD00:10:96::A"),
-            Some("spec.clusterIPs[1]: IPv6 address \"FD00:10:96::A\" should be in RFC 5952 canonical format (\"fd00:10:96::a\")".into())
-        );
     }
 }
