@@ -2,16 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
-fn externally_accessible(spec: &Map<String, Value>) -> bool {
-    match spec.get("type").and_then(Value::as_str) {
-        Some("NodePort" | "LoadBalancer") => true,
-        Some("ClusterIP") => spec
-            .get("externalIPs")
-            .and_then(Value::as_array)
-            .is_some_and(|ips| !ips.is_empty()),
-        _ => false,
-    }
-}
+use super::spec::externally_accessible;
 
 /// Applies the v1 defaults to a Service.
 pub fn apply(object: &mut Value) {

@@ -4,6 +4,8 @@ mod allocator;
 mod bitmap;
 mod defaults;
 mod printer;
+mod spec;
+mod transitions;
 mod validation;
 
 use async_trait::async_trait;
@@ -107,7 +109,7 @@ impl Strategy for ServiceStrategy {
         capstan_registry::strategy::copy_field(new, old, "status");
         allocator::keep_allocated_values(new, old);
         allocator::normalize_cluster_ips(new);
-        allocator::drop_type_dependent_fields(new, old);
+        transitions::drop_type_dependent_fields(new, old);
     }
 
     fn validate_create(&self, object: &Value) -> FieldErrors {

@@ -12,6 +12,7 @@ use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, validate_l
 use serde_json::{Value, json};
 
 use super::ServiceAllocator;
+use super::spec::{externally_accessible, needs_health_check};
 
 const RANGE: &str = "must be between 1 and 65535, inclusive";
 const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
@@ -335,12 +336,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         ));
     }
     errors.extend(validate_load_balancer_class(spec));
-    let external = matches!(kind, "NodePort" | "LoadBalancer")
-        || (kind == "ClusterIP"
-            && spec
-                .get("externalIPs")
-                .and_then(Value::as_array)
-                .is_some_and(|l| !l.is_empty()));
+    let external = spec.as_object().is_some_and(externally_accessible);
     let etp = str_at(spec, "externalTrafficPolicy");
     if !external && !etp.is_empty() {
         errors.push(FieldError::invalid(
@@ -361,7 +357,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         .get("healthCheckNodePort")
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let needs_health = kind == "LoadBalancer" && etp == "Local";
+    let needs_health = spec.as_object().is_some_and(needs_health_check);
     if !needs_health && health != 0 {
         errors.push(FieldError::invalid(
             "spec.healthCheckNodePort",
@@ -722,9 +718,7 @@ pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
         }
     }
     errors.extend(validate_load_balancer_class(new_spec));
-    let needs = |spec: &Value| {
-        str_at(spec, "type") == "LoadBalancer" && str_at(spec, "externalTrafficPolicy") == "Local"
-    };
+    let needs = |spec: &Value| spec.as_object().is_some_and(needs_health_check);
     if needs(old_spec)
         && needs(new_spec)
         && old_spec.get("healthCheckNodePort") != new_spec.get("healthCheckNodePort")
