@@ -71,12 +71,9 @@ fn walk(document: &Value, schema: &Value, value: &Value, path: &str, out: &mut V
     }
 }
 
-/// The `unknown field "spec.foo"` problems of an object of the core/v1 schema `name`
-/// (e.g. `io.k8s.api.core.v1.Service`), in document order.
-pub fn unknown_core_fields(name: &str, object: &Value) -> Vec<String> {
-    let Some(schema) = CORE_V1.pointer(&format!("/components/schemas/{name}")) else {
-        return Vec::new();
-    };
+/// The `unknown field "spec.foo"` problems of an object against a core/v1 schema
+/// definition, in document order.
+pub fn unknown_fields(schema: &'static Value, object: &Value) -> Vec<String> {
     let mut out = Vec::new();
     walk(&CORE_V1, schema, object, "", &mut out);
     out
@@ -95,7 +92,10 @@ mod tests {
             "spec": {"foo": 1, "ports": [{"port": 80, "nodeport": 3}], "selector": {"a": "b"}},
         });
         assert_eq!(
-            unknown_core_fields("io.k8s.api.core.v1.Service", &service),
+            unknown_fields(
+                core_schema("io.k8s.api.core.v1.Service").expect("schema"),
+                &service
+            ),
             [
                 "unknown field \"metadata.bogus\"",
                 "unknown field \"spec.foo\"",

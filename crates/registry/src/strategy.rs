@@ -118,7 +118,13 @@ pub trait Strategy: Send + Sync + 'static {
         if prefix && name.is_empty() {
             return Vec::new();
         }
-        capstan_machinery::validation::dns1123_subdomain(name)
+        (self.name_rule())(name)
+    }
+
+    /// The rule names of this kind follow: a DNS-1123 subdomain unless the kind says otherwise
+    /// (Services and Namespaces use a DNS-1123 label).
+    fn name_rule(&self) -> fn(&str) -> Vec<String> {
+        capstan_machinery::validation::dns1123_subdomain
     }
 
     /// Decodes a request body into the kind's schema: unknown fields dropped, wrong types
@@ -127,15 +133,23 @@ pub trait Strategy: Send + Sync + 'static {
         Ok(object)
     }
 
-    /// The kind's OpenAPI definition (drives managedFields).
+    /// The kind's OpenAPI definition (drives managedFields and `fieldValidation`): for core/v1
+    /// kinds, `io.k8s.api.core.v1.<Kind>`.
     fn schema(&self) -> Option<&'static Value> {
-        None
+        let info = self.info();
+        if info.group.is_empty() && info.version == "v1" {
+            capstan_machinery::schema::core_schema(&format!("io.k8s.api.core.v1.{}", info.kind))
+        } else {
+            None
+        }
     }
 
     /// `unknown field "spec.foo"` problems of a request body (with `kind`/`apiVersion`),
     /// judged against the kind's OpenAPI schema.
-    fn unknown_fields(&self, _object: &Value) -> Vec<String> {
-        Vec::new()
+    fn unknown_fields(&self, object: &Value) -> Vec<String> {
+        self.schema()
+            .map(|schema| capstan_machinery::schema::unknown_fields(schema, object))
+            .unwrap_or_default()
     }
 
     /// `Warning` header texts sent with every request on this kind (deprecations).

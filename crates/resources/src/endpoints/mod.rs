@@ -56,14 +56,6 @@ impl Strategy for EndpointsStrategy {
         &ENDPOINTS_INFO
     }
 
-    fn schema(&self) -> Option<&'static Value> {
-        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Endpoints")
-    }
-
-    fn unknown_fields(&self, object: &Value) -> Vec<String> {
-        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Endpoints", object)
-    }
-
     fn decode(&self, object: Value) -> Result<Value, String> {
         crate::typed::<k8s_openapi::api::core::v1::Endpoints>(object)
     }

@@ -4,7 +4,7 @@
 
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
-use capstan_machinery::{meta, validation};
+use capstan_machinery::meta;
 use capstan_registry::{ResourceInfo, Strategy};
 use serde_json::{Value, json};
 
@@ -44,24 +44,8 @@ impl Strategy for NamespaceStrategy {
         &NAMESPACE_INFO
     }
 
-    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix {
-            name.trim_end_matches('-')
-        } else {
-            name
-        };
-        if prefix && name.is_empty() {
-            return Vec::new();
-        }
-        validation::dns1123_label(name)
-    }
-
-    fn schema(&self) -> Option<&'static Value> {
-        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Namespace")
-    }
-
-    fn unknown_fields(&self, object: &Value) -> Vec<String> {
-        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Namespace", object)
+    fn name_rule(&self) -> fn(&str) -> Vec<String> {
+        capstan_machinery::validation::dns1123_label
     }
 
     fn decode(&self, object: Value) -> Result<Value, String> {

@@ -65,14 +65,6 @@ impl Strategy for PodStrategy {
         &POD_INFO
     }
 
-    fn schema(&self) -> Option<&'static Value> {
-        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Pod")
-    }
-
-    fn unknown_fields(&self, object: &Value) -> Vec<String> {
-        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Pod", object)
-    }
-
     fn decode(&self, object: Value) -> Result<Value, String> {
         crate::typed::<k8s_openapi::api::core::v1::Pod>(object)
     }

@@ -70,24 +70,8 @@ impl Strategy for ServiceStrategy {
         &SERVICE_INFO
     }
 
-    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix {
-            name.trim_end_matches('-')
-        } else {
-            name
-        };
-        if prefix && name.is_empty() {
-            return Vec::new();
-        }
-        capstan_machinery::validation::dns1123_label(name)
-    }
-
-    fn schema(&self) -> Option<&'static Value> {
-        capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
-    }
-
-    fn unknown_fields(&self, object: &Value) -> Vec<String> {
-        capstan_machinery::schema::unknown_core_fields("io.k8s.api.core.v1.Service", object)
+    fn name_rule(&self) -> fn(&str) -> Vec<String> {
+        capstan_machinery::validation::dns1123_label
     }
 
     fn decode(&self, object: Value) -> Result<Value, String> {
