@@ -12,6 +12,14 @@ const QUALIFIED_NAME_MSG: &str = "name part must consist of alphanumeric charact
 const LABEL_KEY_MSG: &str = "a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
 
+/// The detail for a port number out of range.
+pub const PORT_RANGE: &str = "must be between 1 and 65535, inclusive";
+
+/// Whether a JSON value is a port number (1–65535).
+pub fn is_port(value: &Value) -> bool {
+    value.as_i64().is_some_and(|p| (1..=65535).contains(&p))
+}
+
 /// The total size allowed for all annotations of one object.
 pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 

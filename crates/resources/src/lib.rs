@@ -9,6 +9,18 @@ pub mod namespace;
 pub mod pod;
 pub mod service;
 
+/// The port default every kind shares: an empty or missing `protocol` is `TCP`.
+pub(crate) fn default_protocol(port: &mut serde_json::Map<String, serde_json::Value>) {
+    if port
+        .get("protocol")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("")
+        .is_empty()
+    {
+        port.insert("protocol".into(), "TCP".into());
+    }
+}
+
 /// Round-trips an object through its typed form: unknown fields are dropped and wrongly typed
 /// ones refused, as kube-apiserver's decoder does.
 pub(crate) fn typed<T>(mut object: serde_json::Value) -> Result<serde_json::Value, String>

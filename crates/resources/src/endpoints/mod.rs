@@ -7,7 +7,7 @@ mod validation;
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::Column;
 use capstan_registry::{ResourceInfo, Strategy};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// Endpoints' identity.
 pub static ENDPOINTS_INFO: ResourceInfo = ResourceInfo {
@@ -64,16 +64,10 @@ impl Strategy for EndpointsStrategy {
         if let Some(subsets) = object.get_mut("subsets").and_then(Value::as_array_mut) {
             for subset in subsets {
                 if let Some(ports) = subset.get_mut("ports").and_then(Value::as_array_mut) {
-                    for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-                        if port
-                            .get("protocol")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .is_empty()
-                        {
-                            port.insert("protocol".into(), json!("TCP"));
-                        }
-                    }
+                    ports
+                        .iter_mut()
+                        .filter_map(Value::as_object_mut)
+                        .for_each(crate::default_protocol);
                 }
             }
         }

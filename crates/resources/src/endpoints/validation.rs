@@ -2,10 +2,10 @@
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip;
-use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, qualified_name};
+use capstan_machinery::validation::{
+    PORT_RANGE, dns1123_label, dns1123_subdomain, is_port, qualified_name,
+};
 use serde_json::{Value, json};
-
-const RANGE: &str = "must be between 1 and 65535, inclusive";
 
 fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
     let ip = address.get("ip").and_then(Value::as_str).unwrap_or("");
@@ -98,11 +98,11 @@ pub fn validate(object: &Value) -> FieldErrors {
                 }
             }
             let number = port.get("port").cloned().unwrap_or(json!(0));
-            if !number.as_i64().is_some_and(|p| (1..=65535).contains(&p)) {
+            if !is_port(&number) {
                 errors.push(FieldError::invalid(
                     format!("{port_path}.port"),
                     &number,
-                    RANGE,
+                    PORT_RANGE,
                 ));
             }
             let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("");

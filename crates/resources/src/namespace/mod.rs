@@ -3,8 +3,8 @@
 //! created in it.
 
 use capstan_machinery::field::FieldErrors;
-use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_machinery::meta;
+use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{ResourceInfo, Strategy};
 use serde_json::{Value, json};
 

@@ -117,7 +117,7 @@ impl Strategy for PodStrategy {
                         .flatten()
                         .filter_map(Value::as_object_mut)
                     {
-                        port.entry("protocol").or_insert(json!("TCP"));
+                        crate::default_protocol(port);
                     }
                 }
             }
@@ -203,10 +203,10 @@ impl Strategy for PodStrategy {
                         format!("{path}.ports[{j}].containerPort"),
                         "",
                     )),
-                    Some(p) if !(1..=65535).contains(&p) => errors.push(FieldError::invalid(
+                    Some(_) if !validation::is_port(&number) => errors.push(FieldError::invalid(
                         format!("{path}.ports[{j}].containerPort"),
                         &number,
-                        "must be between 1 and 65535, inclusive",
+                        validation::PORT_RANGE,
                     )),
                     _ => {}
                 }
@@ -255,7 +255,7 @@ impl Strategy for PodStrategy {
                 errors.push(FieldError::invalid(
                     format!("status.podIPs[{i}].ip"),
                     &json!(text),
-                    "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+                    capstan_machinery::ip::INVALID_IP,
                 ));
             } else if seen.contains(&text) {
                 errors.push(FieldError::duplicate(

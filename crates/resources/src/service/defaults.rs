@@ -50,14 +50,7 @@ pub fn apply(object: &mut Value) {
     }
     if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
         for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-            if port
-                .get("protocol")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .is_empty()
-            {
-                port.insert("protocol".into(), json!("TCP"));
-            }
+            crate::default_protocol(port);
             let unset = match port.get("targetPort") {
                 None | Some(Value::Null) => true,
                 Some(Value::Number(n)) => n.as_i64() == Some(0),

@@ -8,13 +8,14 @@ use capstan_machinery::ip::{
     INVALID_IP as IP, canonical_ip_warning, cidr_warning, parse_cidr, special_problem,
     strict_problem,
 };
-use capstan_machinery::validation::{dns1123_label, dns1123_subdomain, validate_labels};
+use capstan_machinery::validation::{
+    PORT_RANGE, dns1123_label, dns1123_subdomain, is_port, validate_labels,
+};
 use serde_json::{Value, json};
 
 use super::ServiceAllocator;
 use super::spec::{externally_accessible, needs_health_check};
 
-const RANGE: &str = "must be between 1 and 65535, inclusive";
 const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 const LB_ONLY: &str = "may only be used when `type` is 'LoadBalancer'";
 
@@ -169,8 +170,12 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
         }
         names.push(name);
         let number = port.get("port").cloned().unwrap_or(json!(0));
-        if !number.as_i64().is_some_and(|p| (1..=65535).contains(&p)) {
-            errors.push(FieldError::invalid(format!("{path}.port"), &number, RANGE));
+        if !is_port(&number) {
+            errors.push(FieldError::invalid(
+                format!("{path}.port"),
+                &number,
+                PORT_RANGE,
+            ));
         }
         let protocol = str_at(port, "protocol");
         if protocol.is_empty() {
@@ -183,13 +188,11 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             ));
         }
         match port.get("targetPort") {
-            Some(Value::Number(n))
-                if !n.as_i64().is_some_and(|p| (1..=65535).contains(&p)) && !headless =>
-            {
+            Some(Value::Number(n)) if !is_port(&Value::Number(n.clone())) && !headless => {
                 errors.push(FieldError::invalid(
                     format!("{path}.targetPort"),
                     &Value::Number(n.clone()),
-                    RANGE,
+                    PORT_RANGE,
                 ));
             }
             Some(Value::String(s)) => {
