@@ -188,18 +188,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("loading allocations: {}", e.message))?;
     bootstrap(&registries, &service_strategy, args.port).await?;
-    let registry = |plural: &str| {
-        registries
-            .iter()
-            .find(|r| r.strategy().info().plural == plural)
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
-    };
     if !args.disable_endpoints_controller {
         capstan_controllers::EndpointsController::new(
-            registry("services")?,
-            registry("pods")?,
-            registry("endpoints")?,
+            registry_for(&registries, "services")?,
+            registry_for(&registries, "pods")?,
+            registry_for(&registries, "endpoints")?,
         )
         .start();
     }
@@ -247,18 +240,11 @@ async fn bootstrap(
     services: &ServiceStrategy,
     port: u16,
 ) -> anyhow::Result<()> {
-    let find = |plural: &str| {
-        registries
-            .iter()
-            .find(|r| r.strategy().info().plural == plural)
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
-    };
     let options = WriteOptions {
         dry_run: false,
         field_manager: "kube-apiserver".into(),
     };
-    let namespaces = find("namespaces")?;
+    let namespaces = registry_for(registries, "namespaces")?;
     for name in capstan_resources::namespace::BUILT_IN {
         let object = serde_json::json!({"metadata": {"name": name}});
         match namespaces.create("", object, &options).await {
@@ -277,56 +263,22 @@ async fn bootstrap(
             "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
         },
     });
-    let registry = find("services")?;
-    reconcile_kubernetes_service(&registry, &service, &options).await?;
-    // Upstream's controller keeps it there: re-created if deleted, its type and ports put back
-    // if edited.
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if let Err(error) = reconcile_kubernetes_service(&registry, &service, &options).await {
-                tracing::warn!(%error, "reconciling the kubernetes Service");
-            }
-        }
-    });
+    let keeper = capstan_controllers::KubernetesServiceController::new(
+        registry_for(registries, "services")?,
+        service,
+    );
+    keeper.reconcile().await.map_err(anyhow::Error::msg)?;
+    keeper.start();
     Ok(())
 }
 
-async fn reconcile_kubernetes_service(
-    registry: &Registry,
-    wanted: &serde_json::Value,
-    options: &WriteOptions,
-) -> anyhow::Result<()> {
-    match registry
-        .get("default", "kubernetes", capstan_registry::ReadAt::Latest)
-        .await
-    {
-        Err(e) if e.code == 404 => {
-            match registry.create("default", wanted.clone(), options).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.code == 409 => Ok(()),
-                Err(e) => anyhow::bail!("creating the kubernetes Service: {}", e.message),
-            }
-        }
-        Err(e) => anyhow::bail!("reading the kubernetes Service: {}", e.message),
-        Ok(current) => {
-            let drifted = current.pointer("/spec/type") != wanted.pointer("/spec/type")
-                || current.pointer("/spec/ports") != wanted.pointer("/spec/ports");
-            if !drifted {
-                return Ok(());
-            }
-            let mut fixed = current.clone();
-            fixed["spec"]["type"] = wanted["spec"]["type"].clone();
-            fixed["spec"]["ports"] = wanted["spec"]["ports"].clone();
-            registry
-                .update("default", "kubernetes", fixed, options, false)
-                .await
-                .map(|_| ())
-                .map_err(|e| anyhow::anyhow!("repairing the kubernetes Service: {}", e.message))
-        }
-    }
+/// The registry of a kind, by plural resource name.
+fn registry_for(registries: &[Arc<Registry>], plural: &str) -> anyhow::Result<Arc<Registry>> {
+    registries
+        .iter()
+        .find(|r| r.strategy().info().plural == plural)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no {plural} registry"))
 }
 
 async fn shutdown_signal() {

@@ -397,17 +397,6 @@ impl EndpointsController {
     }
 }
 
-fn ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready")
-                    && c.get("status").and_then(Value::as_str) == Some("True")
-            })
-        })
-}
-
 fn family_of(ip: &str) -> Option<&'static str> {
     match ip.parse::<IpAddr>().ok()? {
         IpAddr::V4(_) => Some("IPv4"),
@@ -538,7 +527,7 @@ pub fn build_subsets(spec: &Value, service_name: &str, pods: &[Value]) -> (Vec<V
             json!({"kind": "Pod", "namespace": meta::namespace(pod), "name": meta::name(pod), "uid": uid}),
         );
         let address = Value::Object(address);
-        let is_ready = publish || ready(pod);
+        let is_ready = publish || capstan_resources::pod::is_ready(pod);
         let mut add = |port: Option<Value>| {
             let key = port.as_ref().map_or_else(String::new, |p| p.to_string());
             let entry = by_port

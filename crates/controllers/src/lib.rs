@@ -3,7 +3,10 @@
 //!
 //! Start with [`EndpointsController`]: it keeps the Endpoints of every selector-based Service
 //! equal to the ready and not-ready addresses of the Pods it selects.
+//! [`KubernetesServiceController`] keeps the built-in `default/kubernetes` Service.
 
 mod endpoints;
+mod kubernetes_service;
 
 pub use endpoints::EndpointsController;
+pub use kubernetes_service::KubernetesServiceController;

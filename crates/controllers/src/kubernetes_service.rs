@@ -1,0 +1,83 @@
+//! Keeps the built-in `default/kubernetes` Service: created at start-up, re-created when
+//! deleted, its type and ports put back when edited (upstream's kube-apiserver controller).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capstan_registry::{ReadAt, Registry, WriteOptions};
+use serde_json::Value;
+
+/// How often the Service is checked.
+const RESYNC: Duration = Duration::from_secs(10);
+
+/// The `kubernetes` Service's keeper.
+pub struct KubernetesServiceController {
+    services: Arc<Registry>,
+    wanted: Value,
+}
+
+impl KubernetesServiceController {
+    /// Keeps `wanted` (the Service as the server would create it) in `services`.
+    pub fn new(services: Arc<Registry>, wanted: Value) -> Self {
+        KubernetesServiceController { services, wanted }
+    }
+
+    fn options() -> WriteOptions {
+        WriteOptions {
+            dry_run: false,
+            field_manager: "kube-apiserver".into(),
+        }
+    }
+
+    /// Creates the Service if missing, or puts its type and ports back if they drifted.
+    pub async fn reconcile(&self) -> Result<(), String> {
+        let options = Self::options();
+        match self
+            .services
+            .get("default", "kubernetes", ReadAt::Latest)
+            .await
+        {
+            Err(e) if e.code == 404 => {
+                match self
+                    .services
+                    .create("default", self.wanted.clone(), &options)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.code == 409 => Ok(()),
+                    Err(e) => Err(format!("creating the kubernetes Service: {}", e.message)),
+                }
+            }
+            Err(e) => Err(format!("reading the kubernetes Service: {}", e.message)),
+            Ok(current) => {
+                let drifted = current.pointer("/spec/type") != self.wanted.pointer("/spec/type")
+                    || current.pointer("/spec/ports") != self.wanted.pointer("/spec/ports");
+                if !drifted {
+                    return Ok(());
+                }
+                let mut fixed = current;
+                fixed["spec"]["type"] = self.wanted["spec"]["type"].clone();
+                fixed["spec"]["ports"] = self.wanted["spec"]["ports"].clone();
+                self.services
+                    .update("default", "kubernetes", fixed, &options, false)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("repairing the kubernetes Service: {}", e.message))
+            }
+        }
+    }
+
+    /// Reconciles every [`RESYNC`] in a background task.
+    pub fn start(self) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RESYNC);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(error) = self.reconcile().await {
+                    tracing::warn!(%error, "reconciling the kubernetes Service");
+                }
+            }
+        });
+    }
+}
