@@ -11,15 +11,14 @@ use capstan_machinery::media::{self, BodyFormat, Output};
 use capstan_machinery::patch::{self, PatchType};
 use capstan_machinery::status::{Details, success_status};
 use capstan_machinery::{ApiError, Reason, meta, yaml};
-use capstan_registry::cache::EventType;
 use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
 use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, WriteOptions};
 use http::{HeaderMap, Method, Response, StatusCode, header};
 use serde_json::{Map, Value, json};
 
 use crate::request::{
-    Body, Encoding, IncludeObject, Query, error_response, json_response, object_response,
-    read_body, to_table,
+    Body, Encoding, IncludeObject, Query, error_response, full, json_response, object_response,
+    read_body, response, to_table,
 };
 
 /// A request for a resource, as the router understood it.
@@ -107,25 +106,8 @@ fn parse_revision(text: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {text}")))
 }
 
-fn list_options_invalid(detail: String) -> ApiError {
-    ApiError::invalid(
-        "meta.k8s.io",
-        "ListOptions.meta.k8s.io",
-        "",
-        &capstan_machinery::field::FieldErrors(vec![]),
-    )
-    .with_message(format!("ListOptions.meta.k8s.io \"\" is invalid: {detail}"))
-}
-
-trait WithMessage {
-    fn with_message(self, message: String) -> Self;
-}
-
-impl WithMessage for ApiError {
-    fn with_message(mut self, message: String) -> Self {
-        self.message = message;
-        self
-    }
+fn list_options_invalid(detail: impl std::fmt::Display) -> ApiError {
+    options_invalid("ListOptions", &detail.to_string())
 }
 
 fn selectors(
@@ -156,7 +138,7 @@ fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions,
         Some(text) => {
             if rv_match.is_some() {
                 return Err(list_options_invalid(
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided".into(),
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided",
                 ));
             }
             if rv.is_some_and(|v| v != "0") {
@@ -170,16 +152,20 @@ fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions,
     };
     if query.get("sendInitialEvents").is_some() {
         return Err(list_options_invalid(
-            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into(),
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list",
         ));
     }
     let read_at = match (rv, rv_match) {
         (None, None) => ReadAt::Latest,
         (None, Some("NotOlderThan" | "Exact")) => {
-            return Err(list_options_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into()));
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
         }
         (Some("0"), Some("Exact")) => {
-            return Err(list_options_invalid("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into()));
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
         }
         (_, Some(other)) if other != "NotOlderThan" && other != "Exact" => {
             return Err(list_options_invalid(format!(
@@ -262,29 +248,14 @@ fn list_response(
                 out.extend_from_slice(&item.json);
             }
             out.extend_from_slice(b"]}\n");
-            let mut response = Response::new(crate::request::full(Bytes::from(out)));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            response.headers_mut().insert(
-                header::CACHE_CONTROL,
-                http::HeaderValue::from_static("no-cache, private"),
-            );
-            response
+            response(StatusCode::OK, "application/json", full(Bytes::from(out)))
         }
         Output::Json | Output::Yaml => {
             let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
             let list = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
             if encoding.negotiated.output == Output::Yaml {
-                let mut response = json_response(StatusCode::OK, &json!(null), false);
-                *response.body_mut() =
-                    crate::request::full(yaml::to_string(&list).unwrap_or_default());
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/yaml"),
-                );
-                response
+                let yaml = yaml::to_string(&list).unwrap_or_default();
+                response(StatusCode::OK, "application/yaml", full(yaml))
             } else {
                 json_response(StatusCode::OK, &list, encoding.pretty)
             }
@@ -319,22 +290,9 @@ fn list_response(
                 let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                 return json_response(StatusCode::OK, &value, true);
             }
-            let mut response = Response::new(crate::request::full(bytes));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            response.headers_mut().insert(
-                header::CACHE_CONTROL,
-                http::HeaderValue::from_static("no-cache, private"),
-            );
-            response
+            response(StatusCode::OK, "application/json", full(bytes))
         }
     }
-}
-
-fn watch_invalid(detail: &str) -> ApiError {
-    list_options_invalid(detail.to_string())
 }
 
 async fn watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Response<Body> {
@@ -360,17 +318,17 @@ async fn start_watch(
     let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
     match (send_initial, rv_match) {
         (Some(_), None) => {
-            return Err(watch_invalid(
+            return Err(list_options_invalid(
                 "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
             ));
         }
         (None, Some(_)) => {
-            return Err(watch_invalid(
+            return Err(list_options_invalid(
                 "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
             ));
         }
         (Some(_), Some(other)) if other != "NotOlderThan" => {
-            return Err(watch_invalid(&format!(
+            return Err(list_options_invalid(format!(
                 "resourceVersionMatch: Unsupported value: {}: supported values: \"NotOlderThan\"",
                 capstan_machinery::status::quote(other)
             )));
@@ -410,7 +368,7 @@ async fn start_watch(
     };
     let timeout = match query.int("timeoutSeconds")? {
         Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
-        _ => Duration::from_secs(1800 + fastrand_u64(1800)),
+        _ => Duration::from_secs(1800 + fastrand::u64(..1800)),
     };
     let watcher = registry.watch(
         &request.namespace,
@@ -450,16 +408,7 @@ async fn start_watch(
         ))
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
-    let mut response = Response::new(body);
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response.headers_mut().insert(
-        header::CACHE_CONTROL,
-        http::HeaderValue::from_static("no-cache, private"),
-    );
-    Ok(response)
+    Ok(response(StatusCode::OK, "application/json", body))
 }
 
 /// One watch response: turns watch items into JSON lines.
@@ -562,14 +511,6 @@ impl WatchStream {
             }
         }
     }
-}
-
-fn fastrand_u64(bound: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() as u64)
-        .unwrap_or(0);
-    nanos % bound.max(1)
 }
 
 /// `{"kind":K,"apiVersion":V,` + the cached object's members.
@@ -1129,9 +1070,4 @@ async fn delete_collection(
         .delete_collection(&request.namespace, &list, &options)
         .await?;
     Ok(list_response(request, call, encoding, result))
-}
-
-/// Event types in watch lines (re-exported for tests).
-pub fn event_name(kind: EventType) -> &'static str {
-    kind.as_str()
 }

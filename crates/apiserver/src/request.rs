@@ -161,7 +161,8 @@ pub fn json_bytes(value: &Value, pretty: bool) -> Bytes {
     }
 }
 
-fn base(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+/// A response with the headers every API response carries.
+pub fn response(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -175,7 +176,7 @@ fn base(status: StatusCode, content_type: &'static str, body: Body) -> Response<
 
 /// A plain JSON response.
 pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Response<Body> {
-    base(status, "application/json", full(json_bytes(value, pretty)))
+    response(status, "application/json", full(json_bytes(value, pretty)))
 }
 
 /// A `Status` error response.
@@ -183,7 +184,7 @@ pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
     let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = error.to_status();
     let mut response = if encoding.negotiated.output == Output::Yaml {
-        base(
+        response(
             status,
             "application/yaml",
             full(yaml::to_string(&body).unwrap_or_default()),
@@ -201,7 +202,7 @@ pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
 
 /// Plain text (health checks, 404 for unknown paths).
 pub fn text_response(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
-    let mut response = base(status, "text/plain; charset=utf-8", full(text.into()));
+    let mut response = response(status, "text/plain; charset=utf-8", full(text.into()));
     response.headers_mut().insert(
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),
@@ -309,7 +310,7 @@ pub fn object_response(
             &meta::with_type_meta(object, &info.api_version(), info.kind),
             encoding.pretty,
         ),
-        Output::Yaml => base(
+        Output::Yaml => response(
             status,
             "application/yaml",
             full(
