@@ -223,11 +223,6 @@ impl WatchCache {
         }
     }
 
-    /// The storage prefix this cache mirrors (`services/specs/`).
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The kind's selector projection.
     pub fn projection(&self) -> &Projection {
         &self.project
@@ -278,16 +273,6 @@ impl WatchCache {
             }
         }
         revision
-    }
-
-    /// How many objects the cache holds.
-    pub fn len(&self) -> usize {
-        self.read().objects.len()
-    }
-
-    /// Whether the cache is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Starts a watch: with `initial`, from the current objects; otherwise after `after`.

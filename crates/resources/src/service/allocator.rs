@@ -377,7 +377,7 @@ impl ServiceAllocator {
     pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
         let services = storage
             .range(RangeRequest {
-                prefix: "services/specs/".into(),
+                prefix: super::SERVICE_INFO.list_prefix(""),
                 ..RangeRequest::default()
             })
             .await
@@ -434,11 +434,6 @@ impl ServiceAllocator {
     /// The primary service CIDR.
     pub fn primary(&self) -> &IpRange {
         &self.ranges[0]
-    }
-
-    /// The node port range.
-    pub fn port_range(&self) -> PortRange {
-        self.ports
     }
 
     /// The configured families, primary first.
