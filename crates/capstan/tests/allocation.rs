@@ -29,6 +29,12 @@ async fn services(client: &kube::Client) -> Vec<Value> {
     list["items"].as_array().cloned().unwrap_or_default()
 }
 
+/// Deletes every Service but the built-in one; returns the status code.
+async fn delete_all_but_kubernetes(client: &kube::Client) -> u16 {
+    let uri = format!("{SERVICES}?fieldSelector=metadata.name%21%3Dkubernetes");
+    raw(client, "DELETE", &uri, None, Vec::new()).await.0
+}
+
 /// Every cluster IP and node port in use, failing on any duplicate.
 fn assert_unique(items: &[Value]) {
     let mut ips = HashSet::new();
@@ -84,15 +90,7 @@ async fn a_small_range_fills_completely_reports_exhaustion_and_frees_on_delete()
         assert_eq!(code, 404, "a failed create stores nothing");
         assert_unique(&services(&client).await);
         // Deleting everything frees every address: the next round fills the range again.
-        let (code, _, _) = raw(
-            &client,
-            "DELETE",
-            &format!("{SERVICES}?fieldSelector=metadata.name%21%3Dkubernetes"),
-            None,
-            Vec::new(),
-        )
-        .await;
-        assert_eq!(code, 200);
+        assert_eq!(delete_all_but_kubernetes(&client).await, 200);
     }
     // Node ports: 10 in the range.
     for i in 0..10 {
@@ -168,15 +166,7 @@ async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
     }
     assert_unique(&services(&client).await);
     // Everything deleted: the whole range (62 usable, one held by kubernetes) is free again.
-    let (code, _, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{SERVICES}?fieldSelector=metadata.name%21%3Dkubernetes"),
-        None,
-        Vec::new(),
-    )
-    .await;
-    assert_eq!(code, 200);
+    assert_eq!(delete_all_but_kubernetes(&client).await, 200);
     for i in 0..61 {
         let (code, body) = create(&client, &format!("refill{i}"), "ClusterIP").await;
         assert_eq!(code, 201, "refill {i}: {body}");

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Server, raw};
+use common::{Server, raw, raw_accepting, warnings};
 use serde_json::{Value, json};
 
 fn lookup<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
@@ -174,44 +174,10 @@ async fn send(client: &kube::Client, request: &Value) -> (u16, Value, Vec<String
         .as_str()
         .unwrap_or("application/json");
     let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let mut builder = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", content_type);
-    if let Some(accept) = request["accept"].as_str() {
-        builder = builder.header("accept", accept);
-    }
-    let response = client
-        .send(
-            builder
-                .body(kube::client::Body::from(bytes))
-                .expect("request"),
-        )
-        .await
-        .expect("response");
-    let code = response.status().as_u16();
-    let warnings = response
-        .headers()
-        .get_all("warning")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(|v| {
-            let quoted = v.strip_prefix("299 - \"").unwrap_or(v);
-            quoted
-                .strip_suffix('"')
-                .unwrap_or(quoted)
-                .replace("\\\"", "\"")
-        })
-        .collect();
-    use http_body_util::BodyExt;
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (code, value, warnings)
+    let accept = request["accept"].as_str();
+    let (code, value, headers) =
+        raw_accepting(client, method, path, Some(content_type), accept, bytes).await;
+    (code, value, warnings(&headers))
 }
 
 async fn run_cluster(

@@ -169,10 +169,25 @@ pub async fn raw(
     content_type: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, serde_json::Value, http::HeaderMap) {
+    raw_accepting(client, method, uri, content_type, None, body).await
+}
+
+/// [`raw`] with an `Accept` header.
+pub async fn raw_accepting(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    content_type: Option<&str>,
+    accept: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value, http::HeaderMap) {
     use http_body_util::BodyExt;
     let mut builder = http::Request::builder().method(method).uri(uri);
     if let Some(ct) = content_type {
         builder = builder.header("content-type", ct);
+    }
+    if let Some(accept) = accept {
+        builder = builder.header("accept", accept);
     }
     let request = builder
         .body(kube::client::Body::from(body))
@@ -190,4 +205,20 @@ pub async fn raw(
         String::from_utf8_lossy(&bytes).into_owned(),
     ));
     (status, value, headers)
+}
+
+/// The texts of the `Warning: 299 - "<text>"` headers of a response.
+pub fn warnings(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| {
+            let quoted = v.strip_prefix("299 - \"").unwrap_or(v);
+            quoted
+                .strip_suffix('"')
+                .unwrap_or(quoted)
+                .replace("\\\"", "\"")
+        })
+        .collect()
 }
