@@ -10,6 +10,18 @@ pub mod pod;
 pub mod service;
 
 /// The port default every kind shares: an empty or missing `protocol` is `TCP`.
+/// Verbs served for a namespaced kind with collection delete (Service, Endpoints, Pod).
+pub(crate) const NAMESPACED_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
 pub(crate) fn default_protocol(port: &mut serde_json::Map<String, serde_json::Value>) {
     if port
         .get("protocol")
