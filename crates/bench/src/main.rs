@@ -7,6 +7,10 @@
 
 mod process;
 
+/// The same allocator as the server, so the client's own cost stays small under load.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -469,15 +473,15 @@ impl Bench {
                 let mut body = response.into_body();
                 ready.fetch_add(1, Ordering::Relaxed);
                 let mut seen: Vec<(usize, u64)> = Vec::with_capacity(updates);
-                let mut buffer: Vec<u8> = Vec::new();
+                let mut buffer = bytes::BytesMut::new();
                 'read: while let Some(frame) = body.frame().await {
                     let Ok(data) = frame?.into_data() else { continue };
                     // Delivery time is when the bytes arrive, before this client decodes them.
                     let arrived = origin.elapsed().as_micros() as u64;
                     buffer.extend_from_slice(&data);
                     while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = buffer.drain(..=end).collect();
-                        let event: RoundEvent = serde_json::from_slice(&line)?;
+                        let line = buffer.split_to(end + 1);
+                        let event: RoundEvent<'_> = serde_json::from_slice(&line)?;
                         if event.kind != "MODIFIED" {
                             continue;
                         }
@@ -485,7 +489,7 @@ impl Bench {
                             .object
                             .metadata
                             .labels
-                            .get("capstan-bench/round")
+                            .round
                             .and_then(|r| r.parse::<usize>().ok());
                         if let Some(round) = round {
                             seen.push((round, arrived));
@@ -651,21 +655,30 @@ impl Bench {
 
 /// The parts of a watch line the watch scenario reads.
 #[derive(serde::Deserialize)]
-struct RoundEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    object: RoundObject,
+struct RoundEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    object: RoundObject<'a>,
 }
 
 #[derive(serde::Deserialize)]
-struct RoundObject {
-    metadata: RoundMeta,
+struct RoundObject<'a> {
+    #[serde(borrow)]
+    metadata: RoundMeta<'a>,
 }
 
 #[derive(serde::Deserialize)]
-struct RoundMeta {
-    #[serde(default)]
-    labels: std::collections::HashMap<String, String>,
+struct RoundMeta<'a> {
+    #[serde(default, borrow)]
+    labels: RoundLabels<'a>,
+}
+
+/// The one label a watch round is read from; every other label is skipped unread.
+#[derive(serde::Deserialize, Default)]
+struct RoundLabels<'a> {
+    #[serde(rename = "capstan-bench/round", borrow)]
+    round: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// A page of a list: its items (not decoded) and continue token.
