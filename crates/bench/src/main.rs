@@ -5,6 +5,7 @@
 //! [--updates M] [--json FILE] [--server-pid PID]…`. Every scenario works in its own namespace
 //! and deletes what it created; each prints a table and can write a JSON report.
 
+mod churn;
 mod process;
 
 /// The same allocator as the server, so the client's own cost stays small under load.
@@ -38,6 +39,7 @@ enum ScenarioName {
     Update,
     Delete,
     Mixed,
+    EndpointsChurn,
 }
 
 #[derive(Subcommand)]
@@ -56,6 +58,9 @@ enum Scenario {
     Delete(Args),
     /// A steady read/write mix at a fixed rate; latency percentiles per interval.
     Mixed(Args),
+    /// S services x P pods; a share of the pods flips readiness every second: delay from each
+    /// pod status write to the Endpoints event showing it, and the server's CPU by thread.
+    EndpointsChurn(Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -90,7 +95,16 @@ struct Args {
     /// Requests per second (mixed).
     #[arg(long, default_value_t = 500)]
     rate: u64,
-    /// Seconds to run (mixed).
+    /// Services (endpoints-churn).
+    #[arg(long, default_value_t = 1_000)]
+    services: usize,
+    /// Pods per service (endpoints-churn).
+    #[arg(long, default_value_t = 50)]
+    pods: usize,
+    /// Percent of the pods that flip readiness each second (endpoints-churn).
+    #[arg(long, default_value_t = 1.0)]
+    flip_percent: f64,
+    /// Seconds to run (mixed, endpoints-churn).
     #[arg(long, default_value_t = 30)]
     duration: u64,
     /// Write the report as JSON to this file.
@@ -271,6 +285,7 @@ impl Bench {
     }
 
     async fn cleanup(&self) {
+        churn::delete_pods(self).await;
         let api = self.services();
         let _ = api
             .delete_collection(
@@ -433,6 +448,9 @@ impl Bench {
             }
             ScenarioName::Mixed => {
                 report.insert("mixed".into(), self.mixed().await?);
+            }
+            ScenarioName::EndpointsChurn => {
+                report.insert("endpoints_churn".into(), self.endpoints_churn().await?);
             }
         }
         Ok(Value::Object(report))
@@ -726,6 +744,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Update(a) => (ScenarioName::Update, a),
         Scenario::Delete(a) => (ScenarioName::Delete, a),
         Scenario::Mixed(a) => (ScenarioName::Mixed, a),
+        Scenario::EndpointsChurn(a) => (ScenarioName::EndpointsChurn, a),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -78,3 +78,50 @@ impl Sampler {
         })
     }
 }
+
+/// CPU ticks (user + system) of every thread of these processes, summed by thread name
+/// (`/proc/PID/task/TID/stat`), so a run can say which part of a server used the CPU.
+pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue;
+            };
+            let Some((head, tail)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let name = head.split_once('(').map_or("", |(_, n)| n);
+            let fields: Vec<&str> = tail.split_whitespace().collect();
+            let ticks = fields
+                .get(11)
+                .and_then(|u| u.parse::<u64>().ok())
+                .zip(fields.get(12).and_then(|s| s.parse::<u64>().ok()))
+                .map_or(0, |(u, s)| u + s);
+            *by_name.entry(format!("{pid}/{name}")).or_insert(0) += ticks;
+        }
+    }
+    by_name
+}
+
+/// CPU seconds per thread name between two [`thread_ticks`] samples, largest first.
+pub fn thread_seconds(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<(String, f64)> {
+    let mut used: Vec<(String, f64)> = after
+        .iter()
+        .map(|(name, ticks)| {
+            let was = before.get(name).copied().unwrap_or(0);
+            (
+                name.clone(),
+                ticks.saturating_sub(was) as f64 / TICKS_PER_SECOND,
+            )
+        })
+        .collect();
+    used.sort_by(|a, b| b.1.total_cmp(&a.1));
+    used
+}

@@ -103,12 +103,34 @@ fn every_scenario_runs_and_cleans_up() {
         &["mixed", "--count", "50", "--rate", "100", "--duration", "2"],
     );
     assert_eq!(mixed["mixed"]["errors"], 0, "{mixed}");
+    let churn = bench(
+        &server,
+        &[
+            "endpoints-churn",
+            "--services",
+            "10",
+            "--pods",
+            "5",
+            "--flip-percent",
+            "20",
+            "--duration",
+            "2",
+        ],
+    );
+    let report = &churn["endpoints_churn"];
+    assert_eq!(report["errors"], 0, "{churn}");
+    assert_eq!(report["missed"], 0, "{churn}");
+    assert!(report["flips"].as_u64().unwrap_or(0) >= 15, "{churn}");
+    assert_eq!(report["seen"], report["flips"], "{churn}");
+    // The endpoints controller reports its CPU under its own thread name.
+    let threads = report["churn_server"]["threads"].to_string();
+    assert!(threads.contains("ep-controller"), "{churn}");
     // Everything it created is gone: only the built-in Service is left.
     let kubeconfig = server.dir.path().join("data/kubeconfig");
     let out = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .args(["get", "svc", "-A", "-o", "name"])
+        .args(["get", "svc,pods", "-A", "-o", "name"])
         .output()
         .expect("kubectl");
     assert_eq!(

@@ -194,7 +194,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             registry_for(&registries, "pods")?,
             registry_for(&registries, "endpoints")?,
         )
-        .start();
+        .start()
+        .context("starting the endpoints controller")?;
     }
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()

@@ -1,6 +1,6 @@
 //! The endpoints controller (`spec/endpoints.md` §3).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -8,9 +8,8 @@ use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::meta;
 use capstan_registry::cache::EventType;
 use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
-use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, WriteOptions};
+use capstan_registry::{DeleteOptions, ReadAt, Registry, WriteOptions};
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
 const MAX_ADDRESSES: usize = 1000;
 const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
@@ -26,7 +25,272 @@ pub struct EndpointsController {
     pods: Arc<Registry>,
     endpoints: Arc<Registry>,
     triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
-    selectors: std::sync::Mutex<std::collections::HashMap<Key, LabelSelector>>,
+    index: std::sync::Mutex<Index>,
+}
+
+/// How many Services are synced at once.
+const WORKERS: usize = 5;
+
+/// The controller's work queue, with client-go's guarantees: a key queued many times before a
+/// worker takes it is synced once, and a key is never handed to two workers at once (a key
+/// queued while it is being synced is synced again afterwards).
+#[derive(Default)]
+struct WorkQueue {
+    state: std::sync::Mutex<QueueState>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct QueueState {
+    order: std::collections::VecDeque<Key>,
+    dirty: HashSet<Key>,
+    processing: HashSet<Key>,
+}
+
+impl WorkQueue {
+    fn add(&self, key: Key) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.dirty.insert(key.clone()) && !state.processing.contains(&key) {
+            state.order.push_back(key);
+            self.ready.notify_one();
+        }
+    }
+
+    async fn next(&self) -> Key {
+        loop {
+            {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(key) = state.order.pop_front() {
+                    state.dirty.remove(&key);
+                    state.processing.insert(key.clone());
+                    if !state.order.is_empty() {
+                        self.ready.notify_one();
+                    }
+                    return key;
+                }
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    fn done(&self, key: &Key) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.processing.remove(key);
+        if state.dirty.contains(key) {
+            state.order.push_back(key.clone());
+            self.ready.notify_one();
+        }
+    }
+}
+
+/// What the watches have shown of selectors and pods, so that a pod change finds the Services
+/// that select (or selected) it without testing every selector of the namespace, and a sync
+/// reads only the pods its selector matches, already decoded.
+#[derive(Default)]
+struct Index {
+    /// Per namespace: every Service with a selector, the anchor lookup and pod memberships.
+    namespaces: HashMap<String, Namespace>,
+}
+
+#[derive(Default)]
+struct Namespace {
+    /// Selector Services by name.
+    services: HashMap<String, Selected>,
+    /// Services by one pair of their selector (its first): a pod can only be selected by the
+    /// Services anchored at one of its own labels, so a pod change tests only those.
+    anchors: HashMap<(String, String), BTreeSet<String>>,
+    /// Pods by name: what the controller reads of each ([`pod_view`]) and the Services that
+    /// select it.
+    pods: HashMap<String, (Arc<Value>, Vec<String>)>,
+}
+
+/// A Service's selector (its `key=value` pairs) and the names of the pods it selects.
+struct Selected {
+    selector: Vec<(String, String)>,
+    members: BTreeSet<String>,
+}
+
+fn selects(selector: &[(String, String)], labels: Option<&Map<String, Value>>) -> bool {
+    labels.is_some_and(|labels| {
+        selector
+            .iter()
+            .all(|(k, v)| labels.get(k).and_then(Value::as_str) == Some(v.as_str()))
+    })
+}
+
+impl Namespace {
+    fn forget_service(&mut self, service: &str) {
+        let Some(old) = self.services.remove(service) else {
+            return;
+        };
+        if let Some(anchor) = old.selector.first()
+            && let Some(services) = self.anchors.get_mut(anchor)
+        {
+            services.remove(service);
+            if services.is_empty() {
+                self.anchors.remove(anchor);
+            }
+        }
+        for pod in &old.members {
+            if let Some((_, services)) = self.pods.get_mut(pod) {
+                services.retain(|s| s != service);
+            }
+        }
+    }
+}
+
+impl Index {
+    /// A Service's selector was set, changed or removed (`None`, or an empty map).
+    fn set_selector(&mut self, key: &Key, selector: Option<&Map<String, Value>>) {
+        let (namespace, service) = key;
+        let ns = self.namespaces.entry(namespace.clone()).or_default();
+        ns.forget_service(service);
+        let selector: Vec<(String, String)> = selector
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .collect();
+        let Some(anchor) = selector.first().cloned() else {
+            return;
+        };
+        let mut members = BTreeSet::new();
+        for (name, (pod, services)) in ns.pods.iter_mut() {
+            if selects(&selector, labels_of(pod)) {
+                members.insert(name.clone());
+                services.push(service.clone());
+            }
+        }
+        ns.anchors
+            .entry(anchor)
+            .or_default()
+            .insert(service.clone());
+        ns.services
+            .insert(service.clone(), Selected { selector, members });
+    }
+
+    /// A pod was written (`Some` view) or deleted (`None`); returns the Services to sync:
+    /// those that select it now or selected it before.
+    fn pod_changed(&mut self, namespace: &str, name: &str, pod: Option<Arc<Value>>) -> Vec<Key> {
+        let ns = self.namespaces.entry(namespace.to_string()).or_default();
+        let before = ns.pods.remove(name).map(|(_, s)| s).unwrap_or_default();
+        let mut now: Vec<String> = Vec::new();
+        if let Some(labels) = pod.as_deref().and_then(labels_of) {
+            for (k, v) in labels {
+                let Some(v) = v.as_str() else { continue };
+                let Some(anchored) = ns.anchors.get(&(k.clone(), v.to_string())) else {
+                    continue;
+                };
+                for service in anchored {
+                    if ns
+                        .services
+                        .get(service)
+                        .is_some_and(|s| selects(&s.selector, Some(labels)))
+                    {
+                        now.push(service.clone());
+                    }
+                }
+            }
+        }
+        for service in before.iter().filter(|s| !now.contains(s)) {
+            if let Some(selected) = ns.services.get_mut(service) {
+                selected.members.remove(name);
+            }
+        }
+        for service in now.iter().filter(|s| !before.contains(s)) {
+            if let Some(selected) = ns.services.get_mut(service) {
+                selected.members.insert(name.to_string());
+            }
+        }
+        let mut wake: Vec<Key> = before
+            .iter()
+            .chain(now.iter())
+            .map(|s| (namespace.to_string(), s.clone()))
+            .collect();
+        wake.sort();
+        wake.dedup();
+        if let Some(pod) = pod {
+            ns.pods.insert(name.to_string(), (pod, now));
+        }
+        if ns.pods.is_empty() && ns.services.is_empty() {
+            self.namespaces.remove(namespace);
+        }
+        wake
+    }
+
+    /// The views of the pods a Service's selector matches.
+    fn members(&self, key: &Key) -> Vec<Arc<Value>> {
+        let (namespace, service) = key;
+        let Some(ns) = self.namespaces.get(namespace) else {
+            return Vec::new();
+        };
+        let Some(selected) = ns.services.get(service) else {
+            return Vec::new();
+        };
+        selected
+            .members
+            .iter()
+            .filter_map(|name| ns.pods.get(name).map(|(pod, _)| pod.clone()))
+            .collect()
+    }
+}
+
+fn labels_of(pod: &Value) -> Option<&Map<String, Value>> {
+    pod.pointer("/metadata/labels").and_then(Value::as_object)
+}
+
+/// The part of a pod the controller reads (labels, identity, hostname and subdomain, node,
+/// container ports, IPs, phase, the Ready condition), kept per pod from the pod watch so a
+/// sync decodes nothing: a Service of 50 pods costs 50 map lookups, not 50 JSON decodes.
+pub fn pod_view(pod: &Value) -> Value {
+    let pick = |from: Option<&Value>, fields: &[&str]| -> Value {
+        let mut out = Map::new();
+        if let Some(from) = from.and_then(Value::as_object) {
+            for field in fields {
+                if let Some(value) = from.get(*field) {
+                    out.insert((*field).to_string(), value.clone());
+                }
+            }
+        }
+        Value::Object(out)
+    };
+    let containers = |field: &str| -> Value {
+        pod.pointer(&format!("/spec/{field}"))
+            .and_then(Value::as_array)
+            .map(|list| {
+                Value::Array(
+                    list.iter()
+                        .map(|c| pick(Some(c), &["name", "ports", "restartPolicy"]))
+                        .collect(),
+                )
+            })
+            .unwrap_or(Value::Null)
+    };
+    let mut spec = pick(pod.get("spec"), &["hostname", "subdomain", "nodeName"]);
+    if let Value::Object(spec) = &mut spec {
+        for field in ["containers", "initContainers"] {
+            let list = containers(field);
+            if !list.is_null() {
+                spec.insert(field.into(), list);
+            }
+        }
+    }
+    let mut status = pick(pod.get("status"), &["phase", "podIP", "podIPs"]);
+    if let (Value::Object(status), Some(conditions)) = (
+        &mut status,
+        pod.pointer("/status/conditions").and_then(Value::as_array),
+    ) {
+        let ready: Vec<Value> = conditions
+            .iter()
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+            .cloned()
+            .collect();
+        status.insert("conditions".into(), Value::Array(ready));
+    }
+    json!({
+        "metadata": pick(pod.get("metadata"), &["name", "namespace", "uid", "labels", "deletionTimestamp"]),
+        "spec": spec,
+        "status": status,
+    })
 }
 
 /// What §3.5 remembers per Service: the trigger time last seen of each pod and of the Service.
@@ -62,14 +326,31 @@ impl EndpointsController {
             pods,
             endpoints,
             triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
-            selectors: std::sync::Mutex::new(std::collections::HashMap::new()),
+            index: std::sync::Mutex::new(Index::default()),
         }
     }
 
-    /// Runs in background tasks for the life of the process.
-    pub fn start(self) {
+    /// Runs for the life of the process on a thread of its own (`ep-controller`), as
+    /// upstream's controller runs in its own process: its work never queues behind API
+    /// requests on the server's workers, and its CPU use can be read per thread.
+    pub fn start(self) -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("ep-controller".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    self.run();
+                    std::future::pending::<()>().await
+                })
+            })?;
+        Ok(())
+    }
+
+    fn run(self) {
         let controller = Arc::new(self);
-        let (queue, mut work) = mpsc::unbounded_channel::<Key>();
+        let queue = Arc::new(WorkQueue::default());
         // Services: every change syncs that Service; their selectors are remembered so a pod
         // change only wakes the Services that select (or selected) it.
         {
@@ -92,24 +373,12 @@ impl EndpointsController {
                                 })
                                 .flatten()
                                 .filter(|m| !m.is_empty());
-                            {
-                                let mut selectors = controller
-                                    .selectors
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner());
-                                match selector {
-                                    Some(selector) => {
-                                        selectors.insert(
-                                            key.clone(),
-                                            LabelSelector::from_map(&selector),
-                                        );
-                                    }
-                                    None => {
-                                        selectors.remove(&key);
-                                    }
-                                }
-                            }
-                            let _ = queue.send(key);
+                            controller
+                                .index
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .set_selector(&key, selector.as_ref());
+                            queue.add(key);
                         }
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -122,39 +391,20 @@ impl EndpointsController {
             let queue = queue.clone();
             let controller = controller.clone();
             tokio::spawn(async move {
-                let mut last_labels: std::collections::HashMap<
-                    std::sync::Arc<str>,
-                    Map<String, Value>,
-                > = std::collections::HashMap::new();
                 loop {
                     let mut watcher = watch_all(&controller.pods, false);
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(kind, object) = item {
-                            let namespace = meta::namespace(&object.selectable).to_string();
-                            let labels = object
-                                .selectable
-                                .pointer("/metadata/labels")
-                                .and_then(Value::as_object)
-                                .cloned()
-                                .unwrap_or_default();
-                            let before = if kind == EventType::Deleted {
-                                last_labels.remove(&object.key)
-                            } else {
-                                last_labels.insert(object.key.clone(), labels.clone())
-                            };
-                            let selectors = controller
-                                .selectors
+                            let s = &object.selectable;
+                            let view = (kind != EventType::Deleted)
+                                .then(|| Arc::new(pod_view(&object.object())));
+                            let wake = controller
+                                .index
                                 .lock()
-                                .unwrap_or_else(|e| e.into_inner());
-                            for ((ns, name), selector) in selectors.iter() {
-                                if *ns == namespace
-                                    && (selector.matches(Some(&labels))
-                                        || before
-                                            .as_ref()
-                                            .is_some_and(|b| selector.matches(Some(b))))
-                                {
-                                    let _ = queue.send((ns.clone(), name.clone()));
-                                }
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pod_changed(meta::namespace(s), meta::name(s), view);
+                            for key in wake {
+                                queue.add(key);
                             }
                         }
                     }
@@ -176,10 +426,15 @@ impl EndpointsController {
                             WatchItem::Bookmark(_, true) => initial = false,
                             WatchItem::Event(kind, object) => {
                                 let s = &object.selectable;
-                                let leader = object.object().pointer("/metadata/annotations/control-plane.alpha.kubernetes.io~1leader").is_some();
-                                if (initial && !leader) || kind == EventType::Deleted {
-                                    let _ = queue
-                                        .send((meta::namespace(s).into(), meta::name(s).into()));
+                                // Only the start-up pass reads the object (for the leader
+                                // annotation); later events are not decoded at all.
+                                let orphan_check = initial
+                                    && object
+                                        .object()
+                                        .pointer("/metadata/annotations/control-plane.alpha.kubernetes.io~1leader")
+                                        .is_none();
+                                if orphan_check || kind == EventType::Deleted {
+                                    queue.add((meta::namespace(s).into(), meta::name(s).into()));
                                 }
                             }
                             _ => {}
@@ -189,30 +444,33 @@ impl EndpointsController {
                 }
             });
         }
-        tokio::spawn(async move {
-            while let Some(first) = work.recv().await {
-                let mut keys: HashSet<Key> = HashSet::from([first]);
-                while let Ok(key) = work.try_recv() {
-                    keys.insert(key);
-                }
-                for key in keys {
-                    if let Err(error) = controller.sync(&key.0, &key.1).await {
+        // Upstream's default of five concurrent syncs (`--concurrent-endpoint-syncs`): a sync
+        // waits for its durable write, and others proceed meanwhile; one key is never synced
+        // twice at once.
+        for _ in 0..WORKERS {
+            let (queue, controller) = (queue.clone(), controller.clone());
+            tokio::spawn(async move {
+                loop {
+                    let key = queue.next().await;
+                    let result = controller.sync(&key.0, &key.1).await;
+                    queue.done(&key);
+                    if let Err(error) = result {
                         tracing::debug!(namespace = %key.0, name = %key.1, %error, "endpoints sync failed; retrying");
                         let queue = queue.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            let _ = queue.send(key);
+                            queue.add(key);
                         });
                     }
                 }
-            }
-        });
+            });
+        }
     }
 
     /// The last-change-trigger-time (§3.5): the Service's creation on the first sync, then the
     /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
     /// Timestamps are RFC 3339 strings in UTC, which order as text.
-    fn trigger_time(&self, key: &Key, service: &Value, pods: &[Value]) -> String {
+    fn trigger_time(&self, key: &Key, service: &Value, pods: &[Arc<Value>]) -> String {
         let created = meta::meta_str(service, "creationTimestamp").to_string();
         let pod_times: std::collections::HashMap<String, String> = pods
             .iter()
@@ -282,19 +540,17 @@ impl EndpointsController {
         else {
             return Ok(());
         };
-        let pods = self
-            .pods
-            .list(
-                namespace,
-                &ListOptions {
-                    labels: LabelSelector::from_map(selector),
-                    read_at: ReadAt::Latest,
-                    ..ListOptions::default()
-                },
-            )
-            .await
-            .map_err(|e| e.message)?;
-        let pods: Vec<Value> = pods.items.iter().map(|o| o.object()).collect();
+        // The pods the selector matches, as the pod watch last showed them (as upstream's
+        // controller reads its informer).
+        let selector = LabelSelector::from_map(selector);
+        let pods: Vec<Arc<Value>> = self
+            .index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .members(&(namespace.to_string(), name.to_string()))
+            .into_iter()
+            .filter(|pod| selector.matches(labels_of(pod)))
+            .collect();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
         let trigger =
             self.trigger_time(&(namespace.to_string(), name.to_string()), &service, &pods);
@@ -443,7 +699,11 @@ fn target_port(service_port: &Value, pod: &Value) -> Option<i64> {
 
 /// Subsets for a Service and its selected pods (§3.2 steps 6–9, §3.3, §3.4); `true` when
 /// truncated to 1000 addresses.
-pub fn build_subsets(spec: &Value, service_name: &str, pods: &[Value]) -> (Vec<Value>, bool) {
+pub fn build_subsets<P: std::borrow::Borrow<Value>>(
+    spec: &Value,
+    service_name: &str,
+    pods: &[P],
+) -> (Vec<Value>, bool) {
     let publish = spec
         .get("publishNotReadyAddresses")
         .and_then(Value::as_bool)
@@ -462,6 +722,7 @@ pub fn build_subsets(spec: &Value, service_name: &str, pods: &[Value]) -> (Vec<V
     // port key (JSON) -> (port, addresses keyed by (ip, uid) with their ready flag)
     let mut by_port: BTreeMap<String, (Option<Value>, PortAddresses)> = BTreeMap::new();
     for pod in pods {
+        let pod: &Value = pod.borrow();
         let phase = pod
             .pointer("/status/phase")
             .and_then(Value::as_str)
@@ -682,6 +943,112 @@ pub fn build_subsets(spec: &Value, service_name: &str, pods: &[Value]) -> (Vec<V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labelled(name: &str, app: &str) -> Option<Arc<Value>> {
+        Some(Arc::new(pod_view(&json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {"app": app, "tier": "x"}},
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Other"}]},
+        }))))
+    }
+
+    fn names(index: &Index, service: &str) -> Vec<String> {
+        index
+            .members(&("ns".into(), service.into()))
+            .iter()
+            .map(|p| meta::name(p).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_index_follows_labels_selectors_and_deletions() {
+        let mut index = Index::default();
+        let key: Key = ("ns".into(), "web".into());
+        index.pod_changed("ns", "p1", labelled("p1", "web"));
+        index.pod_changed("ns", "p2", labelled("p2", "db"));
+        let selector = json!({"app": "web", "tier": "x"});
+        index.set_selector(&key, selector.as_object());
+        assert_eq!(names(&index, "web"), ["p1"]);
+        // A pod that starts to match wakes the Service and joins it.
+        assert_eq!(
+            index.pod_changed("ns", "p2", labelled("p2", "web")),
+            [key.clone()]
+        );
+        assert_eq!(names(&index, "web"), ["p1", "p2"]);
+        // A pod that stops matching wakes it once more and leaves.
+        assert_eq!(
+            index.pod_changed("ns", "p1", labelled("p1", "db")),
+            [key.clone()]
+        );
+        assert_eq!(names(&index, "web"), ["p2"]);
+        // Unrelated pods wake nothing; another namespace is another world.
+        assert!(
+            index
+                .pod_changed("ns", "p3", labelled("p3", "db"))
+                .is_empty()
+        );
+        assert!(
+            index
+                .pod_changed("other", "p4", labelled("p4", "web"))
+                .is_empty()
+        );
+        // Deletion wakes the Service that selected the pod.
+        assert_eq!(index.pod_changed("ns", "p2", None), [key.clone()]);
+        assert!(names(&index, "web").is_empty());
+        // A changed selector re-reads the pods; a removed one forgets them.
+        index.set_selector(&key, json!({"app": "db"}).as_object());
+        assert_eq!(names(&index, "web"), ["p1", "p3"]);
+        index.set_selector(&key, None);
+        assert!(names(&index, "web").is_empty());
+        assert!(
+            index
+                .pod_changed("ns", "p1", labelled("p1", "db"))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_pod_view_keeps_what_the_controller_reads() {
+        let view = labelled("p1", "web").unwrap_or_default();
+        assert_eq!(view["metadata"]["labels"]["app"], "web");
+        assert_eq!(view["status"]["podIP"], "10.0.0.1");
+        assert_eq!(
+            view["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"}])
+        );
+        assert!(capstan_resources::pod::is_ready(&view));
+    }
+
+    #[tokio::test]
+    async fn the_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() {
+        let queue = WorkQueue::default();
+        let a: Key = ("ns".into(), "a".into());
+        let b: Key = ("ns".into(), "b".into());
+        queue.add(a.clone());
+        queue.add(b.clone());
+        queue.add(a.clone());
+        assert_eq!(queue.next().await, a);
+        // Queued again while being synced: held back until done, then handed out again.
+        queue.add(a.clone());
+        assert_eq!(queue.next().await, b);
+        assert!(
+            queue
+                .state
+                .lock()
+                .map(|s| s.order.is_empty())
+                .unwrap_or(false)
+        );
+        queue.done(&a);
+        assert_eq!(queue.next().await, a);
+        queue.done(&a);
+        queue.done(&b);
+        assert!(
+            queue
+                .state
+                .lock()
+                .map(|s| s.order.is_empty() && s.dirty.is_empty())
+                .unwrap_or(false)
+        );
+    }
 
     fn pod(name: &str, ip: &str, ready_status: &str) -> Value {
         json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
