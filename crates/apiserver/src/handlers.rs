@@ -581,6 +581,7 @@ fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     Ok(WriteOptions {
         dry_run,
         field_manager,
+        applied: false,
     })
 }
 
@@ -849,12 +850,7 @@ async fn patch_object(
         None => Bytes::new(),
     };
     if patch_type == PatchType::Apply {
-        // Server-side apply arrives with the patch issue.
-        return Err(ApiError::new(
-            415,
-            Reason::UnsupportedMediaType,
-            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
-        ));
+        return apply_object(request, name, call, &bytes, options, encoding, status).await;
     }
     let strategic: Option<Value> = if patch_type == PatchType::StrategicMerge {
         let value: Value = serde_json::from_slice(&bytes)
@@ -950,6 +946,107 @@ async fn patch_object(
             encoding,
             &call.query,
         ),
+        &warnings,
+    ))
+}
+
+/// PATCH with `application/apply-patch+yaml`: server-side apply (`spec/api-machinery.md` §10.5).
+async fn apply_object(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    bytes: &Bytes,
+    options: WriteOptions,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    if call.query.get("fieldManager").is_none_or(|m| m.is_empty()) {
+        return Err(options_invalid(
+            "PatchOptions",
+            "fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    let strategy = request.registry.strategy().clone();
+    let info = strategy.info();
+    let mut config = yaml::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    let Some(map) = config.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "error decoding YAML: the applied configuration is not an object",
+        ));
+    };
+    let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = map.get("kind").and_then(Value::as_str).unwrap_or("");
+    if version != info.api_version() || kind != info.kind {
+        return Err(ApiError::bad_request(format!(
+            "Incorrect version specified in apply patch. Specified patch version: {version}, expected: {}",
+            info.api_version()
+        )));
+    }
+    if meta::metadata(&config).is_some_and(|m| m.get("managedFields").is_some_and(|f| !f.is_null()))
+    {
+        return Err(ApiError::bad_request("metadata.managedFields must be nil"));
+    }
+    let unknown = strategy.unknown_fields(&config);
+    if let Some(first) = unknown.first() {
+        let field = first.split('"').nth(1).unwrap_or(first);
+        let group_version = if info.group.is_empty() {
+            format!("/{}", info.version)
+        } else {
+            format!("{}/{}", info.group, info.version)
+        };
+        return Err(ApiError::bad_request(format!(
+            "failed to create typed patch object ({}/{name}; {group_version}, Kind={}): .{field}: field not declared in schema",
+            request.namespace, info.kind
+        )));
+    }
+    let config_name = meta::name(&config).to_string();
+    if !config_name.is_empty() && config_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({config_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let config_namespace = meta::namespace(&config).to_string();
+    if info.namespaced && !config_namespace.is_empty() && config_namespace != request.namespace {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    if let Some(map) = config.as_object_mut() {
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    meta::set_meta_str(&mut config, "name", name);
+    if info.namespaced {
+        meta::set_meta_str(&mut config, "namespace", &request.namespace);
+    }
+    let config = strategy.decode(config).map_err(|e| {
+        ApiError::new(
+            422,
+            Reason::Invalid,
+            format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"),
+        )
+    })?;
+    let force = call
+        .query
+        .get("force")
+        .is_some_and(|f| f == "true" || f == "1" || f.is_empty());
+    let (stored, created) = request
+        .registry
+        .apply(&request.namespace, name, config, &options, status, force)
+        .await?;
+    let warnings = if status {
+        Vec::new()
+    } else {
+        strategy.warnings(&stored)
+    };
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(with_warnings(
+        object_response(code, strategy.as_ref(), &stored, encoding, &call.query),
         &warnings,
     ))
 }

@@ -244,6 +244,7 @@ async fn bootstrap(
     let options = WriteOptions {
         dry_run: false,
         field_manager: "kube-apiserver".into(),
+        applied: false,
     };
     let namespaces = registry_for(registries, "namespaces")?;
     for name in capstan_resources::namespace::BUILT_IN {

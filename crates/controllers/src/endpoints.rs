@@ -513,6 +513,7 @@ impl EndpointsController {
         let write = WriteOptions {
             dry_run: false,
             field_manager: MANAGER.into(),
+            applied: false,
         };
         let service = match self.services.get(namespace, name, ReadAt::Latest).await {
             Ok(service) => service,

@@ -26,6 +26,7 @@ impl KubernetesServiceController {
         WriteOptions {
             dry_run: false,
             field_manager: "kube-apiserver".into(),
+            applied: false,
         }
     }
 

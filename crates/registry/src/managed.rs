@@ -68,10 +68,22 @@ fn collect(
         }
         (Shape::ListMap(items, keys), Value::Array(list)) if !list.is_empty() => {
             mark(path, out);
+            let defaults = match core_shape(items) {
+                Shape::Struct(properties) => Some(properties),
+                _ => None,
+            };
             for element in list {
                 let mut key = Map::new();
                 for name in keys.iter().filter_map(Value::as_str) {
-                    if let Some(v) = element.get(name) {
+                    // A key left out names the entry by its schema default (ServicePort's
+                    // protocol), without the field itself being set.
+                    let default = || {
+                        defaults
+                            .and_then(|p| p.get(name))
+                            .map(capstan_machinery::schema::core_resolve)
+                            .and_then(|p| p.get("default"))
+                    };
+                    if let Some(v) = element.get(name).or_else(default) {
                         key.insert(name.to_string(), v.clone());
                     }
                 }
@@ -271,6 +283,355 @@ pub fn record_update(
     }
 }
 
+/// A field another manager owns that an apply would change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The manager as upstream names it: `"name"`, then ` with subresource "status"` for
+    /// writes through /status, then ` using <apiVersion>` for Update-operation managers.
+    pub manager: String,
+    /// The field in upstream's path syntax, e.g. `.spec.ports[port=80,protocol="TCP"].targetPort`.
+    pub field: String,
+}
+
+/// Server-side apply (`spec/api-machinery.md` §10.5), modelled on structured-merge-diff:
+/// merges the applied configuration `config` into `live` (None: the object is created) as
+/// `manager`, following the kind's schema (list-map keys, sets, atomic values), removes the
+/// fields the manager applied before and no longer applies (unless another manager owns them),
+/// and returns the new object with its managedFields. Fields another manager owns with a
+/// different value are conflicts; with `force` they change hands instead.
+pub fn apply(
+    live: Option<&Value>,
+    config: &Value,
+    manager: &str,
+    api_version: &str,
+    subresource: Option<&str>,
+    schema: Option<&'static Value>,
+    force: bool,
+) -> Result<Value, Vec<Conflict>> {
+    let applied = field_set(config, schema);
+    let mut config = config.clone();
+    default_list_keys(&mut config, schema);
+    let empty = json!({});
+    let live_object = live.unwrap_or(&empty);
+    let mut entries: Vec<(Value, BTreeSet<Path>)> = live
+        .and_then(meta::metadata)
+        .and_then(|m| m.get("managedFields"))
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|entry| {
+                    let mut owned = BTreeSet::new();
+                    if let Some(fields) = entry.get("fieldsV1") {
+                        from_fields_v1(fields, &mut Vec::new(), &mut owned);
+                    }
+                    (entry.clone(), owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let is_mine = |entry: &Value| {
+        entry.get("manager").and_then(Value::as_str) == Some(manager)
+            && entry.get("operation").and_then(Value::as_str) == Some("Apply")
+            && entry.get("subresource").and_then(Value::as_str) == subresource
+    };
+    let previously: BTreeSet<Path> = entries
+        .iter()
+        .find(|(entry, _)| is_mine(entry))
+        .map(|(_, owned)| owned.clone())
+        .unwrap_or_default();
+
+    // Conflicts: fields this apply sets to a value other than the live one, owned by others.
+    let mut conflicts = Vec::new();
+    for path in applied
+        .iter()
+        .filter(|p| p.last().map(String::as_str) != Some("."))
+    {
+        if !differs(&config, live_object, path) {
+            continue;
+        }
+        for (entry, owned) in entries.iter_mut() {
+            if is_mine(entry) || !owned.contains(path) {
+                continue;
+            }
+            if force {
+                owned.remove(path);
+            } else {
+                conflicts.push(Conflict {
+                    manager: manager_text(entry),
+                    field: render_path(path),
+                });
+            }
+        }
+    }
+    if !conflicts.is_empty() {
+        conflicts.sort_by(|a, b| (&a.manager, &a.field).cmp(&(&b.manager, &b.field)));
+        return Err(conflicts);
+    }
+
+    // Fields this manager applied before and no longer does go, unless someone else owns them.
+    let mut object = live_object.clone();
+    let others: Vec<&BTreeSet<Path>> = entries
+        .iter()
+        .filter(|(entry, _)| !is_mine(entry))
+        .map(|(_, owned)| owned)
+        .collect();
+    let mut dropped: Vec<&Path> = previously.difference(&applied).collect();
+    dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for path in dropped {
+        let node: &[String] = match path.split_last() {
+            Some((last, parent)) if last == "." => parent,
+            _ => path,
+        };
+        let kept = others
+            .iter()
+            .any(|owned| owned.iter().any(|p| p.starts_with(node)));
+        if !kept && !node.is_empty() {
+            remove_path(&mut object, node);
+        }
+    }
+    merge_into(&mut object, &config, schema, 0);
+
+    // managedFields: this manager owns exactly what it applied; fields no longer in the
+    // object leave every set.
+    let present = field_set(&object, schema);
+    let now = meta::now_rfc3339();
+    let mut found = false;
+    let mut out = Vec::new();
+    for (mut entry, mut owned) in entries {
+        let before = entry
+            .get("fieldsV1")
+            .map(|f| {
+                let mut set = BTreeSet::new();
+                from_fields_v1(f, &mut Vec::new(), &mut set);
+                set
+            })
+            .unwrap_or_default();
+        if is_mine(&entry) {
+            found = true;
+            owned = applied.clone();
+        }
+        owned.retain(|p| present.contains(p));
+        if owned.is_empty() {
+            continue;
+        }
+        if owned != before {
+            entry["fieldsV1"] = to_fields_v1(&owned);
+            if is_mine(&entry) {
+                entry["time"] = json!(now);
+                entry["apiVersion"] = json!(api_version);
+            }
+        }
+        out.push(entry);
+    }
+    let owned: BTreeSet<Path> = applied
+        .into_iter()
+        .filter(|p| present.contains(p))
+        .collect();
+    if !found && !owned.is_empty() {
+        let mut entry = Map::new();
+        entry.insert("manager".into(), json!(manager));
+        entry.insert("operation".into(), json!("Apply"));
+        entry.insert("apiVersion".into(), json!(api_version));
+        entry.insert("time".into(), json!(now));
+        entry.insert("fieldsType".into(), json!("FieldsV1"));
+        entry.insert("fieldsV1".into(), to_fields_v1(&owned));
+        if let Some(sub) = subresource {
+            entry.insert("subresource".into(), json!(sub));
+        }
+        out.push(Value::Object(entry));
+    }
+    let metadata = meta::metadata_mut(&mut object);
+    if out.is_empty() {
+        metadata.remove("managedFields");
+    } else {
+        metadata.insert("managedFields".into(), Value::Array(out));
+    }
+    Ok(object)
+}
+
+/// Upstream's name for a manager in conflict messages.
+fn manager_text(entry: &Value) -> String {
+    let name = entry.get("manager").and_then(Value::as_str).unwrap_or("");
+    let mut text = format!("\"{name}\"");
+    if let Some(sub) = entry.get("subresource").and_then(Value::as_str) {
+        text.push_str(&format!(" with subresource \"{sub}\""));
+    }
+    if entry.get("operation").and_then(Value::as_str) == Some("Update") {
+        let version = entry
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        text.push_str(&format!(" using {version}"));
+    }
+    text
+}
+
+/// A fieldsV1 path in upstream's message syntax: `.spec.ports[port=80,protocol="TCP"].name`.
+fn render_path(path: &Path) -> String {
+    let mut out = String::new();
+    for step in path {
+        if let Some(field) = step.strip_prefix("f:") {
+            out.push('.');
+            out.push_str(field);
+        } else if let Some(key) = step.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
+            let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("[{}]", parts.join(",")));
+        } else if let Some(value) = step.strip_prefix("v:") {
+            out.push_str(&format!("[={value}]"));
+        } else if let Some(index) = step.strip_prefix("i:") {
+            out.push_str(&format!("[{index}]"));
+        }
+    }
+    out
+}
+
+/// List-map keys left out of an applied object take their schema default (ServicePort's
+/// `protocol: TCP`), as upstream does before merging, so `port: 80` names the same entry as
+/// the stored `port: 80, protocol: TCP`.
+fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
+    let Some(schema) = schema else { return };
+    match (core_shape(schema), value) {
+        (Shape::Struct(properties), Value::Object(map)) => {
+            for (key, child) in map.iter_mut() {
+                default_list_keys(child, properties.get(key));
+            }
+        }
+        (Shape::Map(Some(values)), Value::Object(map)) => {
+            for child in map.values_mut() {
+                default_list_keys(child, Some(values));
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(list)) => {
+            let properties = match core_shape(items) {
+                Shape::Struct(properties) => Some(properties),
+                _ => None,
+            };
+            for element in list.iter_mut() {
+                if let (Some(properties), Value::Object(map)) = (properties, &mut *element) {
+                    for key in keys.iter().filter_map(Value::as_str) {
+                        if !map.contains_key(key)
+                            && let Some(default) = properties
+                                .get(key)
+                                .map(|p| capstan_machinery::schema::core_resolve(p))
+                                .and_then(|p| p.get("default"))
+                        {
+                            map.insert(key.to_string(), default.clone());
+                        }
+                    }
+                }
+                default_list_keys(element, Some(items));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Removes the node a fieldsV1 path names (a field, a list-map entry or a set value).
+fn remove_path(object: &mut Value, path: &[String]) {
+    let Some((last, parent)) = path.split_last() else {
+        return;
+    };
+    let mut current = object;
+    for step in parent {
+        let next = if let Some(field) = step.strip_prefix("f:") {
+            current.get_mut(field)
+        } else if let Some(key) = step.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
+            current.as_array_mut().and_then(|list| {
+                list.iter_mut()
+                    .find(|e| key.iter().all(|(k, v)| e.get(k) == Some(v)))
+            })
+        } else {
+            None
+        };
+        match next {
+            Some(next) => current = next,
+            None => return,
+        }
+    }
+    if let Some(field) = last.strip_prefix("f:") {
+        if let Some(map) = current.as_object_mut() {
+            map.remove(field);
+        }
+    } else if let Some(key) = last.strip_prefix("k:") {
+        let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
+        if let Some(list) = current.as_array_mut() {
+            list.retain(|e| !key.iter().all(|(k, v)| e.get(k) == Some(v)));
+        }
+    } else if let Some(value) = last.strip_prefix("v:") {
+        let value: Value = serde_json::from_str(value).unwrap_or(Value::Null);
+        if let Some(list) = current.as_array_mut() {
+            list.retain(|e| *e != value);
+        }
+    }
+}
+
+/// Merges an applied value into a live one by the schema: structs and granular maps field by
+/// field, list-maps entry by entry (matched on their keys; new entries appended), sets by
+/// value, anything atomic replaced whole. `status` is never taken from an apply to the main
+/// resource (the strategy keeps the stored one).
+fn merge_into(live: &mut Value, applied: &Value, schema: Option<&'static Value>, depth: usize) {
+    let shape = schema.map(core_shape).unwrap_or(match applied {
+        Value::Object(_) => Shape::Map(None),
+        _ => Shape::Atomic,
+    });
+    match (shape, applied) {
+        (Shape::Struct(properties), Value::Object(fields)) if live.is_object() => {
+            for (key, value) in fields {
+                if depth == 0 && key == "status" {
+                    continue;
+                }
+                if let Some(map) = live.as_object_mut() {
+                    match map.get_mut(key) {
+                        Some(existing) => {
+                            merge_into(existing, value, properties.get(key), depth + 1)
+                        }
+                        None => {
+                            map.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (Shape::Map(values), Value::Object(fields)) if live.is_object() => {
+            for (key, value) in fields {
+                if let Some(map) = live.as_object_mut() {
+                    match map.get_mut(key) {
+                        Some(existing) => merge_into(existing, value, values, depth + 1),
+                        None => {
+                            map.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(elements)) if live.is_array() => {
+            let keys: Vec<&str> = keys.iter().filter_map(Value::as_str).collect();
+            for element in elements {
+                let Some(list) = live.as_array_mut() else {
+                    return;
+                };
+                let same = |e: &Value| keys.iter().all(|k| e.get(*k) == element.get(*k));
+                match list.iter_mut().find(|e| same(e)) {
+                    Some(existing) => merge_into(existing, element, Some(items), depth + 1),
+                    None => list.push(element.clone()),
+                }
+            }
+        }
+        (Shape::Set, Value::Array(elements)) if live.is_array() => {
+            if let Some(list) = live.as_array_mut() {
+                for element in elements {
+                    if !list.contains(element) {
+                        list.push(element.clone());
+                    }
+                }
+            }
+        }
+        _ => *live = applied.clone(),
+    }
+}
+
 fn without_times(object: &Value) -> Value {
     let mut copy = object.clone();
     if let Some(entries) = copy
@@ -337,6 +698,106 @@ mod tests {
         assert_eq!(
             entries[1]["fieldsV1"],
             json!({"f:metadata":{"f:labels":{"f:a":{}}}})
+        );
+    }
+    fn applied(
+        live: Option<&Value>,
+        config: Value,
+        manager: &str,
+        force: bool,
+    ) -> Result<Value, Vec<Conflict>> {
+        apply(live, &config, manager, "v1", None, service_schema(), force)
+    }
+
+    fn owned(object: &Value, manager: &str) -> Value {
+        object["metadata"]["managedFields"]
+            .as_array()
+            .and_then(|l| l.iter().find(|e| e["manager"] == manager))
+            .map(|e| e["fieldsV1"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    fn web(target: i64) -> Value {
+        json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"},
+               "ports": [{"name": "http", "port": 80, "targetPort": target}]}})
+    }
+
+    #[test]
+    fn apply_creates_and_owns_what_it_sent_with_defaulted_keys() {
+        let object = applied(None, web(8080), "alice", false).expect("no conflicts");
+        let entry = &object["metadata"]["managedFields"][0];
+        assert_eq!(entry["operation"], "Apply");
+        assert_eq!(entry["manager"], "alice");
+        // The entry is named with the defaulted protocol; the protocol field itself is not owned.
+        assert_eq!(
+            entry["fieldsV1"],
+            json!({"f:spec": {"f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}":
+                {".": {}, "f:name": {}, "f:port": {}, "f:targetPort": {}}}, "f:selector": {}}})
+        );
+        // Applying the same again changes nothing, not even the time.
+        let again = applied(Some(&object), web(8080), "alice", false).expect("no conflicts");
+        assert_eq!(again, object);
+    }
+
+    #[test]
+    fn a_different_value_conflicts_and_force_moves_ownership() {
+        let mut live = applied(None, web(8080), "alice", false).expect("no conflicts");
+        live["spec"]["ports"][0]["protocol"] = json!("TCP"); // as defaulting stores it
+        let conflicts = applied(Some(&live), web(9999), "bob", false).expect_err("conflict");
+        assert_eq!(
+            conflicts,
+            [Conflict {
+                manager: "\"alice\"".into(),
+                field: ".spec.ports[port=80,protocol=\"TCP\"].targetPort".into(),
+            }]
+        );
+        let forced = applied(Some(&live), web(9999), "bob", true).expect("forced");
+        assert_eq!(forced["spec"]["ports"][0]["targetPort"], 9999);
+        assert_eq!(forced["spec"]["ports"].as_array().map(Vec::len), Some(1));
+        let alice = owned(&forced, "alice").to_string();
+        assert!(!alice.contains("targetPort"), "{alice}");
+        assert!(owned(&forced, "bob").to_string().contains("targetPort"));
+    }
+
+    #[test]
+    fn the_same_value_is_shared_and_a_field_dropped_by_one_owner_stays() {
+        let live = applied(None, web(8080), "alice", false).expect("no conflicts");
+        let shared = applied(Some(&live), web(8080), "bob", false).expect("same value: shared");
+        assert!(owned(&shared, "alice").to_string().contains("targetPort"));
+        assert!(owned(&shared, "bob").to_string().contains("targetPort"));
+        // Alice stops applying the ports; Bob still owns them, so they stay.
+        let without = json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}}});
+        let after = applied(Some(&shared), without.clone(), "alice", false).expect("ok");
+        assert_eq!(after["spec"]["ports"][0]["targetPort"], 8080);
+        // Once no one else owns them, dropping them removes them.
+        let alone = applied(Some(&live), without, "alice", false).expect("ok");
+        assert!(alone["spec"].get("ports").is_none(), "{alone}");
+    }
+
+    #[test]
+    fn update_managers_are_named_with_their_version_in_conflicts() {
+        let mut live = web(8080);
+        live["spec"]["ports"][0]["protocol"] = json!("TCP");
+        record_update(
+            &mut live,
+            None,
+            "kubectl-client-side-apply",
+            "v1",
+            None,
+            service_schema(),
+        );
+        let conflicts = applied(Some(&live), web(1234), "kubectl", false).expect_err("conflict");
+        assert_eq!(
+            conflicts[0].manager,
+            "\"kubectl-client-side-apply\" using v1"
+        );
+        assert_eq!(
+            render_path(&vec![
+                "f:spec".into(),
+                "f:externalIPs".into(),
+                "v:\"1.2.3.4\"".into()
+            ]),
+            ".spec.externalIPs[=\"1.2.3.4\"]"
         );
     }
 }

@@ -33,6 +33,8 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// The `fieldManager` (or the one derived from the User-Agent).
     pub field_manager: String,
+    /// The object's managedFields were computed by server-side apply: record no `Update`.
+    pub applied: bool,
 }
 
 /// Options of delete.
@@ -533,14 +535,16 @@ impl Registry {
             }
         }
         self.strategy.default(&mut object);
-        crate::managed::record_update(
-            &mut object,
-            None,
-            &options.field_manager,
-            &info.api_version(),
-            None,
-            self.strategy.schema(),
-        );
+        if !options.applied {
+            crate::managed::record_update(
+                &mut object,
+                None,
+                &options.field_manager,
+                &info.api_version(),
+                None,
+                self.strategy.schema(),
+            );
+        }
         meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
         meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
         self.strategy.prepare_for_create(&mut object);
@@ -699,6 +703,84 @@ impl Registry {
         Ok(object)
     }
 
+    /// Server-side apply of `config` (kind and apiVersion already checked and removed) as
+    /// `options.field_manager`: creates the object when absent (`true`), else merges it into
+    /// the stored one (`spec/api-machinery.md` §10.5); 409 on conflicts unless `force`.
+    pub async fn apply(
+        &self,
+        namespace: &str,
+        name: &str,
+        config: Value,
+        options: &WriteOptions,
+        status: bool,
+        force: bool,
+    ) -> Result<(Value, bool), ApiError> {
+        let info = self.strategy.info();
+        let api_version = info.api_version();
+        let options = WriteOptions {
+            applied: true,
+            ..options.clone()
+        };
+        let subresource = status.then_some("status");
+        let conflicts = |conflicts: Vec<crate::managed::Conflict>| {
+            let message = if let [one] = conflicts.as_slice() {
+                format!(
+                    "Apply failed with 1 conflict: conflict with {}: {}",
+                    one.manager, one.field
+                )
+            } else {
+                let mut groups: Vec<String> = Vec::new();
+                let mut last: Option<&str> = None;
+                for c in &conflicts {
+                    if last != Some(c.manager.as_str()) {
+                        groups.push(format!("conflicts with {}:", c.manager));
+                        last = Some(c.manager.as_str());
+                    }
+                    if let Some(group) = groups.last_mut() {
+                        group.push_str(&format!("\n- {}", c.field));
+                    }
+                }
+                format!(
+                    "Apply failed with {} conflicts: {}",
+                    conflicts.len(),
+                    groups.join("\n")
+                )
+            };
+            let mut error = ApiError::conflict(info.group_resource(), name, "");
+            error.message = message;
+            if let Some(details) = error.details.as_mut() {
+                details.causes = conflicts
+                    .iter()
+                    .map(|c| capstan_machinery::status::Cause {
+                        reason: "FieldManagerConflict".into(),
+                        message: format!("conflict with {}", c.manager),
+                        field: c.field.clone(),
+                    })
+                    .collect();
+            }
+            error
+        };
+        let merge = |live: Option<&Value>| {
+            let mut object = crate::managed::apply(
+                live,
+                &config,
+                &options.field_manager,
+                &api_version,
+                subresource,
+                self.strategy.schema(),
+                force,
+            )
+            .map_err(conflicts)?;
+            if live.is_some() && meta::resource_version(&config).is_empty() {
+                // Apply never carries an optimistic lock unless the config names a version.
+                meta::metadata_mut(&mut object).remove("resourceVersion");
+            }
+            Ok(object)
+        };
+        self.write_loop(namespace, name, &options, status, merge, false)
+            .await
+    }
+
     async fn write_loop(
         &self,
         namespace: &str,
@@ -714,7 +796,7 @@ impl Registry {
             let response = self.storage.get(&key, None).await.map_err(storage_error)?;
             let Some(kv) = response.kv else {
                 let new = compute(None)?;
-                if status || !info.allow_create_on_update {
+                if status || !(info.allow_create_on_update || options.applied) {
                     return Err(self.not_found(name));
                 }
                 let uid = meta::meta_str(&new, "uid");
@@ -772,14 +854,16 @@ impl Registry {
             meta::metadata_mut(&mut new).remove("generation");
             meta::metadata_mut(&mut new).remove("selfLink");
             self.strategy.default(&mut new);
-            crate::managed::record_update(
-                &mut new,
-                Some(&old),
-                &options.field_manager,
-                &info.api_version(),
-                status.then_some("status"),
-                self.strategy.schema(),
-            );
+            if !options.applied {
+                crate::managed::record_update(
+                    &mut new,
+                    Some(&old),
+                    &options.field_manager,
+                    &info.api_version(),
+                    status.then_some("status"),
+                    self.strategy.schema(),
+                );
+            }
             if status {
                 self.strategy.prepare_for_status_update(&mut new, &old);
             } else {
