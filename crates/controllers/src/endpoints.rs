@@ -972,13 +972,13 @@ mod tests {
         // A pod that starts to match wakes the Service and joins it.
         assert_eq!(
             index.pod_changed("ns", "p2", labelled("p2", "web")),
-            [key.clone()]
+            vec![key.clone()]
         );
         assert_eq!(names(&index, "web"), ["p1", "p2"]);
         // A pod that stops matching wakes it once more and leaves.
         assert_eq!(
             index.pod_changed("ns", "p1", labelled("p1", "db")),
-            [key.clone()]
+            vec![key.clone()]
         );
         assert_eq!(names(&index, "web"), ["p2"]);
         // Unrelated pods wake nothing; another namespace is another world.
@@ -993,7 +993,7 @@ mod tests {
                 .is_empty()
         );
         // Deletion wakes the Service that selected the pod.
-        assert_eq!(index.pod_changed("ns", "p2", None), [key.clone()]);
+        assert_eq!(index.pod_changed("ns", "p2", None), vec![key.clone()]);
         assert!(names(&index, "web").is_empty());
         // A changed selector re-reads the pods; a removed one forgets them.
         index.set_selector(&key, json!({"app": "db"}).as_object());
