@@ -591,3 +591,77 @@ async fn created_objects_carry_upstreams_managed_fields() {
                    "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}}})
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_errors_and_codes_are_upstreams() {
+    let server = Server::start();
+    let client = server.client().await;
+    let uri = "/api/v1/namespaces/default/services/applied";
+    let apply = Some("application/apply-patch+yaml");
+    let config =
+        b"apiVersion: v1\nkind: Service\nmetadata: {name: applied}\nspec:\n  ports: [{port: 80}]\n"
+            .to_vec();
+    // No fieldManager: 422.
+    let (code, status, _) = raw(&client, "PATCH", uri, apply, config.clone()).await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        status["message"],
+        "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"
+    );
+    // Absent object: created, 201; again: 200 with the same resourceVersion (nothing written).
+    let with_manager = format!("{uri}?fieldManager=tester");
+    let (code, created, _) = raw(&client, "PATCH", &with_manager, apply, config.clone()).await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(created["spec"]["ports"][0]["protocol"], "TCP");
+    let (code, again, _) = raw(&client, "PATCH", &with_manager, apply, config.clone()).await;
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(
+        again["metadata"]["resourceVersion"],
+        created["metadata"]["resourceVersion"]
+    );
+    // Wrong version, managedFields in the body, an undeclared field: 400, nothing stored.
+    let cases: [(&[u8], &str); 3] = [
+        (b"apiVersion: v2\nkind: Service\nmetadata: {name: applied}\n",
+         "Incorrect version specified in apply patch. Specified patch version: v2, expected: v1"),
+        (b"apiVersion: v1\nkind: Service\nmetadata: {name: applied, managedFields: [{manager: x}]}\n",
+         "metadata.managedFields must be nil"),
+        (b"apiVersion: v1\nkind: Service\nmetadata: {name: applied}\nspec: {foo: 1}\n",
+         "failed to create typed patch object (default/applied; /v1, Kind=Service): .spec.foo: field not declared in schema"),
+    ];
+    for (body, message) in cases {
+        let (code, status, _) = raw(&client, "PATCH", &with_manager, apply, body.to_vec()).await;
+        assert_eq!(code, 400, "{status}");
+        assert_eq!(status["message"], message);
+    }
+    // A conflict carries upstream's causes.
+    let other = b"apiVersion: v1\nkind: Service\nmetadata: {name: applied}\nspec:\n  ports: [{port: 80, targetPort: 81}]\n".to_vec();
+    let (code, _, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{uri}?fieldManager=first"),
+        apply,
+        other,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let mine = b"apiVersion: v1\nkind: Service\nmetadata: {name: applied}\nspec:\n  ports: [{port: 80, targetPort: 82}]\n".to_vec();
+    let (code, status, _) = raw(&client, "PATCH", &with_manager, apply, mine.clone()).await;
+    assert_eq!(code, 409, "{status}");
+    assert_eq!(status["reason"], "Conflict");
+    assert_eq!(status["details"]["kind"], "services");
+    assert_eq!(
+        status["details"]["causes"][0],
+        serde_json::json!({"reason": "FieldManagerConflict", "message": "conflict with \"first\"",
+                           "field": ".spec.ports[port=80,protocol=\"TCP\"].targetPort"})
+    );
+    let (code, forced, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{with_manager}&force=true"),
+        apply,
+        mine,
+    )
+    .await;
+    assert_eq!(code, 200, "{forced}");
+    assert_eq!(forced["spec"]["ports"][0]["targetPort"], 82);
+}

@@ -837,3 +837,108 @@ fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
         "unchanged Endpoints are not rewritten after a restart"
     );
 }
+
+#[test]
+fn server_side_apply_with_two_managers_a_conflict_and_force() {
+    let server = Server::start();
+    let manifest = |target: u16, ports: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: ssa, labels: {{team: a}}}}\nspec:\n  selector: {{app: ssa}}\n  ports:\n  - {{name: http, port: 80, targetPort: {target}}}\n{ports}"
+        )
+    };
+    let first = server.apply_file(
+        "ssa.yaml",
+        &manifest(8080, "  - {name: metrics, port: 9100}\n"),
+    );
+    let out = server.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=alice",
+        "-f",
+        path_str(&first),
+    ]);
+    assert!(out.contains("service/ssa serverside-applied"), "{out}");
+    let object: serde_json::Value = serde_json::from_str(&server.ok(&[
+        "get",
+        "svc",
+        "ssa",
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]))
+    .expect("json");
+    let alice = &object["metadata"]["managedFields"][0];
+    assert_eq!(alice["manager"], "alice");
+    assert_eq!(alice["operation"], "Apply");
+    assert!(alice["fieldsV1"]["f:spec"]["f:ports"]["k:{\"port\":80,\"protocol\":\"TCP\"}"]["f:targetPort"].is_object());
+    // A second manager applying another value for alice's field: 409 naming alice and the field.
+    let second = server.apply_file("ssa2.yaml", &manifest(9999, ""));
+    let err = server.fails(&[
+        "apply",
+        "--server-side",
+        "--field-manager=bob",
+        "-f",
+        path_str(&second),
+    ]);
+    assert!(
+        err.contains(r#"Apply failed with 1 conflict: conflict with "alice": .spec.ports[port=80,protocol="TCP"].targetPort"#),
+        "{err}"
+    );
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "svc",
+            "ssa",
+            "-o",
+            "jsonpath={.spec.ports[0].targetPort}"
+        ]),
+        "8080"
+    );
+    // --force-conflicts takes the field over; bob's config has no metrics port, but alice
+    // still applies it, so it stays.
+    server.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=bob",
+        "--force-conflicts",
+        "-f",
+        path_str(&second),
+    ]);
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "svc",
+            "ssa",
+            "-o",
+            "jsonpath={.spec.ports[*].targetPort}"
+        ]),
+        "9999 9100"
+    );
+    // Alice drops the metrics port from her config: no one else owns it, so it goes.
+    let third = server.apply_file("ssa3.yaml", &manifest(9999, ""));
+    server.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=alice",
+        "-f",
+        path_str(&third),
+    ]);
+    assert_eq!(
+        server.ok(&["get", "svc", "ssa", "-o", "jsonpath={.spec.ports[*].port}"]),
+        "80"
+    );
+    // A client-side change is an Update by another manager; applying over it conflicts with
+    // "<manager>" using v1.
+    server.ok(&["label", "svc", "ssa", "team=b", "--overwrite"]);
+    let err = server.fails(&[
+        "apply",
+        "--server-side",
+        "--field-manager=alice",
+        "-f",
+        path_str(&third),
+    ]);
+    assert!(
+        err.contains(r#"conflict with "kubectl-label" using v1: .metadata.labels.team"#),
+        "{err}"
+    );
+}
