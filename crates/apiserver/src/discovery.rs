@@ -31,13 +31,30 @@ pub fn version() -> Value {
     })
 }
 
-fn core(registries: &[Arc<Registry>]) -> Vec<&Arc<Registry>> {
-    let mut core: Vec<&Arc<Registry>> = registries
+/// The registries of one group/version, by resource name.
+fn served<'a>(registries: &'a [Arc<Registry>], group: &str, version: &str) -> Vec<&'a Arc<Registry>> {
+    let mut served: Vec<&Arc<Registry>> = registries
         .iter()
-        .filter(|r| r.strategy().info().group.is_empty())
+        .filter(|r| {
+            let info = r.strategy().info();
+            info.group == group && info.version == version
+        })
         .collect();
-    core.sort_by_key(|r| r.strategy().info().plural);
-    core
+    served.sort_by_key(|r| r.strategy().info().plural);
+    served
+}
+
+fn core(registries: &[Arc<Registry>]) -> Vec<&Arc<Registry>> {
+    served(registries, "", "v1")
+}
+
+/// The API groups Capstan serves itself besides core, with their aggregated-discovery
+/// priority (`apiregistration.k8s.io` is pinned at 20001, first in `/apis`).
+pub const LOCAL_GROUPS: &[(&str, &str, i64)] = &[("apiregistration.k8s.io", "v1", 20001)];
+
+/// Whether Capstan serves this group/version itself.
+pub fn serves(registries: &[Arc<Registry>], group: &str, version: &str) -> bool {
+    !group.is_empty() && !served(registries, group, version).is_empty()
 }
 
 /// `/api` (legacy).
@@ -51,8 +68,22 @@ pub fn api_versions(server_address: &str) -> Value {
 
 /// `/api/v1` (legacy `APIResourceList`).
 pub fn core_resources(registries: &[Arc<Registry>]) -> Value {
+    json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": legacy_entries(&core(registries))})
+}
+
+/// `/apis/<group>/<version>` of a locally served group (legacy `APIResourceList`).
+pub fn group_resources(registries: &[Arc<Registry>], group: &str, version: &str) -> Value {
+    json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": format!("{group}/{version}"),
+        "resources": legacy_entries(&served(registries, group, version)),
+    })
+}
+
+fn legacy_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
     let mut resources = Vec::new();
-    for registry in core(registries) {
+    for registry in registries {
         let info = registry.strategy().info();
         let mut entry = json!({
             "name": info.plural,
@@ -79,18 +110,57 @@ pub fn core_resources(registries: &[Arc<Registry>]) -> Value {
             }));
         }
     }
-    json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
+    resources
 }
 
-/// `/apis` (legacy `APIGroupList`).
-pub fn api_groups() -> Value {
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+/// Whether Capstan serves some version of this group itself.
+pub fn serves_group(registries: &[Arc<Registry>], group: &str) -> bool {
+    !group.is_empty() && registries.iter().any(|r| r.strategy().info().group == group)
 }
 
-/// `/api` as aggregated discovery (`APIGroupDiscoveryList`, `v2` or `v2beta1`).
-pub fn aggregated_core(registries: &[Arc<Registry>], version: &str) -> Value {
+/// `/apis/<group>` of a locally served group.
+pub fn local_group(registries: &[Arc<Registry>], group: &str) -> Value {
+    let mut versions: Vec<String> = registries
+        .iter()
+        .map(|r| r.strategy().info())
+        .filter(|info| info.group == group)
+        .map(|info| info.version.to_string())
+        .collect();
+    versions.sort_by(|a, b| version_order(a, b));
+    versions.dedup();
+    let mut document = api_group(group, &versions);
+    document["kind"] = json!("APIGroup");
+    document["apiVersion"] = json!("v1");
+    document
+}
+
+/// One `APIGroup` of legacy discovery: versions in the given order, the first preferred.
+pub fn api_group(name: &str, versions: &[String]) -> Value {
+    let entries: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
+    json!({
+        "name": name,
+        "versions": entries,
+        "preferredVersion": entries.first().cloned().unwrap_or(json!({})),
+    })
+}
+
+/// `/apis` (legacy `APIGroupList`): the local groups first, then the aggregated ones.
+pub fn api_groups(aggregated: Vec<Value>) -> Value {
+    let mut groups: Vec<Value> = LOCAL_GROUPS
+        .iter()
+        .map(|(group, version, _)| api_group(group, &[version.to_string()]))
+        .collect();
+    groups.extend(aggregated);
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The aggregated-discovery resources of a set of registries.
+fn aggregated_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
     let mut resources = Vec::new();
-    for registry in core(registries) {
+    for registry in registries {
         let info = registry.strategy().info();
         let mut entry = json!({
             "resource": info.plural,
@@ -114,22 +184,132 @@ pub fn aggregated_core(registries: &[Arc<Registry>], version: &str) -> Value {
         }
         resources.push(entry);
     }
+    resources
+}
+
+fn aggregated_list(version: &str, items: Vec<Value>) -> Value {
     json!({
         "kind": "APIGroupDiscoveryList",
         "apiVersion": format!("apidiscovery.k8s.io/{version}"),
         "metadata": {},
-        "items": [{"metadata": {}, "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]}],
+        "items": items,
     })
 }
 
-/// `/apis` as aggregated discovery.
-pub fn aggregated_groups(version: &str) -> Value {
-    json!({
-        "kind": "APIGroupDiscoveryList",
-        "apiVersion": format!("apidiscovery.k8s.io/{version}"),
-        "metadata": {},
-        "items": [],
-    })
+/// `/api` as aggregated discovery (`APIGroupDiscoveryList`, `v2` or `v2beta1`).
+pub fn aggregated_core(registries: &[Arc<Registry>], version: &str) -> Value {
+    let resources = aggregated_entries(&core(registries));
+    aggregated_list(
+        version,
+        vec![json!({"metadata": {}, "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]})],
+    )
+}
+
+/// `/apis` as aggregated discovery: the local groups, then the aggregated ones, each given
+/// as `(priority, group name, APIGroupDiscovery)`; ordered by priority, then name.
+pub fn aggregated_groups(
+    registries: &[Arc<Registry>],
+    version: &str,
+    mut remote: Vec<(i64, String, Value)>,
+) -> Value {
+    for (group, group_version, priority) in LOCAL_GROUPS {
+        let resources = aggregated_entries(&served(registries, group, group_version));
+        remote.push((
+            *priority,
+            group.to_string(),
+            json!({"metadata": {"name": group}, "versions": [{"version": group_version, "resources": resources, "freshness": "Current"}]}),
+        ));
+    }
+    remote.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    aggregated_list(version, remote.into_iter().map(|(_, _, g)| g).collect())
+}
+
+/// Converts a backend's `APIResourceList` into one aggregated-discovery version: resources
+/// with a `/` become subresources of their parent.
+pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
+    let mut resources: Vec<Value> = Vec::new();
+    let entries = list
+        .get("resources")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let kind_of = |e: &Value| {
+        json!({"group": e.get("group").cloned().unwrap_or(json!("")),
+               "version": e.get("version").cloned().unwrap_or(json!("")),
+               "kind": e.get("kind").cloned().unwrap_or(json!(""))})
+    };
+    for entry in entries.iter().filter(|e| {
+        !e.get("name").and_then(Value::as_str).unwrap_or("/").contains('/')
+    }) {
+        let mut resource = json!({
+            "resource": entry.get("name").cloned().unwrap_or(json!("")),
+            "responseKind": kind_of(entry),
+            "scope": if entry.get("namespaced").and_then(Value::as_bool).unwrap_or(false) { "Namespaced" } else { "Cluster" },
+            "singularResource": entry.get("singularName").cloned().unwrap_or(json!("")),
+            "verbs": entry.get("verbs").cloned().unwrap_or(json!([])),
+        });
+        for field in ["shortNames", "categories"] {
+            if let Some(value) = entry.get(field).filter(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+                resource[field] = value.clone();
+            }
+        }
+        resources.push(resource);
+    }
+    for entry in &entries {
+        let Some((parent, sub)) = entry
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|n| n.split_once('/'))
+        else {
+            continue;
+        };
+        if let Some(resource) = resources
+            .iter_mut()
+            .find(|r| r.get("resource").and_then(Value::as_str) == Some(parent))
+        {
+            let subresource = json!({"subresource": sub, "responseKind": kind_of(entry),
+                "verbs": entry.get("verbs").cloned().unwrap_or(json!([]))});
+            match resource.get_mut("subresources").and_then(Value::as_array_mut) {
+                Some(list) => list.push(subresource),
+                None => resource["subresources"] = json!([subresource]),
+            }
+        }
+    }
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+/// Kube-aware version order (§9.3): GA before beta before alpha, higher numbers first, then
+/// anything else alphabetically. `Less` means `a` sorts first.
+pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parse(v: &str) -> Option<(u8, u64, u64)> {
+        let rest = v.strip_prefix('v')?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let major: u64 = rest[..digits].parse().ok()?;
+        let tail = &rest[digits..];
+        if tail.is_empty() {
+            return Some((2, major, 0));
+        }
+        let (stability, number) = if let Some(n) = tail.strip_prefix("beta") {
+            (1, n)
+        } else if let Some(n) = tail.strip_prefix("alpha") {
+            (0, n)
+        } else {
+            return None;
+        };
+        if number.is_empty() || !number.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        Some((stability, major, number.parse().ok()?))
+    }
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) => y.cmp(&x),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.cmp(b),
+    }
 }
 
 /// Which aggregated discovery version an Accept header asks for, if any.
@@ -152,6 +332,19 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_sort_as_kubernetes_sorts_them() {
+        let mut versions = vec![
+            "v11alpha2", "foo10", "v1", "v10beta3", "v2", "zeta", "v12alpha1", "v3beta1", "v10",
+            "foo1", "v11beta2",
+        ];
+        versions.sort_by(|a, b| version_order(a, b));
+        assert_eq!(
+            versions,
+            ["v10", "v2", "v1", "v11beta2", "v10beta3", "v3beta1", "v12alpha1", "v11alpha2", "foo1", "foo10", "zeta"]
+        );
+    }
 
     #[test]
     fn client_go_gets_aggregated_discovery() {

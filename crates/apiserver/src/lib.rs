@@ -5,6 +5,7 @@
 //! which call the kind's [`capstan_registry::Registry`]. [`serve`] runs it on a TLS listener
 //! and shuts down gracefully.
 
+pub mod aggregator;
 pub mod discovery;
 pub mod handlers;
 pub mod openapi;
@@ -29,6 +30,7 @@ use crate::request::{Body, Encoding, Query, error_response, json_response, text_
 /// The API server's state.
 pub struct ApiServer {
     registries: Vec<Arc<Registry>>,
+    aggregator: aggregator::Aggregator,
     token: String,
     server_address: String,
     shutting_down: AtomicBool,
@@ -40,6 +42,7 @@ impl ApiServer {
     pub fn new(registries: Vec<Arc<Registry>>, token: String, server_address: String) -> Self {
         let (shutdown, _) = tokio::sync::watch::channel(false);
         ApiServer {
+            aggregator: aggregator::Aggregator::new(&registries),
             registries,
             token,
             server_address,
@@ -131,15 +134,25 @@ impl ApiServer {
             "/apis" => {
                 return match discovery::wants_aggregated(&accept) {
                     Some(version) => {
-                        aggregated(&request, discovery::aggregated_groups(version), version)
+                        let remote = self.aggregator.aggregated_groups().await;
+                        aggregated(
+                            &request,
+                            discovery::aggregated_groups(&self.registries, version, remote),
+                            version,
+                        )
                     }
-                    None => discovery(discovery::api_groups()),
+                    None => discovery(discovery::api_groups(
+                        self.aggregator.legacy_groups().await,
+                    )),
                 };
             }
             _ => {}
         }
+        if let Some(rest) = path.strip_prefix("/apis/") {
+            return self.group_request(rest, request, query, pretty).await;
+        }
         if let Some(rest) = path.strip_prefix("/api/v1/") {
-            return match self.resource_request(rest) {
+            return match self.resource_request("", "v1", rest) {
                 Some(resource) => {
                     let (parts, body) = request.into_parts();
                     let call = Call {
@@ -157,7 +170,65 @@ impl ApiServer {
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
 
-    fn resource_request(&self, rest: &str) -> Option<ResourceRequest> {
+    /// `/apis/<group>[/<version>[/…]]`: an APIService's backend (proxied), or a group Capstan
+    /// serves itself, or 404.
+    async fn group_request(
+        &self,
+        rest: &str,
+        request: Request<Incoming>,
+        query: Query,
+        pretty: bool,
+    ) -> Response<Body> {
+        let not_found = || text_response(StatusCode::NOT_FOUND, "404 page not found\n");
+        let mut segments = rest.splitn(3, '/');
+        let group = segments.next().unwrap_or("");
+        let version = segments.next().filter(|v| !v.is_empty());
+        let tail = segments.next().unwrap_or("");
+        let Some(version) = version else {
+            if discovery::serves_group(&self.registries, group) {
+                return json_response(
+                    StatusCode::OK,
+                    &discovery::local_group(&self.registries, group),
+                    pretty,
+                );
+            }
+            return match self.aggregator.legacy_group(group).await {
+                Some(document) => json_response(StatusCode::OK, &document, pretty),
+                None => not_found(),
+            };
+        };
+        if let Some(apiservice) = self.aggregator.find(group, version).await
+            && !capstan_resources::apiservice::is_local(&apiservice)
+        {
+            return self.aggregator.proxy(&apiservice, request).await;
+        }
+        if !discovery::serves(&self.registries, group, version) {
+            return not_found();
+        }
+        if tail.is_empty() {
+            return json_response(
+                StatusCode::OK,
+                &discovery::group_resources(&self.registries, group, version),
+                pretty,
+            );
+        }
+        match self.resource_request(group, version, tail) {
+            Some(resource) => {
+                let (parts, body) = request.into_parts();
+                let call = Call {
+                    method: parts.method,
+                    headers: parts.headers,
+                    query,
+                    body: Some(body),
+                    shutdown: self.shutdown.subscribe(),
+                };
+                handlers::handle(resource, call).await
+            }
+            None => error_response(&ApiError::resource_not_found(), Encoding::json()),
+        }
+    }
+
+    fn resource_request(&self, group: &str, version: &str, rest: &str) -> Option<ResourceRequest> {
         let mut parts: Vec<&str> = rest.split('/').collect();
         if parts.last() == Some(&"") {
             parts.pop();
@@ -188,7 +259,7 @@ impl ApiServer {
             .iter()
             .find(|r| {
                 let info = r.strategy().info();
-                info.group.is_empty() && info.plural == parts[0]
+                info.group == group && info.version == version && info.plural == parts[0]
             })?
             .clone();
         let info = registry.strategy().info();

@@ -8,7 +8,9 @@ use http::{HeaderValue, Response, StatusCode, header};
 use crate::discovery::sha512_hex;
 use crate::request::{Body, Query, full};
 
-use capstan_machinery::schema::{CORE_V1_OPENAPI as CORE_V1, SWAGGER};
+use capstan_machinery::schema::{
+    APIREGISTRATION_V1_OPENAPI as APIREGISTRATION_V1, CORE_V1_OPENAPI as CORE_V1, SWAGGER,
+};
 
 struct Document {
     path: &'static str,
@@ -17,11 +19,18 @@ struct Document {
 }
 
 static V3: LazyLock<Vec<Document>> = LazyLock::new(|| {
-    vec![Document {
-        path: "api/v1",
-        bytes: Bytes::from_static(CORE_V1),
-        hash: sha512_hex(CORE_V1),
-    }]
+    vec![
+        Document {
+            path: "api/v1",
+            bytes: Bytes::from_static(CORE_V1),
+            hash: sha512_hex(CORE_V1),
+        },
+        Document {
+            path: "apis/apiregistration.k8s.io/v1",
+            bytes: Bytes::from_static(APIREGISTRATION_V1),
+            hash: sha512_hex(APIREGISTRATION_V1),
+        },
+    ]
 });
 
 static V2_HASH: LazyLock<String> = LazyLock::new(|| sha512_hex(SWAGGER));

@@ -146,6 +146,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         service_strategy.clone(),
         Arc::new(capstan_resources::endpoints::EndpointsStrategy),
         Arc::new(capstan_resources::pod::PodStrategy),
+        Arc::new(capstan_resources::apiservice::ApiServiceStrategy),
     ];
     let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
         .iter()
@@ -197,6 +198,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .start()
         .context("starting the endpoints controller")?;
     }
+    capstan_controllers::apiservice::AvailabilityController::new(
+        registry_for(&registries, "apiservices")?,
+        registry_for(&registries, "services")?,
+        registry_for(&registries, "endpoints")?,
+    )
+    .start();
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
     } else if args.bind_address.is_ipv6() {
@@ -265,12 +272,57 @@ async fn bootstrap(
             "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
         },
     });
+    register_local_apiservices(registries, &options).await?;
     let keeper = capstan_controllers::KubernetesServiceController::new(
         registry_for(registries, "services")?,
         service,
     );
     keeper.reconcile().await.map_err(anyhow::Error::msg)?;
     keeper.start();
+    Ok(())
+}
+
+/// The local APIServices of the groups Capstan serves itself (`spec/apiservice.md` §8): only
+/// `v1.` (the aggregator's own group is not registered, as upstream). Created when missing;
+/// its spec reset at start while it carries the `onstart` label; left alone without it.
+async fn register_local_apiservices(
+    registries: &[Arc<Registry>],
+    options: &WriteOptions,
+) -> anyhow::Result<()> {
+    use capstan_resources::apiservice::AUTOMANAGED;
+    let apiservices = registry_for(registries, "apiservices")?;
+    let spec = serde_json::json!({"version": "v1", "groupPriorityMinimum": 18000, "versionPriority": 1});
+    match apiservices
+        .get("", "v1.", capstan_registry::ReadAt::Latest)
+        .await
+    {
+        Ok(mut existing) => {
+            let managed = existing
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(AUTOMANAGED))
+                .and_then(serde_json::Value::as_str)
+                == Some("onstart");
+            if managed && existing.get("spec") != Some(&spec) {
+                existing["spec"] = spec;
+                apiservices
+                    .update("", "v1.", existing, options, false)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("resetting APIService v1.: {}", e.message))?;
+            }
+        }
+        Err(e) if e.code == 404 => {
+            let object = serde_json::json!({
+                "metadata": {"name": "v1.", "labels": {AUTOMANAGED: "onstart"}},
+                "spec": spec,
+            });
+            match apiservices.create("", object, options).await {
+                Ok(_) => {}
+                Err(e) if e.code == 409 => {}
+                Err(e) => anyhow::bail!("registering APIService v1.: {}", e.message),
+            }
+        }
+        Err(e) => anyhow::bail!("reading APIService v1.: {}", e.message),
+    }
     Ok(())
 }
 

@@ -4,7 +4,10 @@
 //! Start with [`EndpointsController`]: it keeps the Endpoints of every selector-based Service
 //! equal to the ready and not-ready addresses of the Pods it selects.
 //! [`KubernetesServiceController`] keeps the built-in `default/kubernetes` Service.
+//! [`apiservice::AvailabilityController`] keeps the `Available` condition of APIServices; its
+//! module also resolves and connects to APIService backends for the aggregation proxy.
 
+pub mod apiservice;
 mod endpoints;
 mod kubernetes_service;
 

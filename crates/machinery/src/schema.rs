@@ -10,8 +10,31 @@ pub static CORE_V1_OPENAPI: &[u8] = include_bytes!("../data/openapi/api__v1_open
 /// `/openapi/v2`, byte for byte.
 pub static SWAGGER: &[u8] = include_bytes!("../data/openapi/swagger.json");
 
-static CORE_V1: LazyLock<Value> =
-    LazyLock::new(|| serde_json::from_slice(CORE_V1_OPENAPI).unwrap_or(Value::Null));
+/// `/openapi/v3/apis/apiregistration.k8s.io/v1`, byte for byte.
+pub static APIREGISTRATION_V1_OPENAPI: &[u8] =
+    include_bytes!("../data/openapi/apis__apiregistration.k8s.io__v1_openapi.json");
+
+/// The schemas of every served group in one `components/schemas` table (core/v1 plus
+/// `apiregistration.k8s.io/v1`; the shared apimachinery definitions are identical in both).
+static CORE_V1: LazyLock<Value> = LazyLock::new(|| {
+    let mut document: Value = serde_json::from_slice(CORE_V1_OPENAPI).unwrap_or(Value::Null);
+    let other: Value = serde_json::from_slice(APIREGISTRATION_V1_OPENAPI).unwrap_or(Value::Null);
+    if let (Some(schemas), Some(more)) = (
+        document
+            .pointer_mut("/components/schemas")
+            .and_then(Value::as_object_mut),
+        other
+            .pointer("/components/schemas")
+            .and_then(Value::as_object),
+    ) {
+        for (name, schema) in more {
+            schemas
+                .entry(name.clone())
+                .or_insert_with(|| schema.clone());
+        }
+    }
+    document
+});
 
 fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
     let mut current = schema;

@@ -4,6 +4,7 @@
 //! allocation, table printer); [`namespace::NamespaceStrategy`] is the minimal Namespace kind
 //! that namespaced objects need.
 
+pub mod apiservice;
 pub mod endpoints;
 pub mod namespace;
 pub mod pod;

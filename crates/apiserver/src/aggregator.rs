@@ -1,0 +1,389 @@
+//! The aggregation layer (`spec/apiservice.md` §9–§10): which group/versions APIServices
+//! claim, discovery merged from them, and the proxy to their backends.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use capstan_controllers::apiservice::{connect, resolve, service_ref, tls_config};
+use capstan_machinery::meta;
+use capstan_registry::{ListOptions, ReadAt, Registry};
+use capstan_resources::apiservice::{is_available, is_local};
+use futures_util::StreamExt;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use crate::discovery;
+use crate::request::{Body, MAX_BODY, text_response};
+
+/// How long fetched discovery of a backend is reused.
+const DISCOVERY_TTL: Duration = Duration::from_secs(60);
+/// The timeout of discovery requests to a backend.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Hop-by-hop headers, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The identity the proxy passes to backends for the admin token's user.
+const REMOTE_USER: &str = "admin";
+const REMOTE_GROUPS: &[&str] = &["system:masters", "system:authenticated"];
+
+/// What the aggregation layer knows.
+pub struct Aggregator {
+    apiservices: Option<Arc<Registry>>,
+    services: Option<Arc<Registry>>,
+    endpoints: Option<Arc<Registry>>,
+    /// Discovery fetched from backends: APIService name → (its resourceVersion, when, the
+    /// version's aggregated discovery).
+    fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
+}
+
+fn registry(registries: &[Arc<Registry>], group: &str, plural: &str) -> Option<Arc<Registry>> {
+    registries
+        .iter()
+        .find(|r| {
+            let info = r.strategy().info();
+            info.group == group && info.plural == plural
+        })
+        .cloned()
+}
+
+fn spec_str<'a>(apiservice: &'a Value, field: &str) -> &'a str {
+    apiservice
+        .pointer(&format!("/spec/{field}"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+fn spec_int(apiservice: &Value, field: &str) -> i64 {
+    apiservice
+        .pointer(&format!("/spec/{field}"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
+
+/// `503 service unavailable` as upstream's proxy answers it (plain text, not a Status).
+fn unavailable(text: &str) -> Response<Body> {
+    text_response(StatusCode::SERVICE_UNAVAILABLE, format!("{text}\n"))
+}
+
+impl Aggregator {
+    /// The aggregation layer over these registries (APIServices, Services, Endpoints).
+    pub fn new(registries: &[Arc<Registry>]) -> Self {
+        Aggregator {
+            apiservices: registry(registries, "apiregistration.k8s.io", "apiservices"),
+            services: registry(registries, "", "services"),
+            endpoints: registry(registries, "", "endpoints"),
+            fetched: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn all(&self) -> Vec<Value> {
+        let Some(apiservices) = &self.apiservices else {
+            return Vec::new();
+        };
+        apiservices
+            .list(
+                "",
+                &ListOptions {
+                    read_at: ReadAt::Any,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(|list| list.items.iter().map(|o| o.object()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The APIService that claims `group/version`, if any.
+    pub async fn find(&self, group: &str, version: &str) -> Option<Value> {
+        self.apiservices
+            .as_ref()?
+            .get("", &format!("{version}.{group}"), ReadAt::Any)
+            .await
+            .ok()
+    }
+
+    /// The APIServices of non-core groups, ordered as legacy discovery walks them:
+    /// groupPriorityMinimum descending, then name.
+    async fn sorted(&self) -> Vec<Value> {
+        let mut all: Vec<Value> = self
+            .all()
+            .await
+            .into_iter()
+            .filter(|a| !spec_str(a, "group").is_empty())
+            .collect();
+        all.sort_by(|a, b| {
+            spec_int(b, "groupPriorityMinimum")
+                .cmp(&spec_int(a, "groupPriorityMinimum"))
+                .then_with(|| meta::name(a).cmp(meta::name(b)))
+        });
+        all
+    }
+
+    /// Groups and their versions in legacy order (§9.1), local groups left out.
+    async fn groups(&self) -> Vec<(String, Vec<Value>)> {
+        let mut groups: Vec<(String, Vec<Value>)> = Vec::new();
+        for apiservice in self.sorted().await {
+            let group = spec_str(&apiservice, "group").to_string();
+            if discovery::LOCAL_GROUPS.iter().any(|(g, _, _)| *g == group) {
+                continue;
+            }
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, versions)) => versions.push(apiservice),
+                None => groups.push((group, vec![apiservice])),
+            }
+        }
+        for (_, versions) in groups.iter_mut() {
+            versions.sort_by(|a, b| {
+                spec_int(b, "versionPriority")
+                    .cmp(&spec_int(a, "versionPriority"))
+                    .then_with(|| {
+                        discovery::version_order(spec_str(a, "version"), spec_str(b, "version"))
+                    })
+            });
+        }
+        groups
+    }
+
+    /// The `APIGroup` entries legacy `/apis` adds for APIService groups.
+    pub async fn legacy_groups(&self) -> Vec<Value> {
+        self.groups()
+            .await
+            .into_iter()
+            .map(|(group, versions)| {
+                let versions: Vec<String> = versions
+                    .iter()
+                    .map(|a| spec_str(a, "version").to_string())
+                    .collect();
+                discovery::api_group(&group, &versions)
+            })
+            .collect()
+    }
+
+    /// `/apis/<group>` for a group APIServices claim.
+    pub async fn legacy_group(&self, group: &str) -> Option<Value> {
+        let mut entry = self
+            .legacy_groups()
+            .await
+            .into_iter()
+            .find(|g| g.get("name").and_then(Value::as_str) == Some(group))?;
+        if let Value::Object(map) = &mut entry {
+            map.insert("kind".into(), json!("APIGroup"));
+            map.insert("apiVersion".into(), json!("v1"));
+        }
+        Some(entry)
+    }
+
+    /// Aggregated discovery of the APIService groups (§9.2): `(priority, group, discovery)`.
+    /// Remote versions are fetched from their backends (reused for a minute, or until the
+    /// APIService changes); a backend that cannot answer leaves its version `Stale`.
+    pub async fn aggregated_groups(&self) -> Vec<(i64, String, Value)> {
+        let mut out = Vec::new();
+        for (group, versions) in self.groups().await {
+            let priority = versions
+                .iter()
+                .map(|a| spec_int(a, "groupPriorityMinimum"))
+                .max()
+                .unwrap_or(1000);
+            let mut entries = Vec::new();
+            for apiservice in &versions {
+                let version = spec_str(apiservice, "version");
+                if is_local(apiservice) {
+                    continue;
+                }
+                entries.push(self.version_discovery(apiservice, &group, version).await);
+            }
+            if !entries.is_empty() {
+                out.push((
+                    priority,
+                    group.clone(),
+                    json!({"metadata": {"name": group}, "versions": entries}),
+                ));
+            }
+        }
+        out
+    }
+
+    async fn version_discovery(&self, apiservice: &Value, group: &str, version: &str) -> Value {
+        let name = meta::name(apiservice).to_string();
+        let rv = meta::resource_version(apiservice).to_string();
+        let cached = self
+            .fetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&name)
+            .cloned();
+        if let Some((seen_rv, at, value)) = &cached
+            && *seen_rv == rv
+            && at.elapsed() < DISCOVERY_TTL
+        {
+            return value.clone();
+        }
+        let fetched = if is_available(apiservice) {
+            self.fetch_resources(apiservice, group, version).await
+        } else {
+            Err("unavailable".to_string())
+        };
+        let value = match fetched {
+            Ok(list) => discovery::version_from_resource_list(version, &list),
+            Err(_) => {
+                let mut stale = cached.map(|(_, _, v)| v).unwrap_or_else(
+                    || json!({"version": version, "resources": []}),
+                );
+                stale["freshness"] = json!("Stale");
+                stale
+            }
+        };
+        self.fetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, (rv, Instant::now(), value.clone()));
+        value
+    }
+
+    async fn fetch_resources(
+        &self,
+        apiservice: &Value,
+        group: &str,
+        version: &str,
+    ) -> Result<Value, String> {
+        let request = Request::get(format!("/apis/{group}/{version}"))
+            .header(header::ACCEPT, "application/json")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let response = tokio::time::timeout(DISCOVERY_TIMEOUT, async {
+            let response = self.send(apiservice, request).await?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(format!("bad status {}", status.as_u16()));
+            }
+            serde_json::from_slice::<Value>(&body).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|_| "timed out".to_string())??;
+        Ok(response)
+    }
+
+    /// Sends a request to an APIService's backend over verified TLS.
+    async fn send(
+        &self,
+        apiservice: &Value,
+        mut request: Request<http_body_util::Full<Bytes>>,
+    ) -> Result<Response<Incoming>, String> {
+        let (namespace, name, port) =
+            service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
+        let (Some(services), Some(endpoints)) = (&self.services, &self.endpoints) else {
+            return Err("no Services".into());
+        };
+        let service = services
+            .get(&namespace, &name, ReadAt::Any)
+            .await
+            .map_err(|e| e.message)?;
+        let endpoints = endpoints.get(&namespace, &name, ReadAt::Any).await.ok();
+        let addr = resolve(&name, port, &service, endpoints.as_ref())?;
+        let config = tls_config(apiservice, true)?;
+        let mut sender = connect(addr, &format!("{name}.{namespace}.svc"), config).await?;
+        let headers = request.headers_mut();
+        if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
+            headers.insert(header::HOST, host);
+        }
+        headers.insert("x-remote-user", HeaderValue::from_static(REMOTE_USER));
+        for group in REMOTE_GROUPS {
+            headers.append("x-remote-group", HeaderValue::from_static(group));
+        }
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend (§10).
+    pub async fn proxy(&self, apiservice: &Value, request: Request<Incoming>) -> Response<Body> {
+        if !is_available(apiservice) {
+            return unavailable("service unavailable");
+        }
+        if let Err(error) = tls_config(apiservice, true) {
+            return text_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"));
+        }
+        let (parts, body) = request.into_parts();
+        let body = match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => return unavailable(&error.to_string()),
+        };
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| parts.uri.path().to_string());
+        let mut forwarded = Request::builder().method(parts.method.clone()).uri(&path_and_query);
+        for (name, value) in &parts.headers {
+            let lower = name.as_str();
+            if lower == "authorization"
+                || lower == "host"
+                || lower.starts_with("x-remote-")
+                || HOP_BY_HOP.contains(&lower)
+            {
+                continue;
+            }
+            forwarded = forwarded.header(name, value);
+        }
+        let Ok(forwarded) = forwarded.body(http_body_util::Full::new(body)) else {
+            return unavailable("service unavailable");
+        };
+        // Discovery requests (`/apis/<group>/<version>`) get a short timeout.
+        let discovery_request = parts.uri.path().trim_end_matches('/').split('/').count() == 4;
+        let sent = self.send(apiservice, forwarded);
+        let response = if discovery_request {
+            match tokio::time::timeout(DISCOVERY_TIMEOUT, sent).await {
+                Ok(result) => result,
+                Err(_) => Err("context deadline exceeded".into()),
+            }
+        } else {
+            sent.await
+        };
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => return unavailable(&error),
+        };
+        if response.status().is_redirection() && response.headers().contains_key(header::LOCATION)
+        {
+            return text_response(
+                StatusCode::BAD_GATEWAY,
+                "the backend attempted to redirect this request, which is not permitted",
+            );
+        }
+        let (parts, body) = response.into_parts();
+        // Streamed as it arrives (watches through the proxy); a backend error ends the body.
+        let frames = BodyStream::new(body)
+            .take_while(|frame| futures_util::future::ready(frame.is_ok()))
+            .filter_map(|frame| futures_util::future::ready(frame.ok()))
+            .map(Ok::<_, Infallible>);
+        let mut out = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+        *out.status_mut() = parts.status;
+        for (name, value) in &parts.headers {
+            if !HOP_BY_HOP.contains(&name.as_str()) && name != header::CONTENT_LENGTH {
+                out.headers_mut().append(name, value.clone());
+            }
+        }
+        out
+    }
+}
