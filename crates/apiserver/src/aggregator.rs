@@ -240,9 +240,9 @@ impl Aggregator {
         let value = match fetched {
             Ok(list) => discovery::version_from_resource_list(version, &list),
             Err(_) => {
-                let mut stale = cached.map(|(_, _, v)| v).unwrap_or_else(
-                    || json!({"version": version, "resources": []}),
-                );
+                let mut stale = cached
+                    .map(|(_, _, v)| v)
+                    .unwrap_or_else(|| json!({"version": version, "resources": []}));
                 stale["freshness"] = json!("Stale");
                 stale
             }
@@ -334,7 +334,9 @@ impl Aggregator {
             .path_and_query()
             .map(|p| p.as_str().to_string())
             .unwrap_or_else(|| parts.uri.path().to_string());
-        let mut forwarded = Request::builder().method(parts.method.clone()).uri(&path_and_query);
+        let mut forwarded = Request::builder()
+            .method(parts.method.clone())
+            .uri(&path_and_query);
         for (name, value) in &parts.headers {
             let lower = name.as_str();
             if lower == "authorization"
@@ -364,8 +366,7 @@ impl Aggregator {
             Ok(response) => response,
             Err(error) => return unavailable(&error),
         };
-        if response.status().is_redirection() && response.headers().contains_key(header::LOCATION)
-        {
+        if response.status().is_redirection() && response.headers().contains_key(header::LOCATION) {
             return text_response(
                 StatusCode::BAD_GATEWAY,
                 "the backend attempted to redirect this request, which is not permitted",

@@ -32,7 +32,11 @@ pub fn version() -> Value {
 }
 
 /// The registries of one group/version, by resource name.
-fn served<'a>(registries: &'a [Arc<Registry>], group: &str, version: &str) -> Vec<&'a Arc<Registry>> {
+fn served<'a>(
+    registries: &'a [Arc<Registry>],
+    group: &str,
+    version: &str,
+) -> Vec<&'a Arc<Registry>> {
     let mut served: Vec<&Arc<Registry>> = registries
         .iter()
         .filter(|r| {
@@ -115,7 +119,10 @@ fn legacy_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
 
 /// Whether Capstan serves some version of this group itself.
 pub fn serves_group(registries: &[Arc<Registry>], group: &str) -> bool {
-    !group.is_empty() && registries.iter().any(|r| r.strategy().info().group == group)
+    !group.is_empty()
+        && registries
+            .iter()
+            .any(|r| r.strategy().info().group == group)
 }
 
 /// `/apis/<group>` of a locally served group.
@@ -201,7 +208,9 @@ pub fn aggregated_core(registries: &[Arc<Registry>], version: &str) -> Value {
     let resources = aggregated_entries(&core(registries));
     aggregated_list(
         version,
-        vec![json!({"metadata": {}, "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]})],
+        vec![
+            json!({"metadata": {}, "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]}),
+        ],
     )
 }
 
@@ -239,7 +248,10 @@ pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
                "kind": e.get("kind").cloned().unwrap_or(json!(""))})
     };
     for entry in entries.iter().filter(|e| {
-        !e.get("name").and_then(Value::as_str).unwrap_or("/").contains('/')
+        !e.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("/")
+            .contains('/')
     }) {
         let mut resource = json!({
             "resource": entry.get("name").cloned().unwrap_or(json!("")),
@@ -249,7 +261,10 @@ pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
             "verbs": entry.get("verbs").cloned().unwrap_or(json!([])),
         });
         for field in ["shortNames", "categories"] {
-            if let Some(value) = entry.get(field).filter(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+            if let Some(value) = entry
+                .get(field)
+                .filter(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+            {
                 resource[field] = value.clone();
             }
         }
@@ -269,7 +284,10 @@ pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
         {
             let subresource = json!({"subresource": sub, "responseKind": kind_of(entry),
                 "verbs": entry.get("verbs").cloned().unwrap_or(json!([]))});
-            match resource.get_mut("subresources").and_then(Value::as_array_mut) {
+            match resource
+                .get_mut("subresources")
+                .and_then(Value::as_array_mut)
+            {
                 Some(list) => list.push(subresource),
                 None => resource["subresources"] = json!([subresource]),
             }
@@ -283,7 +301,9 @@ pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
 pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
     fn parse(v: &str) -> Option<(u8, u64, u64)> {
         let rest = v.strip_prefix('v')?;
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return None;
         }
@@ -336,13 +356,34 @@ mod tests {
     #[test]
     fn versions_sort_as_kubernetes_sorts_them() {
         let mut versions = vec![
-            "v11alpha2", "foo10", "v1", "v10beta3", "v2", "zeta", "v12alpha1", "v3beta1", "v10",
-            "foo1", "v11beta2",
+            "v11alpha2",
+            "foo10",
+            "v1",
+            "v10beta3",
+            "v2",
+            "zeta",
+            "v12alpha1",
+            "v3beta1",
+            "v10",
+            "foo1",
+            "v11beta2",
         ];
         versions.sort_by(|a, b| version_order(a, b));
         assert_eq!(
             versions,
-            ["v10", "v2", "v1", "v11beta2", "v10beta3", "v3beta1", "v12alpha1", "v11alpha2", "foo1", "foo10", "zeta"]
+            [
+                "v10",
+                "v2",
+                "v1",
+                "v11beta2",
+                "v10beta3",
+                "v3beta1",
+                "v12alpha1",
+                "v11alpha2",
+                "foo1",
+                "foo10",
+                "zeta"
+            ]
         );
     }
 

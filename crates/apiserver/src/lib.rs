@@ -141,9 +141,7 @@ impl ApiServer {
                             version,
                         )
                     }
-                    None => discovery(discovery::api_groups(
-                        self.aggregator.legacy_groups().await,
-                    )),
+                    None => discovery(discovery::api_groups(self.aggregator.legacy_groups().await)),
                 };
             }
             _ => {}

@@ -291,7 +291,8 @@ async fn register_local_apiservices(
 ) -> anyhow::Result<()> {
     use capstan_resources::apiservice::AUTOMANAGED;
     let apiservices = registry_for(registries, "apiservices")?;
-    let spec = serde_json::json!({"version": "v1", "groupPriorityMinimum": 18000, "versionPriority": 1});
+    let spec =
+        serde_json::json!({"version": "v1", "groupPriorityMinimum": 18000, "versionPriority": 1});
     match apiservices
         .get("", "v1.", capstan_registry::ReadAt::Latest)
         .await

@@ -18,14 +18,19 @@ use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-/// How often every APIService is checked again, changes or not.
+/// How often every APIService is checked again, changes or not (upstream's period).
 const RESYNC: Duration = Duration::from_secs(30);
+/// How often service-backed APIServices are probed again: a backend that stops (or starts)
+/// answering shows in the condition within seconds, not only at the next 30 s resync.
+const REPROBE: Duration = Duration::from_secs(5);
 /// The discovery probe's timeout per attempt.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The Service an APIService names: `(namespace, name, port)`.
 pub fn service_ref(apiservice: &Value) -> Option<(String, String, i64)> {
-    let service = apiservice.pointer("/spec/service").filter(|s| !s.is_null())?;
+    let service = apiservice
+        .pointer("/spec/service")
+        .filter(|s| !s.is_null())?;
     Some((
         service.get("namespace")?.as_str()?.to_string(),
         service.get("name")?.as_str()?.to_string(),
@@ -50,7 +55,12 @@ pub fn resolve(
                 .iter()
                 .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
         })
-        .map(|p| p.get("name").and_then(Value::as_str).unwrap_or("").to_string())
+        .map(|p| {
+            p.get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        })
         .ok_or_else(|| format!("no service port {port} found for service {service_name:?}"))?;
     let no_endpoints = || format!("no endpoints available for service {service_name:?}");
     let mut candidates: Vec<(IpAddr, u16)> = Vec::new();
@@ -64,9 +74,9 @@ pub fn resolve(
             .get("ports")
             .and_then(Value::as_array)
             .and_then(|ports| {
-                ports.iter().find(|p| {
-                    p.get("name").and_then(Value::as_str).unwrap_or("") == port_name
-                })
+                ports
+                    .iter()
+                    .find(|p| p.get("name").and_then(Value::as_str).unwrap_or("") == port_name)
             })
             .and_then(|p| p.get("port").and_then(Value::as_u64))
             .and_then(|p| u16::try_from(p).ok())
@@ -190,9 +200,12 @@ pub async fn connect(
     server_name: &str,
     config: Arc<rustls::ClientConfig>,
 ) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, String> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("dial tcp {addr}: connect: {}", e.kind().to_string().to_lowercase()))?;
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
+        format!(
+            "dial tcp {addr}: connect: {}",
+            e.kind().to_string().to_lowercase()
+        )
+    })?;
     let _ = stream.set_nodelay(true);
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
         .map_err(|e| e.to_string())?;
@@ -289,14 +302,21 @@ impl AvailabilityController {
                 }
             });
         }
-        // Periodic resync.
+        // Periodic checks: service-backed APIServices every few seconds, all every 30 s.
         {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
+                let mut last_full = tokio::time::Instant::now();
                 loop {
-                    tokio::time::sleep(RESYNC).await;
-                    for name in controller.names().await {
-                        let _ = queue.send(name);
+                    tokio::time::sleep(REPROBE).await;
+                    let full = last_full.elapsed() >= RESYNC;
+                    if full {
+                        last_full = tokio::time::Instant::now();
+                    }
+                    for apiservice in controller.all().await {
+                        if full || service_ref(&apiservice).is_some() {
+                            let _ = queue.send(meta::name(&apiservice).to_string());
+                        }
                     }
                 }
             });
@@ -339,21 +359,11 @@ impl AvailabilityController {
             .unwrap_or_default()
     }
 
-    async fn names(&self) -> Vec<String> {
-        self.all()
-            .await
-            .iter()
-            .map(|a| meta::name(a).to_string())
-            .collect()
-    }
-
     async fn referencing(&self, namespace: &str, name: &str) -> Vec<String> {
         self.all()
             .await
             .iter()
-            .filter(|a| {
-                service_ref(a).is_some_and(|(ns, n, _)| ns == namespace && n == name)
-            })
+            .filter(|a| service_ref(a).is_some_and(|(ns, n, _)| ns == namespace && n == name))
             .map(|a| meta::name(a).to_string())
             .collect()
     }
@@ -378,7 +388,11 @@ impl AvailabilityController {
             field_manager: "kube-apiserver".into(),
             applied: false,
         };
-        match self.apiservices.update("", name, updated, &options, true).await {
+        match self
+            .apiservices
+            .update("", name, updated, &options, true)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.code == 404 => Ok(()),
             Err(e) => Err(e.message),
@@ -403,7 +417,10 @@ impl AvailabilityController {
                 return (
                     "Unknown",
                     "ServiceAccessError",
-                    format!("service/{name} in {namespace:?} cannot be checked due to: {}", e.message),
+                    format!(
+                        "service/{name} in {namespace:?} cannot be checked due to: {}",
+                        e.message
+                    ),
                 );
             }
         };
@@ -414,7 +431,10 @@ impl AvailabilityController {
                 return (
                     "Unknown",
                     "EndpointsAccessError",
-                    format!("service/{name} in {namespace:?} cannot be checked due to: {}", e.message),
+                    format!(
+                        "service/{name} in {namespace:?} cannot be checked due to: {}",
+                        e.message
+                    ),
                 );
             }
         };
@@ -432,7 +452,12 @@ impl AvailabilityController {
                         .iter()
                         .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
                 })
-                .map(|p| p.get("name").and_then(Value::as_str).unwrap_or("").to_string())
+                .map(|p| {
+                    p.get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                })
             else {
                 return (
                     "False",
@@ -477,7 +502,14 @@ impl AvailabilityController {
             }
         }
         match self
-            .probe(apiservice, &service, endpoints.as_ref(), &namespace, &name, port)
+            .probe(
+                apiservice,
+                &service,
+                endpoints.as_ref(),
+                &namespace,
+                &name,
+                port,
+            )
             .await
         {
             Ok(()) => ("True", "Passed", "all checks passed".to_string()),

@@ -11,6 +11,20 @@ pub struct Server {
     pub port: u16,
     child: Option<Child>,
     extra: Vec<String>,
+    /// A network namespace the server and kubectl run in (`ip netns exec`).
+    netns: Option<String>,
+}
+
+/// A command, run inside a network namespace when one is given.
+fn command_in(netns: Option<&str>, program: &str) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", ns, program]);
+            command
+        }
+        None => Command::new(program),
+    }
 }
 
 fn free_port() -> u16 {
@@ -28,12 +42,18 @@ impl Server {
 
     /// Starts with extra `capstan serve` flags.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_in(None, extra)
+    }
+
+    /// Starts inside a network namespace (kubectl then runs there too).
+    pub fn start_in(netns: Option<&str>, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut server = Server {
             dir,
             port: free_port(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            netns: netns.map(str::to_string),
         };
         server.launch();
         server
@@ -49,7 +69,7 @@ impl Server {
 
     pub fn launch(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("log")).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        let child = command_in(self.netns.as_deref(), env!("CARGO_BIN_EXE_capstan"))
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
@@ -94,7 +114,7 @@ impl Server {
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new("kubectl")
+        command_in(self.netns.as_deref(), "kubectl")
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
             .args(args)

@@ -55,7 +55,10 @@ pub fn available(object: &Value) -> Option<&Value> {
 
 /// Whether the `Available` condition is `True`.
 pub fn is_available(object: &Value) -> bool {
-    available(object).and_then(|c| c.get("status")).and_then(Value::as_str) == Some("True")
+    available(object)
+        .and_then(|c| c.get("status"))
+        .and_then(Value::as_str)
+        == Some("True")
 }
 
 /// Sets the `Available` condition as upstream's helper does: reason and message replaced,
@@ -232,14 +235,28 @@ mod tests {
         let strategy = ApiServiceStrategy;
         let mut local = json!({"metadata": {"name": "v1."}, "spec": {"version": "v1"}});
         strategy.prepare_for_create(&mut local);
-        assert_eq!(strategy.cells(&local)[1..3], [json!("Local"), json!("True")]);
+        assert_eq!(
+            strategy.cells(&local)[1..3],
+            [json!("Local"), json!("True")]
+        );
         let mut remote = json!({"metadata": {"name": "v1alpha1.example.com"},
             "spec": {"service": {"namespace": "ext", "name": "api"}}});
         strategy.prepare_for_create(&mut remote);
-        assert_eq!(strategy.cells(&remote)[1..3], [json!("ext/api"), json!("Unknown")]);
+        assert_eq!(
+            strategy.cells(&remote)[1..3],
+            [json!("ext/api"), json!("Unknown")]
+        );
         assert!(set_available(&mut remote, "False", "MissingEndpoints", "m"));
-        assert!(!set_available(&mut remote, "False", "MissingEndpoints", "m"));
-        assert_eq!(strategy.cells(&remote)[2], json!("False (MissingEndpoints)"));
+        assert!(!set_available(
+            &mut remote,
+            "False",
+            "MissingEndpoints",
+            "m"
+        ));
+        assert_eq!(
+            strategy.cells(&remote)[2],
+            json!("False (MissingEndpoints)")
+        );
         strategy.default(&mut remote);
         assert_eq!(remote["spec"]["service"]["port"], 443);
     }

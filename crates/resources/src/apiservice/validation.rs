@@ -59,7 +59,11 @@ pub fn validate(object: &Value) -> FieldErrors {
         }
     }
     for message in dns1035_label(version) {
-        errors.push(FieldError::invalid("spec.version", &json!(version), message));
+        errors.push(FieldError::invalid(
+            "spec.version",
+            &json!(version),
+            message,
+        ));
     }
     let group_priority = int(object, "/spec/groupPriorityMinimum");
     if !(1..=20000).contains(&group_priority) {
@@ -105,7 +109,12 @@ pub fn validate(object: &Value) -> FieldErrors {
         }
         Some(service) => {
             for field in ["namespace", "name"] {
-                if service.get(field).and_then(Value::as_str).unwrap_or("").is_empty() {
+                if service
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+                {
                     errors.push(FieldError::required(format!("spec.service.{field}"), ""));
                 }
             }
@@ -138,7 +147,10 @@ fn base64_len(text: &str) -> usize {
 /// `/status` writes: each condition's status is True, False or Unknown.
 pub fn validate_status(object: &Value) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    if let Some(conditions) = object.pointer("/status/conditions").and_then(Value::as_array) {
+    if let Some(conditions) = object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+    {
         for (i, condition) in conditions.iter().enumerate() {
             let status = condition.get("status").cloned().unwrap_or(json!(""));
             if !matches!(status.as_str(), Some("True" | "False" | "Unknown")) {
@@ -158,21 +170,31 @@ mod tests {
     use super::*;
 
     fn bodies(object: Value) -> Vec<String> {
-        validate(&object).0.iter().map(|e| format!("{}: {}", e.field, e.body())).collect()
+        validate(&object)
+            .0
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.body()))
+            .collect()
     }
 
     #[test]
     fn upstream_messages() {
         assert_eq!(
-            bodies(json!({"metadata": {"name": "v1.foo"}, "spec": {"group": "foo.example.com",
-                "version": "v1beta1", "groupPriorityMinimum": 1, "versionPriority": 1}})),
-            ["metadata.name: Invalid value: \"v1.foo\": must be `spec.version+\".\"+spec.group`: \"v1beta1.foo.example.com\""]
+            bodies(
+                json!({"metadata": {"name": "v1.foo"}, "spec": {"group": "foo.example.com",
+                "version": "v1beta1", "groupPriorityMinimum": 1, "versionPriority": 1}})
+            ),
+            [
+                "metadata.name: Invalid value: \"v1.foo\": must be `spec.version+\".\"+spec.group`: \"v1beta1.foo.example.com\""
+            ]
         );
         assert_eq!(
-            bodies(json!({"metadata": {"name": "v1alpha1.example.com"}, "spec": {"group": "example.com",
+            bodies(
+                json!({"metadata": {"name": "v1alpha1.example.com"}, "spec": {"group": "example.com",
                 "version": "v1alpha1", "groupPriorityMinimum": 20001, "versionPriority": 0,
                 "insecureSkipTLSVerify": true, "caBundle": "AAAA",
-                "service": {"namespace": "", "name": "api", "port": 70000}}})),
+                "service": {"namespace": "", "name": "api", "port": 70000}}})
+            ),
             [
                 "spec.groupPriorityMinimum: Invalid value: 20001: must be positive and less than 20000",
                 "spec.versionPriority: Invalid value: 0: must be positive and less than 1000",
@@ -182,9 +204,13 @@ mod tests {
             ]
         );
         assert_eq!(
-            bodies(json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
-                "groupPriorityMinimum": 18000, "versionPriority": 1, "caBundle": "AAAA"}})),
-            ["spec.caBundle: Invalid value: \"3 bytes\": local APIServices may not have a caBundle"]
+            bodies(
+                json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
+                "groupPriorityMinimum": 18000, "versionPriority": 1, "caBundle": "AAAA"}})
+            ),
+            [
+                "spec.caBundle: Invalid value: \"3 bytes\": local APIServices may not have a caBundle"
+            ]
         );
         assert_eq!(path_segment_name("a/b"), ["may not contain '/'"]);
     }

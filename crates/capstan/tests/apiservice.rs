@@ -1,0 +1,416 @@
+//! The aggregation layer end to end: a real extension API server (a small TLS server written
+//! here, with a certificate from a test CA) registered through a Service, Endpoints and an
+//! APIService, driven with kubectl.
+//!
+//! Endpoints may not hold loopback addresses, so everything runs inside a network namespace
+//! the test creates (`ip netns add`), where the extension server listens on a private
+//! non-loopback address. That needs root, as CI has.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::Server;
+
+const EXTENSION_IP: &str = "10.123.0.1";
+const EXTENSION_PORT: u16 = 8443;
+
+/// A network namespace, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn create() -> Option<Netns> {
+        let name = format!("capt{}", std::process::id());
+        let ok = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ok(&["netns", "add", &name]) {
+            return None;
+        }
+        let netns = Netns(name);
+        assert!(ok(&[
+            "netns", "exec", &netns.0, "ip", "link", "set", "lo", "up"
+        ]));
+        assert!(ok(&[
+            "netns",
+            "exec",
+            &netns.0,
+            "ip",
+            "addr",
+            "add",
+            &format!("{EXTENSION_IP}/32"),
+            "dev",
+            "lo"
+        ]));
+        Some(netns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The extension server process, killed on drop.
+struct Extension(Child);
+
+impl Drop for Extension {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A test CA; returns (CA PEM, issuer).
+fn ca() -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "extension test CA");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("CA");
+    (cert.pem(), rcgen::Issuer::new(params, key))
+}
+
+fn start_extension(
+    dir: &std::path::Path,
+    netns: &str,
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+) -> Extension {
+    let mut params =
+        rcgen::CertificateParams::new(vec!["api.ext.svc".to_string(), EXTENSION_IP.to_string()])
+            .expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "api.ext.svc");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("serving cert");
+    let (cert_path, key_path) = (dir.join("ext.crt"), dir.join("ext.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(std::env::current_exe().expect("test binary"))
+        .args([
+            "extension_api_server",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(
+            "CAPSTAN_EXTENSION_ADDR",
+            format!("{EXTENSION_IP}:{EXTENSION_PORT}"),
+        )
+        .env("CAPSTAN_EXTENSION_CERT", &cert_path)
+        .env("CAPSTAN_EXTENSION_KEY", &key_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("extension server starts");
+    Extension(child)
+}
+
+fn wait_for(server: &Server, what: &str, args: &[&str], wanted: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let out = server.kubectl(args);
+        last = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if wanted(&last) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!(
+        "{what}: never happened; last output:\n{last}\nserver log:\n{}",
+        server.log()
+    );
+}
+
+fn apiservice(ca_pem: &str) -> String {
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: v1alpha1.example.com}}\nspec: {{group: example.com, version: v1alpha1, groupPriorityMinimum: 1000, versionPriority: 15, caBundle: {bundle}, service: {{name: api, namespace: ext, port: 8443}}}}\n"
+    )
+}
+
+#[test]
+fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
+    // `ip netns add` needs CAP_SYS_ADMIN (CI runs as root).
+    let Some(netns) = Netns::create() else {
+        eprintln!("skipped: cannot create a network namespace (needs root, as CI has)");
+        return;
+    };
+    let server = Server::start_in(Some(&netns.0), &[]);
+    // The core group's local APIService is registered at start.
+    let listed = server.ok(&["get", "apiservices"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == ["v1.", "Local", "True"]),
+        "{listed}"
+    );
+    let (good_ca, issuer) = ca();
+    let (wrong_ca, _) = ca();
+    server.ok(&["create", "namespace", "ext"]);
+    let backing = server.apply_file(
+        "backing.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n"
+        ),
+    );
+    server.ok(&["apply", "-f", common::path_str(&backing)]);
+    let _extension = start_extension(server.dir.path(), &netns.0, &issuer);
+
+    // A caBundle that did not sign the backend's certificate: the check fails.
+    let registration = server.apply_file("apiservice.yaml", &apiservice(&wrong_ca));
+    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    wait_for(
+        &server,
+        "wrong caBundle reported",
+        &["get", "apiservice", "v1alpha1.example.com"],
+        |out| out.contains("False (FailedDiscoveryCheck)"),
+    );
+    let message = server.ok(&[
+        "get",
+        "apiservice",
+        "v1alpha1.example.com",
+        "-o",
+        "jsonpath={.status.conditions[0].message}",
+    ]);
+    assert!(
+        message.starts_with(&format!(
+            "failing or missing response from https://{EXTENSION_IP}:{EXTENSION_PORT}/apis/example.com/v1alpha1:"
+        )) && message.contains("certificate"),
+        "{message}"
+    );
+    // Proxied requests to an unavailable APIService: 503, and the core API keeps working.
+    let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/widgets"]);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("unable to handle the request"),
+        "{err}"
+    );
+
+    // The right caBundle: available, discovered, proxied.
+    let registration = server.apply_file("apiservice.yaml", &apiservice(&good_ca));
+    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    wait_for(
+        &server,
+        "extension available",
+        &["get", "apiservice", "v1alpha1.example.com"],
+        |out| {
+            out.lines().any(|l| {
+                l.starts_with("v1alpha1.example.com")
+                    && l.contains(" ext/api ")
+                    && l.contains(" True ")
+            })
+        },
+    );
+    let reason = server.ok(&[
+        "get",
+        "apiservice",
+        "v1alpha1.example.com",
+        "-o",
+        "jsonpath={.status.conditions[0].reason}/{.status.conditions[0].message}",
+    ]);
+    assert_eq!(reason, "Passed/all checks passed");
+    let resources = server.ok(&["api-resources", "--api-group", "example.com"]);
+    assert!(
+        resources.contains("widgets") && resources.contains("example.com/v1alpha1"),
+        "{resources}"
+    );
+    let groups: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "--raw", "/apis"])).expect("APIGroupList");
+    let names: Vec<&str> = groups["groups"]
+        .as_array()
+        .map(|g| g.iter().filter_map(|g| g["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["apiregistration.k8s.io", "example.com"]);
+    // The proxy passes the caller's identity, not its token.
+    let list: serde_json::Value = serde_json::from_str(&server.ok(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1alpha1/widgets?limit=5",
+    ]))
+    .expect("WidgetList");
+    assert_eq!(list["items"][0]["metadata"]["name"], "w1");
+    assert_eq!(list["items"][0]["user"], "admin");
+    assert_eq!(
+        list["items"][0]["groups"],
+        serde_json::json!(["system:masters", "system:authenticated"])
+    );
+    assert_eq!(list["items"][0]["authorization"], "");
+    assert_eq!(list["items"][0]["query"], "limit=5");
+    // A watch streams through the proxy, event by event.
+    let watched = server.ok(&["get", "--raw", "/apis/example.com/v1alpha1/widgets?watch=1"]);
+    let events: Vec<serde_json::Value> = watched
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event line"))
+        .collect();
+    assert_eq!(events.len(), 3, "{watched}");
+    assert_eq!(events[2]["object"]["metadata"]["name"], "w3");
+
+    // The backend goes away: unavailable within seconds, 503 through the proxy, core unaffected.
+    drop(_extension);
+    wait_for(
+        &server,
+        "extension unavailable",
+        &["get", "apiservice", "v1alpha1.example.com"],
+        |out| out.contains("False (FailedDiscoveryCheck)"),
+    );
+    let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/widgets"]);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("unable to handle the request"),
+        "{err}"
+    );
+    assert!(server.ok(&["get", "services", "-A"]).contains("kubernetes"));
+    // Deleting the registration removes the route.
+    server.ok(&["delete", "apiservice", "v1alpha1.example.com"]);
+    let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/widgets"]);
+    assert!(
+        err.contains("NotFound") || err.contains("404") || err.contains("not find"),
+        "{err}"
+    );
+}
+
+/// The extension API server itself: runs only when the test above starts it (inside the
+/// network namespace) with its address and certificate in the environment.
+#[test]
+#[ignore = "started as a separate process by the aggregation test"]
+fn extension_api_server() {
+    let (Ok(addr), Ok(cert), Ok(key)) = (
+        std::env::var("CAPSTAN_EXTENSION_ADDR"),
+        std::env::var("CAPSTAN_EXTENSION_CERT"),
+        std::env::var("CAPSTAN_EXTENSION_KEY"),
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(extension::serve(&addr, &cert, &key));
+}
+
+mod extension {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, StreamBody};
+    use rustls::pki_types::pem::PemObject;
+    use serde_json::json;
+
+    type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+    fn json_body(value: serde_json::Value) -> http::Response<Body> {
+        http::Response::builder()
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from(value.to_string())).boxed())
+            .expect("response")
+    }
+
+    async fn handle(
+        request: http::Request<hyper::body::Incoming>,
+    ) -> Result<http::Response<Body>, Infallible> {
+        let path = request.uri().path().to_string();
+        let query = request.uri().query().unwrap_or("").to_string();
+        let header = |name: &str| -> Vec<String> {
+            request
+                .headers()
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_string))
+                .collect()
+        };
+        let version = json!({"groupVersion": "example.com/v1alpha1", "version": "v1alpha1"});
+        Ok(match path.as_str() {
+            "/apis" => json_body(json!({"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [{"name": "example.com", "versions": [version], "preferredVersion": version}]})),
+            "/apis/example.com" => json_body(json!({"kind": "APIGroup", "apiVersion": "v1",
+                "name": "example.com", "versions": [version], "preferredVersion": version})),
+            "/apis/example.com/v1alpha1" => {
+                json_body(json!({"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": "example.com/v1alpha1", "resources": [
+                    {"name": "widgets", "singularName": "widget", "namespaced": false, "kind": "Widget", "verbs": ["get", "list", "watch"]},
+                    {"name": "widgets/status", "singularName": "", "namespaced": false, "kind": "Widget", "verbs": ["get"]}]}))
+            }
+            "/apis/example.com/v1alpha1/widgets" if query.contains("watch=1") => {
+                let events = futures_util::stream::iter(1..=3).then(|i| async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let line = format!(
+                        "{}\n",
+                        json!({"type": "ADDED", "object": {"kind": "Widget", "apiVersion": "example.com/v1alpha1", "metadata": {"name": format!("w{i}")}}})
+                    );
+                    Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from(line)))
+                });
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(BodyExt::boxed(StreamBody::new(events)))
+                    .expect("response")
+            }
+            "/apis/example.com/v1alpha1/widgets" => json_body(json!({"kind": "WidgetList",
+            "apiVersion": "example.com/v1alpha1", "metadata": {}, "items": [{
+                "metadata": {"name": "w1"},
+                "user": header("x-remote-user").join(","),
+                "groups": header("x-remote-group"),
+                "authorization": header("authorization").join(","),
+                "query": query,
+            }]})),
+            _ => http::Response::builder()
+                .status(404)
+                .body(
+                    http_body_util::Full::new(Bytes::from_static(b"404 page not found\n")).boxed(),
+                )
+                .expect("response"),
+        })
+    }
+
+    pub async fn serve(addr: &str, cert: &str, key: &str) {
+        let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .expect("cert file")
+            .map(|c| c.expect("cert"))
+            .collect();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).expect("key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("listen");
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(tls),
+                        hyper::service::service_fn(handle),
+                    )
+                    .await;
+            });
+        }
+    }
+}
