@@ -665,3 +665,151 @@ async fn server_side_apply_errors_and_codes_are_upstreams() {
     assert_eq!(code, 200, "{forced}");
     assert_eq!(forced["spec"]["ports"][0]["targetPort"], 82);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apiservice_api_follows_upstream() {
+    let server = Server::start();
+    let client = server.client().await;
+    let base = "/apis/apiregistration.k8s.io/v1/apiservices";
+    let json_type = Some("application/json");
+    let body = |v: serde_json::Value| serde_json::to_vec(&v).expect("json");
+    // The name must be version.group; every spec error is reported at once.
+    let (code, status, _) = raw(
+        &client,
+        "POST",
+        base,
+        json_type,
+        body(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1.foo"},
+        "spec": {"group": "foo.example.com", "version": "v1beta1", "groupPriorityMinimum": 20001,
+                 "versionPriority": 15, "service": {"namespace": "ext", "name": "api"}}})),
+    )
+    .await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        status["message"],
+        "APIService.apiregistration.k8s.io \"v1.foo\" is invalid: [metadata.name: Invalid value: \"v1.foo\": must be `spec.version+\".\"+spec.group`: \"v1beta1.foo.example.com\", spec.groupPriorityMinimum: Invalid value: 20001: must be positive and less than 20000]"
+    );
+    assert_eq!(status["details"]["group"], "apiregistration.k8s.io");
+    assert_eq!(status["details"]["kind"], "APIService");
+    // A valid remote APIService: the port defaults to 443, status starts empty.
+    let (code, created, _) = raw(
+        &client,
+        "POST",
+        base,
+        json_type,
+        body(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1beta1.foo.example.com"},
+        "spec": {"group": "foo.example.com", "version": "v1beta1", "groupPriorityMinimum": 100,
+                 "versionPriority": 15, "insecureSkipTLSVerify": true,
+                 "service": {"namespace": "ext", "name": "api"}},
+        "status": {"conditions": [{"type": "Available", "status": "True"}]}})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(created["spec"]["service"]["port"], 443);
+    assert!(created["metadata"].get("generation").is_none());
+    // The controller reports the missing Service.
+    let item = format!("{base}/v1beta1.foo.example.com");
+    let mut condition = serde_json::Value::Null;
+    for _ in 0..100 {
+        let (_, object, _) = raw(&client, "GET", &item, None, Vec::new()).await;
+        condition = object["status"]["conditions"][0].clone();
+        if condition["reason"] == "ServiceNotFound" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(condition["status"], "False", "{condition}");
+    assert_eq!(
+        condition["message"],
+        "service/api in \"ext\" is not present"
+    );
+    // PUT needs a resourceVersion, and does not create.
+    let mut stale = created.clone();
+    stale["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
+    let (code, status, _) = raw(&client, "PUT", &item, json_type, body(stale)).await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        status["message"],
+        "apiservices.apiregistration.k8s.io \"v1beta1.foo.example.com\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+    );
+    let mut missing = created.clone();
+    missing["metadata"] = json!({"name": "v1.missing.example.com", "resourceVersion": "1"});
+    let (code, status, _) = raw(
+        &client,
+        "PUT",
+        &format!("{base}/v1.missing.example.com"),
+        json_type,
+        body(missing),
+    )
+    .await;
+    assert_eq!(code, 404, "{status}");
+    assert_eq!(
+        status["message"],
+        "apiservices.apiregistration.k8s.io \"v1.missing.example.com\" not found"
+    );
+    // Table columns, as kubectl asks.
+    let (code, table, _) = common::raw_accepting(
+        &client,
+        "GET",
+        base,
+        None,
+        Some("application/json;as=Table;v=v1;g=meta.k8s.io"),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(columns, ["Name", "Service", "Available", "Age"]);
+    let rows: Vec<(String, String, String)> = table["rows"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    (
+                        r["cells"][0].as_str().unwrap_or("").to_string(),
+                        r["cells"][1].as_str().unwrap_or("").to_string(),
+                        r["cells"][2].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        rows,
+        [
+            ("v1.".to_string(), "Local".to_string(), "True".to_string()),
+            (
+                "v1beta1.foo.example.com".to_string(),
+                "ext/api".to_string(),
+                "False (ServiceNotFound)".to_string()
+            ),
+        ]
+    );
+    // Legacy /apis lists it (available or not) after the aggregator's own group.
+    let (_, groups, _) = raw(&client, "GET", "/apis", None, Vec::new()).await;
+    assert_eq!(groups["groups"][0]["name"], "apiregistration.k8s.io");
+    assert_eq!(groups["groups"][1]["name"], "foo.example.com");
+    // Its group is unavailable: 503 plain text (checked with kubectl: the kube client retries
+    // 503s with back-off), which client-go turns into upstream's message.
+    let err = server.fails(&["get", "--raw", "/apis/foo.example.com/v1beta1/things"]);
+    assert!(
+        err.contains("Error from server (ServiceUnavailable): the server is currently unable to handle the request"),
+        "{err}"
+    );
+    // DELETE answers a Success Status naming the object.
+    let (code, deleted, _) = raw(&client, "DELETE", &item, None, Vec::new()).await;
+    assert_eq!(code, 200, "{deleted}");
+    assert_eq!(deleted["kind"], "Status");
+    assert_eq!(deleted["details"]["kind"], "apiservices");
+    assert_eq!(deleted["details"]["group"], "apiregistration.k8s.io");
+    assert_eq!(deleted["details"]["uid"], created["metadata"]["uid"]);
+}

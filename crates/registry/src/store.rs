@@ -642,11 +642,13 @@ impl Registry {
         let pinned = meta::resource_version(&new).to_string();
         if pinned.is_empty() && !info.allow_unconditional_update {
             let mut errors = FieldErrors::new();
-            errors.push(FieldError::invalid(
-                "metadata.resourceVersion",
-                &json!(0),
-                "must be specified for an update",
-            ));
+            // Upstream prints the missing version as Go's `%#v` of a uint64.
+            errors.push(FieldError {
+                kind: capstan_machinery::field::ErrorType::Invalid,
+                field: "metadata.resourceVersion".into(),
+                value: "0x0".into(),
+                detail: "must be specified for an update".into(),
+            });
             return Err(ApiError::invalid(
                 info.group,
                 &info.group_resource().to_string(),
