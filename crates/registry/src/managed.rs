@@ -33,6 +33,7 @@ fn collect(
     path: &mut Path,
     out: &mut BTreeSet<Path>,
     depth: usize,
+    status: bool,
 ) {
     let shape = schema.map(core_shape).unwrap_or(match value {
         Value::Object(_) => Shape::Map(None),
@@ -46,7 +47,11 @@ fn collect(
     match (shape, value) {
         (Shape::Struct(properties), Value::Object(map)) if !map.is_empty() => {
             for (key, child) in map {
-                if depth == 0 && matches!(key.as_str(), "kind" | "apiVersion" | "status") {
+                // A write through /status owns only status; any other write never does.
+                if depth == 0
+                    && (matches!(key.as_str(), "kind" | "apiVersion")
+                        || (key == "status") != status)
+                {
                     continue;
                 }
                 if depth == 1 && path[0] == "f:metadata" && SYSTEM_METADATA.contains(&key.as_str())
@@ -54,7 +59,7 @@ fn collect(
                     continue;
                 }
                 path.push(format!("f:{key}"));
-                collect(child, properties.get(key), path, out, depth + 1);
+                collect(child, properties.get(key), path, out, depth + 1, status);
                 path.pop();
             }
         }
@@ -62,7 +67,7 @@ fn collect(
             mark(path, out);
             for (key, child) in map {
                 path.push(format!("f:{key}"));
-                collect(child, values, path, out, depth + 1);
+                collect(child, values, path, out, depth + 1, status);
                 path.pop();
             }
         }
@@ -89,7 +94,7 @@ fn collect(
                 }
                 path.push(format!("k:{}", Value::Object(key)));
                 mark(path, out);
-                collect(element, Some(items), path, out, depth + 1);
+                collect(element, Some(items), path, out, depth + 1, status);
                 path.pop();
             }
         }
@@ -109,10 +114,11 @@ fn collect(
     }
 }
 
-/// The fields an object sets (system metadata and status excluded).
-fn field_set(object: &Value, schema: Option<&'static Value>) -> BTreeSet<Path> {
+/// The fields an object sets: system metadata excluded, and status only (`status`) or all
+/// but status.
+fn field_set(object: &Value, schema: Option<&'static Value>, status: bool) -> BTreeSet<Path> {
     let mut out = BTreeSet::new();
-    collect(object, schema, &mut Vec::new(), &mut out, 0);
+    collect(object, schema, &mut Vec::new(), &mut out, 0, status);
     out
 }
 
@@ -204,7 +210,8 @@ pub fn record_update(
     schema: Option<&'static Value>,
 ) {
     let now = meta::now_rfc3339();
-    let new_fields = field_set(new, schema);
+    let status = subresource == Some("status");
+    let new_fields = field_set(new, schema, status);
     let mut entries: Vec<Value> = old
         .and_then(meta::metadata)
         .and_then(|m| m.get("managedFields"))
@@ -214,7 +221,7 @@ pub fn record_update(
     let changed: BTreeSet<Path> = match old {
         None => new_fields.clone(),
         Some(old) => {
-            let old_fields = field_set(old, schema);
+            let old_fields = field_set(old, schema, status);
             new_fields
                 .iter()
                 .filter(|p| differs(new, old, p))
@@ -308,7 +315,8 @@ pub fn apply(
     schema: Option<&'static Value>,
     force: bool,
 ) -> Result<Value, Vec<Conflict>> {
-    let applied = field_set(config, schema);
+    let status = subresource == Some("status");
+    let applied = field_set(config, schema, status);
     let mut config = config.clone();
     default_list_keys(&mut config, schema);
     let empty = json!({});
@@ -389,11 +397,11 @@ pub fn apply(
             remove_path(&mut object, node);
         }
     }
-    merge_into(&mut object, &config, schema, 0);
+    merge_into(&mut object, &config, schema, 0, status);
 
     // managedFields: this manager owns exactly what it applied; fields no longer in the
     // object leave every set.
-    let present = field_set(&object, schema);
+    let present = field_set(&object, schema, status);
     let now = meta::now_rfc3339();
     let mut found = false;
     let mut out = Vec::new();
@@ -571,7 +579,13 @@ fn remove_path(object: &mut Value, path: &[String]) {
 /// field, list-maps entry by entry (matched on their keys; new entries appended), sets by
 /// value, anything atomic replaced whole. `status` is never taken from an apply to the main
 /// resource (the strategy keeps the stored one).
-fn merge_into(live: &mut Value, applied: &Value, schema: Option<&'static Value>, depth: usize) {
+fn merge_into(
+    live: &mut Value,
+    applied: &Value,
+    schema: Option<&'static Value>,
+    depth: usize,
+    status: bool,
+) {
     let shape = schema.map(core_shape).unwrap_or(match applied {
         Value::Object(_) => Shape::Map(None),
         _ => Shape::Atomic,
@@ -579,13 +593,13 @@ fn merge_into(live: &mut Value, applied: &Value, schema: Option<&'static Value>,
     match (shape, applied) {
         (Shape::Struct(properties), Value::Object(fields)) if live.is_object() => {
             for (key, value) in fields {
-                if depth == 0 && key == "status" {
+                if depth == 0 && (key == "status") != status && key != "metadata" {
                     continue;
                 }
                 if let Some(map) = live.as_object_mut() {
                     match map.get_mut(key) {
                         Some(existing) => {
-                            merge_into(existing, value, properties.get(key), depth + 1)
+                            merge_into(existing, value, properties.get(key), depth + 1, status)
                         }
                         None => {
                             map.insert(key.clone(), value.clone());
@@ -598,7 +612,7 @@ fn merge_into(live: &mut Value, applied: &Value, schema: Option<&'static Value>,
             for (key, value) in fields {
                 if let Some(map) = live.as_object_mut() {
                     match map.get_mut(key) {
-                        Some(existing) => merge_into(existing, value, values, depth + 1),
+                        Some(existing) => merge_into(existing, value, values, depth + 1, status),
                         None => {
                             map.insert(key.clone(), value.clone());
                         }
@@ -614,7 +628,7 @@ fn merge_into(live: &mut Value, applied: &Value, schema: Option<&'static Value>,
                 };
                 let same = |e: &Value| keys.iter().all(|k| e.get(*k) == element.get(*k));
                 match list.iter_mut().find(|e| same(e)) {
-                    Some(existing) => merge_into(existing, element, Some(items), depth + 1),
+                    Some(existing) => merge_into(existing, element, Some(items), depth + 1, status),
                     None => list.push(element.clone()),
                 }
             }
@@ -798,6 +812,47 @@ mod tests {
                 "v:\"1.2.3.4\"".into()
             ]),
             ".spec.externalIPs[=\"1.2.3.4\"]"
+        );
+    }
+
+    #[test]
+    fn writes_through_status_own_status_only() {
+        let old = json!({"metadata": {"name": "web"}, "spec": {"type": "ClusterIP"}, "status": {}});
+        let mut new = old.clone();
+        new["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
+        record_update(
+            &mut new,
+            Some(&old),
+            "lb",
+            "v1",
+            Some("status"),
+            service_schema(),
+        );
+        let entry = &new["metadata"]["managedFields"][0];
+        assert_eq!(entry["subresource"], "status");
+        assert_eq!(
+            entry["fieldsV1"],
+            json!({"f:status": {"f:loadBalancer": {"f:ingress": {}}}})
+        );
+        let config = json!({"metadata": {"name": "web"}, "spec": {"type": "NodePort"},
+                            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.2"}]}}});
+        let applied = apply(
+            Some(&old),
+            &config,
+            "lb",
+            "v1",
+            Some("status"),
+            service_schema(),
+            false,
+        )
+        .expect("no conflicts");
+        assert_eq!(
+            applied["spec"]["type"], "ClusterIP",
+            "spec is not applied through /status"
+        );
+        assert_eq!(
+            applied["status"]["loadBalancer"]["ingress"][0]["ip"],
+            "192.0.2.2"
         );
     }
 }
