@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,8 +41,44 @@ const HOP_BY_HOP: &[&str] = &[
 const REMOTE_USER: &str = "admin";
 const REMOTE_GROUPS: &[&str] = &["system:masters", "system:authenticated"];
 
+/// An idle connection to a backend.
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>;
+
+/// Idle backend connections, by APIService (name and resourceVersion: a changed caBundle never
+/// reuses a connection made under the old one) and address.
+type Pool = Arc<Mutex<HashMap<(String, SocketAddr), Vec<Sender>>>>;
+
+/// Idle connections kept per backend address.
+const IDLE_PER_BACKEND: usize = 32;
+
+/// A connection in use; [`Lease::release`] returns it to the pool.
+struct Lease {
+    pool: Pool,
+    key: (String, SocketAddr),
+    sender: Sender,
+}
+
+impl Lease {
+    fn release(self) {
+        if self.sender.is_closed() {
+            return;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        // Connections made for an older version of this APIService are closed.
+        let name = self.key.0.split('@').next().unwrap_or("").to_string();
+        pool.retain(|(other, _), _| {
+            other == &self.key.0 || other.split('@').next() != Some(name.as_str())
+        });
+        let idle = pool.entry(self.key).or_default();
+        if idle.len() < IDLE_PER_BACKEND {
+            idle.push(self.sender);
+        }
+    }
+}
+
 /// What the aggregation layer knows.
 pub struct Aggregator {
+    pool: Pool,
     apiservices: Option<Arc<Registry>>,
     services: Option<Arc<Registry>>,
     endpoints: Option<Arc<Registry>>,
@@ -83,6 +120,7 @@ impl Aggregator {
     /// The aggregation layer over these registries (APIServices, Services, Endpoints).
     pub fn new(registries: &[Arc<Registry>]) -> Self {
         Aggregator {
+            pool: Pool::default(),
             apiservices: registry(registries, "apiregistration.k8s.io", "apiservices"),
             services: registry(registries, "", "services"),
             endpoints: registry(registries, "", "endpoints"),
@@ -265,7 +303,7 @@ impl Aggregator {
             .body(http_body_util::Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let response = tokio::time::timeout(DISCOVERY_TIMEOUT, async {
-            let response = self.send(apiservice, request).await?;
+            let (response, lease) = self.send(apiservice, request).await?;
             let status = response.status();
             let body = response
                 .into_body()
@@ -273,6 +311,7 @@ impl Aggregator {
                 .await
                 .map_err(|e| e.to_string())?
                 .to_bytes();
+            lease.release();
             if !status.is_success() {
                 return Err(format!("bad status {}", status.as_u16()));
             }
@@ -283,12 +322,14 @@ impl Aggregator {
         Ok(response)
     }
 
-    /// Sends a request to an APIService's backend over verified TLS.
+    /// Sends a request to an APIService's backend over verified TLS, on an idle pooled
+    /// connection when there is one. Returns the response and the connection's pool slot: hand
+    /// it to [`Aggregator::release`] once the response body has been read to its end.
     async fn send(
         &self,
         apiservice: &Value,
         mut request: Request<http_body_util::Full<Bytes>>,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<(Response<Incoming>, Lease), String> {
         let (namespace, name, port) =
             service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
         let (Some(services), Some(endpoints)) = (&self.services, &self.endpoints) else {
@@ -300,8 +341,34 @@ impl Aggregator {
             .map_err(|e| e.message)?;
         let endpoints = endpoints.get(&namespace, &name, ReadAt::Any).await.ok();
         let addr = resolve(&name, port, &service, endpoints.as_ref())?;
-        let config = tls_config(apiservice, true)?;
-        let mut sender = connect(addr, &format!("{name}.{namespace}.svc"), config).await?;
+        let key = (
+            format!(
+                "{}@{}",
+                meta::name(apiservice),
+                meta::resource_version(apiservice)
+            ),
+            addr,
+        );
+        let idle = {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let mut found = None;
+            if let Some(senders) = pool.get_mut(&key) {
+                while let Some(sender) = senders.pop() {
+                    if !sender.is_closed() && sender.is_ready() {
+                        found = Some(sender);
+                        break;
+                    }
+                }
+            }
+            found
+        };
+        let mut sender = match idle {
+            Some(sender) => sender,
+            None => {
+                let config = tls_config(apiservice, true)?;
+                connect(addr, &format!("{name}.{namespace}.svc"), config).await?
+            }
+        };
         let headers = request.headers_mut();
         if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
             headers.insert(header::HOST, host);
@@ -310,10 +377,18 @@ impl Aggregator {
         for group in REMOTE_GROUPS {
             headers.append("x-remote-group", HeaderValue::from_static(group));
         }
-        sender
+        let response = sender
             .send_request(request)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok((
+            response,
+            Lease {
+                pool: self.pool.clone(),
+                key,
+                sender,
+            },
+        ))
     }
 
     /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend (§10).
@@ -362,8 +437,8 @@ impl Aggregator {
         } else {
             sent.await
         };
-        let response = match response {
-            Ok(response) => response,
+        let (response, lease) = match response {
+            Ok(sent) => sent,
             Err(error) => return unavailable(&error),
         };
         if response.status().is_redirection() && response.headers().contains_key(header::LOCATION) {
@@ -374,10 +449,22 @@ impl Aggregator {
         }
         let (parts, body) = response.into_parts();
         // Streamed as it arrives (watches through the proxy); a backend error ends the body.
-        let frames = BodyStream::new(body)
-            .take_while(|frame| futures_util::future::ready(frame.is_ok()))
-            .filter_map(|frame| futures_util::future::ready(frame.ok()))
-            .map(Ok::<_, Infallible>);
+        // The connection goes back to the pool when the body has been read to its end.
+        let frames = futures_util::stream::unfold(
+            (BodyStream::new(body), Some(lease)),
+            |(mut body, lease)| async move {
+                match body.next().await {
+                    Some(Ok(frame)) => Some((Ok::<_, Infallible>(frame), (body, lease))),
+                    Some(Err(_)) => None,
+                    None => {
+                        if let Some(lease) = lease {
+                            lease.release();
+                        }
+                        None
+                    }
+                }
+            },
+        );
         let mut out = Response::new(BodyExt::boxed(StreamBody::new(frames)));
         *out.status_mut() = parts.status;
         for (name, value) in &parts.headers {

@@ -7,6 +7,7 @@
 
 mod churn;
 mod process;
+mod proxy;
 
 /// The same allocator as the server, so the client's own cost stays small under load.
 #[global_allocator]
@@ -40,6 +41,7 @@ enum ScenarioName {
     Delete,
     Mixed,
     EndpointsChurn,
+    ApiserviceProxy,
 }
 
 #[derive(Subcommand)]
@@ -61,6 +63,9 @@ enum Scenario {
     /// S services x P pods; a share of the pods flips readiness every second: delay from each
     /// pod status write to the Endpoints event showing it, and the server's CPU by thread.
     EndpointsChurn(Args),
+    /// What the aggregation proxy adds: a backend run by the bench, registered with an
+    /// APIService; the same GETs at a fixed rate straight to it and through the server.
+    ApiserviceProxy(Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -104,7 +109,11 @@ struct Args {
     /// Percent of the pods that flip readiness each second (endpoints-churn).
     #[arg(long, default_value_t = 1.0)]
     flip_percent: f64,
-    /// Seconds to run (mixed, endpoints-churn).
+    /// Address for the backend apiservice-proxy runs (an IP of this machine the server can
+    /// reach; Capstan's Endpoints refuse loopback).
+    #[arg(long)]
+    backend_address: Option<String>,
+    /// Seconds to run (mixed, endpoints-churn, apiservice-proxy).
     #[arg(long, default_value_t = 30)]
     duration: u64,
     /// Write the report as JSON to this file.
@@ -452,6 +461,9 @@ impl Bench {
             ScenarioName::EndpointsChurn => {
                 report.insert("endpoints_churn".into(), self.endpoints_churn().await?);
             }
+            ScenarioName::ApiserviceProxy => {
+                report.insert("apiservice_proxy".into(), self.apiservice_proxy().await?);
+            }
         }
         Ok(Value::Object(report))
     }
@@ -745,6 +757,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Delete(a) => (ScenarioName::Delete, a),
         Scenario::Mixed(a) => (ScenarioName::Mixed, a),
         Scenario::EndpointsChurn(a) => (ScenarioName::EndpointsChurn, a),
+        Scenario::ApiserviceProxy(a) => (ScenarioName::ApiserviceProxy, a),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

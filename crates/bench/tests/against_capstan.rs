@@ -122,6 +122,47 @@ fn every_scenario_runs_and_cleans_up() {
     assert_eq!(report["missed"], 0, "{churn}");
     assert!(report["flips"].as_u64().unwrap_or(0) >= 15, "{churn}");
     assert_eq!(report["seen"], report["flips"], "{churn}");
+    // The aggregation proxy's overhead, when this machine has a non-loopback IPv4 address for
+    // the bench's backend (Endpoints refuse loopback).
+    let address = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .skip_while(|w| *w != "inet")
+                .nth(1)
+                .and_then(|cidr| cidr.split('/').next().map(str::to_string))
+        });
+    match address {
+        Some(ip) => {
+            let backend = format!("{ip}:{}", 20000 + std::process::id() % 20000);
+            let proxy = bench(
+                &server,
+                &[
+                    "apiservice-proxy",
+                    "--backend-address",
+                    &backend,
+                    "--rate",
+                    "200",
+                    "--duration",
+                    "2",
+                ],
+            );
+            let report = &proxy["apiservice_proxy"];
+            assert_eq!(report["direct"]["errors"], 0, "{proxy}");
+            assert_eq!(report["proxied"]["errors"], 0, "{proxy}");
+            assert!(
+                report["proxied"]["latency_ms"]["count"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 300,
+                "{proxy}"
+            );
+        }
+        None => eprintln!("apiservice-proxy not run: no non-loopback IPv4 address"),
+    }
     // The endpoints controller reports its CPU under its own thread name.
     let threads = report["churn_server"]["threads"].to_string();
     assert!(threads.contains("ep-controller"), "{churn}");
@@ -130,11 +171,11 @@ fn every_scenario_runs_and_cleans_up() {
     let out = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .args(["get", "svc,pods", "-A", "-o", "name"])
+        .args(["get", "svc,pods,apiservices", "-A", "-o", "name"])
         .output()
         .expect("kubectl");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "service/kubernetes"
+        "service/kubernetes\napiservice.apiregistration.k8s.io/v1."
     );
 }
