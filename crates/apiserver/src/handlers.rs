@@ -1064,6 +1064,14 @@ async fn delete_options(
         ..DeleteOptions::default()
     };
     let mut propagation = call.query.get("propagationPolicy").map(str::to_string);
+    if let Some(grace) = call.query.get("gracePeriodSeconds") {
+        options.grace_period_seconds = Some(grace.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "gracePeriodSeconds: invalid value {}",
+                capstan_machinery::status::quote(grace)
+            ))
+        })?);
+    }
     let mut orphan = call.query.flag("orphanDependents");
     if !bytes.iter().all(u8::is_ascii_whitespace) {
         let body: Value = capstan_machinery::protobuf::decode(&bytes)
@@ -1076,6 +1084,9 @@ async fn delete_options(
             .and_then(Value::as_str)
             .map(str::to_string);
         orphan = body.get("orphanDependents").and_then(Value::as_bool);
+        if let Some(grace) = body.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            options.grace_period_seconds = Some(grace);
+        }
         if let Some(pre) = body.get("preconditions") {
             options.uid = pre.get("uid").and_then(Value::as_str).map(str::to_string);
             options.resource_version = pre

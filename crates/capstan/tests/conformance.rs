@@ -237,7 +237,7 @@ async fn run_cluster(
         for collection in [
             "/api/v1/namespaces/default/services?fieldSelector=metadata.name%21%3Dkubernetes",
             "/api/v1/namespaces/default/endpoints",
-            "/api/v1/namespaces/default/pods",
+            "/api/v1/namespaces/default/pods?gracePeriodSeconds=0",
         ] {
             let _ = raw(&client, "DELETE", collection, None, Vec::new()).await;
         }

@@ -813,3 +813,89 @@ async fn the_apiservice_api_follows_upstream() {
     assert_eq!(deleted["details"]["group"], "apiregistration.k8s.io");
     assert_eq!(deleted["details"]["uid"], created["metadata"]["uid"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_pods_are_deleted_gracefully() {
+    let server = Server::start();
+    let client = server.client().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let create = |name: &str, node: &str| {
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 45,
+                     "containers": [{"name": "c", "image": "nginx"}]}}))
+        .expect("json")
+    };
+    // Never scheduled: gone at once.
+    let (code, _, _) = raw(
+        &client,
+        "POST",
+        pods,
+        Some("application/json"),
+        create("loose", ""),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, _, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{pods}/loose"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _, _) = raw(&client, "GET", &format!("{pods}/loose"), None, Vec::new()).await;
+    assert_eq!(code, 404);
+    // Scheduled: marked with the pod's own grace period and kept.
+    let (code, _, _) = raw(
+        &client,
+        "POST",
+        pods,
+        Some("application/json"),
+        create("held", "n1"),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let item = format!("{pods}/held");
+    let (code, marked, _) = raw(&client, "DELETE", &item, None, Vec::new()).await;
+    assert_eq!(code, 200, "{marked}");
+    assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 45);
+    let deadline = marked["metadata"]["deletionTimestamp"].clone();
+    // A longer grace period changes nothing; a shorter one moves the deadline closer.
+    let (_, same, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{item}?gracePeriodSeconds=100"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(same["metadata"]["deletionTimestamp"], deadline);
+    assert_eq!(
+        same["metadata"]["resourceVersion"],
+        marked["metadata"]["resourceVersion"]
+    );
+    let (_, shorter, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{item}?gracePeriodSeconds=5"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(shorter["metadata"]["deletionGracePeriodSeconds"], 5);
+    assert!(shorter["metadata"]["deletionTimestamp"].as_str() < deadline.as_str());
+    // Grace 0 removes it.
+    let (code, _, _) = raw(
+        &client,
+        "DELETE",
+        &format!("{item}?gracePeriodSeconds=0"),
+        None,
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _, _) = raw(&client, "GET", &item, None, Vec::new()).await;
+    assert_eq!(code, 404);
+}

@@ -769,8 +769,16 @@ fn the_endpoints_controller_follows_pods_and_services() {
         "{.subsets[0].addresses[*].ip}",
         "10.244.0.11 10.244.0.12 10.244.0.13",
     );
-    server.ok(&["delete", "pod", "p1"]);
+    // A scheduled pod is deleted gracefully: it stays, terminating, and leaves the Endpoints;
+    // with no kubelet to confirm, a second delete with grace 0 removes it.
+    server.ok(&["delete", "pod", "p1", "--wait=false"]);
     wait_for("{.subsets[0].addresses[*].ip}", "10.244.0.12 10.244.0.13");
+    let pod: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "pod", "p1", "-o", "json"])).expect("pod");
+    assert!(pod["metadata"]["deletionTimestamp"].is_string(), "{pod}");
+    assert_eq!(pod["metadata"]["deletionGracePeriodSeconds"], 30);
+    server.ok(&["delete", "pod", "p1", "--grace-period=0", "--force"]);
+    assert!(server.fails(&["get", "pod", "p1"]).contains("not found"));
     server.ok(&["delete", "svc", "web"]);
     assert!(server.fails(&["get", "ep", "web"]).contains("not found"));
 }

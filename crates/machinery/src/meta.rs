@@ -74,6 +74,15 @@ pub fn now_rfc3339() -> String {
     format_timestamp(jiff::Timestamp::now())
 }
 
+/// The time `seconds` from now, as [`now_rfc3339`] formats it (deletion deadlines).
+pub fn rfc3339_in(seconds: i64) -> String {
+    let now = jiff::Timestamp::now();
+    format_timestamp(
+        now.checked_add(jiff::SignedDuration::from_secs(seconds))
+            .unwrap_or(now),
+    )
+}
+
 /// Formats a timestamp as `2006-01-02T15:04:05Z`.
 pub fn format_timestamp(at: jiff::Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()

@@ -48,6 +48,8 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     /// `propagationPolicy` (`Orphan`, `Background`, `Foreground`).
     pub propagation: Option<String>,
+    /// `gracePeriodSeconds` (negative values are treated as 1, as upstream does).
+    pub grace_period_seconds: Option<i64>,
 }
 
 /// How a read may be served (`resourceVersion` + `resourceVersionMatch`).
@@ -968,6 +970,50 @@ impl Registry {
                     return Err(kind_conflict(format!(
                         "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({stored}). The object might have been modified"
                     )));
+                }
+            }
+            // Graceful deletion (Pods): the object is marked with a deletion time and stays
+            // until deleted again with a shorter (zero) grace period.
+            let requested = options
+                .grace_period_seconds
+                .map(|g| if g < 0 { 1 } else { g });
+            if let Some(grace) = self
+                .strategy
+                .grace_period(&old, requested)
+                .filter(|g| *g > 0)
+            {
+                let current = meta::metadata(&old)
+                    .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                    .and_then(Value::as_i64);
+                let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
+                if terminating && current.is_some_and(|c| c <= grace) {
+                    return Ok(DeleteResult {
+                        object: old,
+                        removed: false,
+                    });
+                }
+                let mut marked = old.clone();
+                meta::set_meta_str(&mut marked, "deletionTimestamp", &meta::rfc3339_in(grace));
+                meta::metadata_mut(&mut marked)
+                    .insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if options.dry_run {
+                    return Ok(DeleteResult {
+                        object: marked,
+                        removed: false,
+                    });
+                }
+                let txn = Txn::new()
+                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                    .then(Op::Put(key.clone(), self.encode(&marked)));
+                match self.storage.txn(txn).await.map_err(storage_error)? {
+                    TxnOutcome::Committed { revision, .. } => {
+                        meta::set_meta_str(&mut marked, "resourceVersion", &revision.to_string());
+                        return Ok(DeleteResult {
+                            object: marked,
+                            removed: false,
+                        });
+                    }
+                    TxnOutcome::Failed { .. } => continue,
                 }
             }
             if !meta::finalizers(&old).is_empty() {

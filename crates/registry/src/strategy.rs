@@ -221,6 +221,13 @@ pub trait Strategy: Send + Sync + 'static {
         Ok(WriteExtras::default())
     }
 
+    /// Graceful deletion: the grace period a DELETE of `object` gets (`requested` is the
+    /// request's `gracePeriodSeconds`), or `None`/`Some(0)` for an immediate delete. Only Pods
+    /// delete gracefully.
+    fn grace_period(&self, _object: &Value, _requested: Option<i64>) -> Option<i64> {
+        None
+    }
+
     /// What to release when an object is removed.
     fn release(&self, _object: &Value) -> WriteExtras {
         WriteExtras::default()

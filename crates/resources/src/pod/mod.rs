@@ -56,6 +56,30 @@ impl Strategy for PodStrategy {
         &POD_INFO
     }
 
+    /// Immediate when the pod was never scheduled or has finished; otherwise the requested
+    /// period, else `spec.terminationGracePeriodSeconds` (30). With no kubelet to confirm, a
+    /// terminating pod stays until it is deleted again with grace 0.
+    fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64> {
+        let scheduled = !object
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty();
+        let phase = object
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !scheduled || phase == "Succeeded" || phase == "Failed" {
+            return None;
+        }
+        Some(requested.unwrap_or_else(|| {
+            object
+                .pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(30)
+        }))
+    }
+
     fn decode(&self, object: Value) -> Result<Value, String> {
         crate::typed::<k8s_openapi::api::core::v1::Pod>(object)
     }
