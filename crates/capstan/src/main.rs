@@ -65,6 +65,11 @@ struct ServeArgs {
     /// The HTTPS port.
     #[arg(long, alias = "secure-port", default_value_t = 6443)]
     port: u16,
+    /// The address published in the `kubernetes` Endpoints (default: the bind address, or the
+    /// host's primary address when binding all addresses; none when it is loopback, which
+    /// Endpoints may not hold).
+    #[arg(long)]
+    advertise_address: Option<std::net::IpAddr>,
     /// CIDR(s) cluster IPs are allocated from (one, or two of different families).
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: String,
@@ -188,7 +193,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .start(store.clone())
         .await
         .map_err(|e| anyhow::anyhow!("loading allocations: {}", e.message))?;
-    bootstrap(&registries, &service_strategy, args.port).await?;
+    bootstrap(
+        &registries,
+        &service_strategy,
+        args.port,
+        advertise_address(&args),
+    )
+    .await?;
     if !args.disable_endpoints_controller {
         capstan_controllers::EndpointsController::new(
             registry_for(&registries, "services")?,
@@ -247,6 +258,7 @@ async fn bootstrap(
     registries: &[Arc<Registry>],
     services: &ServiceStrategy,
     port: u16,
+    advertise: Option<std::net::IpAddr>,
 ) -> anyhow::Result<()> {
     let options = WriteOptions {
         dry_run: false,
@@ -273,13 +285,32 @@ async fn bootstrap(
         },
     });
     register_local_apiservices(registries, &options).await?;
-    let keeper = capstan_controllers::KubernetesServiceController::new(
+    let mut keeper = capstan_controllers::KubernetesServiceController::new(
         registry_for(registries, "services")?,
         service,
     );
+    if let Some(address) = advertise {
+        keeper = keeper.with_endpoints(registry_for(registries, "endpoints")?, address, port);
+    }
     keeper.reconcile().await.map_err(anyhow::Error::msg)?;
     keeper.start();
     Ok(())
+}
+
+/// The address the `kubernetes` Endpoints publish (`--advertise-address`), if any can be.
+fn advertise_address(args: &ServeArgs) -> Option<std::net::IpAddr> {
+    let address = match args.advertise_address {
+        Some(address) => address,
+        None if args.bind_address.is_unspecified() => {
+            // The address the host would use towards the outside (a UDP "connect" only looks
+            // up the route; nothing is sent).
+            let socket = std::net::UdpSocket::bind(("0.0.0.0", 0)).ok()?;
+            socket.connect(("203.0.113.1", 9)).ok()?;
+            socket.local_addr().ok()?.ip()
+        }
+        None => args.bind_address,
+    };
+    (!address.is_loopback() && !address.is_unspecified()).then_some(address)
 }
 
 /// The local APIServices of the groups Capstan serves itself (`spec/apiservice.md` §8): only

@@ -950,3 +950,22 @@ fn server_side_apply_with_two_managers_a_conflict_and_force() {
         "{err}"
     );
 }
+
+#[test]
+fn the_kubernetes_endpoints_publish_the_advertised_address() {
+    // Bound to loopback, there is no address Endpoints may hold: none are published.
+    let server = Server::start();
+    assert!(
+        server
+            .fails(&["get", "ep", "kubernetes"])
+            .contains("not found")
+    );
+    drop(server);
+    let server = Server::start_with(&["--advertise-address", "10.20.30.40"]);
+    let port = server.port.to_string();
+    let out = server.ok(&["get", "ep", "kubernetes", "-o", "jsonpath={.subsets[0].addresses[0].ip} {.subsets[0].ports[0].name} {.subsets[0].ports[0].port}"]);
+    assert_eq!(out, format!("10.20.30.40 https {port}"));
+    // The endpoints controller leaves them alone (the Service has no selector).
+    let table = server.ok(&["get", "ep", "kubernetes"]);
+    assert!(table.contains(&format!("10.20.30.40:{port}")), "{table}");
+}
