@@ -282,11 +282,53 @@ pub fn record_update(
             .and_then(Value::as_object)
             .is_some_and(|m| !m.is_empty())
     });
+    cap_updates(&mut entries);
     let meta = meta::metadata_mut(new);
     if entries.is_empty() {
         meta.remove("managedFields");
     } else {
         meta.insert("managedFields".into(), Value::Array(entries));
+    }
+}
+
+/// The most `Update` entries kept; older ones are merged into one named `ancient-changes`.
+const MAX_UPDATES: usize = 10;
+
+/// Upstream's cap on `Update` entries: while there are more than ten, the two oldest (by
+/// `time`) merge, the result named `ancient-changes`.
+fn cap_updates(entries: &mut Vec<Value>) {
+    let is_update = |e: &Value| e.get("operation").and_then(Value::as_str) == Some("Update");
+    while entries.iter().filter(|e| is_update(e)).count() > MAX_UPDATES {
+        let mut updates: Vec<usize> = (0..entries.len())
+            .filter(|i| is_update(&entries[*i]))
+            .collect();
+        updates.sort_by(|a, b| {
+            let time = |i: &usize| {
+                entries[*i]
+                    .get("time")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            time(a).cmp(&time(b)).then(a.cmp(b))
+        });
+        let (oldest, next) = (updates[0], updates[1]);
+        let mut fields = BTreeSet::new();
+        for i in [oldest, next] {
+            if let Some(f) = entries[i].get("fieldsV1") {
+                from_fields_v1(f, &mut Vec::new(), &mut fields);
+            }
+        }
+        let time = entries[next].get("time").cloned().unwrap_or(Value::Null);
+        let api_version = entries[next]
+            .get("apiVersion")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let merged = json!({"manager": "ancient-changes", "operation": "Update",
+            "apiVersion": api_version, "time": time, "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(&fields)});
+        entries[oldest] = merged;
+        entries.remove(next);
     }
 }
 
@@ -337,6 +379,20 @@ pub fn apply(
                 .collect()
         })
         .unwrap_or_default();
+    // An object that has never recorded managers (created with managedFields cleared) gets its
+    // existing fields attributed to `before-first-apply`, so the first apply can conflict
+    // with them and does not silently take them over.
+    if let Some(live) = live
+        && entries.is_empty()
+    {
+        let existing = field_set(live, schema, status);
+        if !existing.is_empty() {
+            let entry = json!({"manager": "before-first-apply", "operation": "Update",
+                "apiVersion": api_version, "time": meta::now_rfc3339(),
+                "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(&existing)});
+            entries.push((entry, existing));
+        }
+    }
     let is_mine = |entry: &Value| {
         entry.get("manager").and_then(Value::as_str) == Some(manager)
             && entry.get("operation").and_then(Value::as_str) == Some("Apply")
@@ -854,5 +910,68 @@ mod tests {
             applied["status"]["loadBalancer"]["ingress"][0]["ip"],
             "192.0.2.2"
         );
+    }
+
+    #[test]
+    fn more_than_ten_update_managers_fold_into_ancient_changes() {
+        let mut object = json!({"metadata": {"name": "web", "labels": {}}});
+        for i in 0..12 {
+            let old = object.clone();
+            object["metadata"]["labels"][format!("l{i}")] = json!("x");
+            record_update(
+                &mut object,
+                Some(&old),
+                &format!("m{i:02}"),
+                "v1",
+                None,
+                service_schema(),
+            );
+        }
+        let entries = object["metadata"]["managedFields"]
+            .as_array()
+            .expect("entries");
+        assert_eq!(entries.len(), 10);
+        let ancient: Vec<&Value> = entries
+            .iter()
+            .filter(|e| e["manager"] == "ancient-changes")
+            .collect();
+        assert_eq!(ancient.len(), 1);
+        let owned = ancient[0]["fieldsV1"].to_string();
+        assert!(
+            owned.contains("f:l0") && owned.contains("f:l1") && owned.contains("f:l2"),
+            "{owned}"
+        );
+    }
+
+    #[test]
+    fn the_first_apply_to_an_unmanaged_object_meets_before_first_apply() {
+        let live = json!({"metadata": {"name": "web"}, "spec": {"type": "ClusterIP",
+            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
+        let conflicts = apply(
+            Some(&live),
+            &web(9090),
+            "kubectl",
+            "v1",
+            None,
+            service_schema(),
+            false,
+        )
+        .expect_err("the existing value conflicts");
+        assert_eq!(conflicts[0].manager, "\"before-first-apply\" using v1");
+        let forced = apply(
+            Some(&live),
+            &web(9090),
+            "kubectl",
+            "v1",
+            None,
+            service_schema(),
+            true,
+        )
+        .expect("forced");
+        let managers: Vec<&str> = forced["metadata"]["managedFields"]
+            .as_array()
+            .map(|l| l.iter().filter_map(|e| e["manager"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(managers, ["before-first-apply", "kubectl"]);
     }
 }
