@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::process::Command;
+
 use common::{Server, path_str};
 
 const WEB: &str = "apiVersion: v1
@@ -968,4 +970,128 @@ fn the_kubernetes_endpoints_publish_the_advertised_address() {
     // The endpoints controller leaves them alone (the Service has no selector).
     let table = server.ok(&["get", "ep", "kubernetes"]);
     assert!(table.contains(&format!("10.20.30.40:{port}")), "{table}");
+}
+
+#[test]
+fn kubectl_edit_diff_label_annotate_set_selector_and_patch_types() {
+    let server = Server::start();
+    let manifest = server.apply_file(
+        "web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n",
+    );
+    server.ok(&["apply", "-f", common::path_str(&manifest)]);
+    // diff: nothing to show right after apply (exit 0), a change after an out-of-band edit (exit 1).
+    assert!(
+        server
+            .kubectl(&["diff", "-f", common::path_str(&manifest)])
+            .status
+            .success()
+    );
+    // edit with an EDITOR script (kubectl sends a strategic merge patch as kubectl-edit).
+    let editor = server.dir.path().join("editor.sh");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i -e 's/sessionAffinity: None/sessionAffinity: ClientIP/' -e 's/targetPort: 8080/targetPort: 7070/' \"$1\"\n",
+    )
+    .expect("editor");
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&editor)
+        .status()
+        .expect("chmod");
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig())
+        .args(["edit", "svc", "web"])
+        .env("EDITOR", &editor)
+        .output()
+        .expect("kubectl edit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.sessionAffinity}"
+        ]),
+        "ClientIP"
+    );
+    let diff = server.kubectl(&["diff", "-f", common::path_str(&manifest)]);
+    assert_eq!(diff.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&diff.stdout).contains("targetPort: 7070"));
+    // label, annotate (JSON merge patches), set selector.
+    server.ok(&["label", "svc", "web", "tier=fe"]);
+    server.ok(&["annotate", "svc", "web", "note=hello"]);
+    server.ok(&["set", "selector", "svc", "web", "app=web2"]);
+    let object: serde_json::Value = serde_json::from_str(&server.ok(&[
+        "get",
+        "svc",
+        "web",
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]))
+    .expect("json");
+    assert_eq!(object["metadata"]["labels"]["tier"], "fe");
+    assert_eq!(object["metadata"]["annotations"]["note"], "hello");
+    assert_eq!(
+        object["spec"]["selector"],
+        serde_json::json!({"app": "web2"})
+    );
+    let managers: Vec<&str> = object["metadata"]["managedFields"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|e| e["manager"].as_str()).collect())
+        .unwrap_or_default();
+    for manager in [
+        "kubectl-client-side-apply",
+        "kubectl-edit",
+        "kubectl-label",
+        "kubectl-annotate",
+        "kubectl-set",
+    ] {
+        assert!(
+            managers.contains(&manager),
+            "{manager} missing from {managers:?}"
+        );
+    }
+    // The three patch types.
+    server.ok(&[
+        "patch",
+        "svc",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/ports/0/targetPort","value":9090}]"#,
+    ]);
+    server.ok(&[
+        "patch",
+        "svc",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"m":"1"}}}"#,
+    ]);
+    server.ok(&[
+        "patch",
+        "svc",
+        "web",
+        "--type=strategic",
+        "-p",
+        r#"{"spec":{"ports":[{"name":"metrics","port":9100}]}}"#,
+    ]);
+    assert_eq!(
+        server.ok(&[
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.ports[*].targetPort} {.metadata.labels.m}"
+        ]),
+        "9090 9100 1"
+    );
 }
