@@ -556,11 +556,6 @@ impl EndpointsController {
         let trigger =
             self.trigger_time(&(namespace.to_string(), name.to_string()), &service, &pods);
 
-        let current = match self.endpoints.get(namespace, name, ReadAt::Latest).await {
-            Ok(current) => Some(current),
-            Err(e) if e.code == 404 => None,
-            Err(e) => return Err(e.message),
-        };
         let mut labels: Map<String, Value> = service
             .pointer("/metadata/labels")
             .and_then(Value::as_object)
@@ -571,85 +566,108 @@ impl EndpointsController {
             labels.insert(HEADLESS.into(), json!(""));
         }
         labels.insert(MANAGED_BY.into(), json!("endpoint-controller"));
-        let mut desired = current
-            .clone()
-            .unwrap_or_else(|| json!({"metadata": {"name": name, "namespace": namespace}}));
-        let metadata = meta::metadata_mut(&mut desired);
-        metadata.insert("labels".into(), Value::Object(labels));
-        let annotations = metadata
-            .entry("annotations")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .map(|a| {
-                if truncated {
-                    a.insert(OVER_CAPACITY.into(), json!("truncated"));
-                } else {
-                    a.remove(OVER_CAPACITY);
-                }
-                if trigger.is_empty() {
-                    a.remove(TRIGGER_TIME);
-                } else {
-                    a.insert(TRIGGER_TIME.into(), json!(trigger));
-                }
-                a.is_empty()
-            });
-        if annotations == Some(true) {
-            metadata.remove("annotations");
-        }
-        if let Value::Object(map) = &mut desired {
-            if subsets.is_empty() {
-                map.remove("subsets");
-            } else {
-                map.insert("subsets".into(), Value::Array(subsets));
+        let subsets = Value::Array(subsets);
+        // The desired Endpoints, from the current ones (None: to be created).
+        let desired_from = |current: Option<&Value>| -> Value {
+            let mut desired = current
+                .cloned()
+                .unwrap_or_else(|| json!({"metadata": {"name": name, "namespace": namespace}}));
+            let metadata = meta::metadata_mut(&mut desired);
+            metadata.insert("labels".into(), Value::Object(labels.clone()));
+            let annotations = metadata
+                .entry("annotations")
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .map(|a| {
+                    if truncated {
+                        a.insert(OVER_CAPACITY.into(), json!("truncated"));
+                    } else {
+                        a.remove(OVER_CAPACITY);
+                    }
+                    if trigger.is_empty() {
+                        a.remove(TRIGGER_TIME);
+                    } else {
+                        a.insert(TRIGGER_TIME.into(), json!(trigger));
+                    }
+                    a.is_empty()
+                });
+            if annotations == Some(true) {
+                metadata.remove("annotations");
             }
-        }
-        match current {
-            Some(current) => {
-                // §3.2 step 10: nothing to write when subsets and labels already match and
-                // nothing is over capacity (the trigger-time annotation alone never causes a
-                // write, so a restart rewrites nothing).
-                let strip = |object: &Value| {
-                    let mut labels = object
-                        .pointer("/metadata/labels")
-                        .and_then(Value::as_object)
-                        .cloned()
-                        .unwrap_or_default();
-                    labels.remove(HEADLESS);
-                    labels
-                };
-                let subsets_of = |object: &Value| {
-                    object
-                        .get("subsets")
-                        .cloned()
-                        .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
-                };
-                let managed = current
+            if let Value::Object(map) = &mut desired {
+                if subsets.as_array().is_some_and(Vec::is_empty) {
+                    map.remove("subsets");
+                } else {
+                    map.insert("subsets".into(), subsets.clone());
+                }
+            }
+            desired
+        };
+        // §3.2 step 10: nothing to write when subsets and labels already match and nothing is
+        // over capacity (the trigger-time annotation alone never causes a write, so a restart
+        // rewrites nothing). The stored Endpoints are read once, inside the registry's write
+        // (which retries on a concurrent change).
+        let unchanged = |current: &Value, desired: &Value| {
+            let strip = |object: &Value| {
+                let mut labels = object
                     .pointer("/metadata/labels")
-                    .and_then(|l| l.get(MANAGED_BY))
-                    .is_some();
-                let over = current
-                    .pointer("/metadata/annotations")
-                    .and_then(|a| a.get(OVER_CAPACITY))
-                    .is_some();
-                if managed
-                    && !truncated
-                    && !over
-                    && subsets_of(&current) == subsets_of(&desired)
-                    && strip(&current) == strip(&desired)
-                {
-                    return Ok(());
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                labels.remove(HEADLESS);
+                labels
+            };
+            let subsets_of = |object: &Value| {
+                object
+                    .get("subsets")
+                    .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
+                    .cloned()
+            };
+            let managed = current
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(MANAGED_BY))
+                .is_some();
+            let over = current
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(OVER_CAPACITY))
+                .is_some();
+            managed
+                && !truncated
+                && !over
+                && subsets_of(current) == subsets_of(desired)
+                && strip(current) == strip(desired)
+        };
+        let written = self
+            .endpoints
+            .patch(namespace, name, &write, false, |current| {
+                // The registry hands the object over with its kind and apiVersion.
+                let mut current = current.clone();
+                if let Value::Object(map) = &mut current {
+                    map.remove("kind");
+                    map.remove("apiVersion");
                 }
-                self.endpoints
-                    .update(namespace, name, desired, &write, false)
+                let desired = desired_from(Some(&current));
+                Ok(if unchanged(&current, &desired) {
+                    current
+                } else {
+                    desired
+                })
+            })
+            .await;
+        match written {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => {
+                match self
+                    .endpoints
+                    .create(namespace, desired_from(None), &write)
                     .await
-                    .map(|_| ())
-                    .map_err(|e| e.message)
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.code == 403 => Ok(()), // namespace terminating
+                    Err(e) => Err(e.message),
+                }
             }
-            None => match self.endpoints.create(namespace, desired, &write).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.code == 403 => Ok(()), // namespace terminating
-                Err(e) => Err(e.message),
-            },
+            Err(e) => Err(e.message),
         }
     }
 }
@@ -842,16 +860,13 @@ pub fn build_subsets<P: std::borrow::Borrow<Value>>(
             .into_iter()
             .map(|((ip, uid), (address, ready))| (ip, uid, address, ready))
             .collect();
-        let signature: Vec<(String, String, bool)> = list
-            .iter()
-            .map(|(ip, uid, _, r)| (ip.clone(), uid.clone(), *r))
-            .collect();
-        match groups.iter_mut().find(|(_, l)| {
-            l.iter()
-                .map(|(ip, uid, _, r)| (ip.clone(), uid.clone(), *r))
-                .collect::<Vec<_>>()
-                == signature
-        }) {
+        let same_addresses = |l: &Vec<Entry>| {
+            l.len() == list.len()
+                && l.iter()
+                    .zip(list.iter())
+                    .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && a.3 == b.3)
+        };
+        match groups.iter_mut().find(|(_, l)| same_addresses(l)) {
             Some(group) => group.0.extend(port),
             None => groups.push((port.into_iter().collect(), list)),
         }
@@ -878,8 +893,9 @@ pub fn build_subsets<P: std::borrow::Borrow<Value>>(
         .map(|(mut ports, mut list)| {
             ports.sort_by_key(sort_key);
             list.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()).then(a.1.cmp(&b.1)));
-            let ready: Vec<Value> = list.iter().filter(|e| e.3).map(|e| e.2.clone()).collect();
-            let not_ready: Vec<Value> = list.iter().filter(|e| !e.3).map(|e| e.2.clone()).collect();
+            let (ready, not_ready): (Vec<Entry>, Vec<Entry>) = list.into_iter().partition(|e| e.3);
+            let ready: Vec<Value> = ready.into_iter().map(|e| e.2).collect();
+            let not_ready: Vec<Value> = not_ready.into_iter().map(|e| e.2).collect();
             (ready, not_ready, ports)
         })
         .collect();
