@@ -230,7 +230,17 @@ impl Aggregator {
     /// APIService changes); a backend that cannot answer leaves its version `Stale`.
     pub async fn aggregated_groups(&self) -> Vec<(i64, String, Value)> {
         let mut out = Vec::new();
-        for (group, versions) in self.groups().await {
+        let groups = self.groups().await;
+        // Discovery fetched for APIServices that no longer exist is forgotten.
+        let names: std::collections::HashSet<String> = groups
+            .iter()
+            .flat_map(|(_, versions)| versions.iter().map(|a| meta::name(a).to_string()))
+            .collect();
+        self.fetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| names.contains(name));
+        for (group, versions) in groups {
             let priority = versions
                 .iter()
                 .map(|a| spec_int(a, "groupPriorityMinimum"))

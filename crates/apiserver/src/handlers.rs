@@ -1020,7 +1020,9 @@ async fn apply_object(
     if info.namespaced {
         meta::set_meta_str(&mut config, "namespace", &request.namespace);
     }
-    let config = strategy.decode(config).map_err(|e| {
+    // The typed decode only checks types: it would add defaults for required fields the
+    // applier never sent, which would then count as applied.
+    strategy.decode(config.clone()).map_err(|e| {
         ApiError::new(
             422,
             Reason::Invalid,

@@ -195,13 +195,14 @@ impl ApiServer {
                 None => not_found(),
             };
         };
-        if let Some(apiservice) = self.aggregator.find(group, version).await
-            && !capstan_resources::apiservice::is_local(&apiservice)
-        {
-            return self.aggregator.proxy(&apiservice, request).await;
-        }
+        // The server's own groups always win over an APIService claiming them.
         if !discovery::serves(&self.registries, group, version) {
-            return not_found();
+            return match self.aggregator.find(group, version).await {
+                Some(apiservice) if !capstan_resources::apiservice::is_local(&apiservice) => {
+                    self.aggregator.proxy(&apiservice, request).await
+                }
+                _ => not_found(),
+            };
         }
         if tail.is_empty() {
             return json_response(

@@ -334,7 +334,7 @@ async fn register_local_apiservices(
                 .and_then(|l| l.get(AUTOMANAGED))
                 .and_then(serde_json::Value::as_str)
                 == Some("onstart");
-            if managed && existing.get("spec") != Some(&spec) {
+            if managed && existing.is_object() && existing.get("spec") != Some(&spec) {
                 existing["spec"] = spec;
                 apiservices
                     .update("", "v1.", existing, options, false)

@@ -2,7 +2,6 @@
 //! with it: resolving an APIService's backend address through its Service's Endpoints, and
 //! TLS connections to it.
 
-use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +17,15 @@ use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
+/// How many APIServices are checked at once.
+const WORKERS: usize = 5;
 /// How often every APIService is checked again, changes or not (upstream's period).
 const RESYNC: Duration = Duration::from_secs(30);
 /// How often service-backed APIServices are probed again: a backend that stops (or starts)
 /// answering shows in the condition within seconds, not only at the next 30 s resync.
 const REPROBE: Duration = Duration::from_secs(5);
+/// The system trust anchors used when an APIService has no caBundle.
+const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The discovery probe's timeout per attempt.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -177,15 +180,25 @@ pub fn tls_config(apiservice: &Value, verify: bool) -> Result<Arc<rustls::Client
             .pointer("/spec/caBundle")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let pem = base64::engine::general_purpose::STANDARD
-            .decode(bundle)
-            .map_err(|e| format!("invalid caBundle: {e}"))?;
+        // Without a caBundle the system's trust anchors apply (Debian's bundle file).
+        let pem = if bundle.is_empty() {
+            std::fs::read(SYSTEM_ROOTS).unwrap_or_default()
+        } else {
+            base64::engine::general_purpose::STANDARD
+                .decode(bundle)
+                .map_err(|e| format!("unable to load root certificates: {e}"))?
+        };
         use rustls::pki_types::pem::PemObject;
         for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
             let cert = cert.map_err(|e| format!("unable to load root certificates: {e}"))?;
             roots
                 .add(cert)
                 .map_err(|e| format!("unable to load root certificates: {e}"))?;
+        }
+        if roots.is_empty() && !bundle.is_empty() {
+            return Err(
+                "unable to load root certificates: no certificates found in caBundle".into(),
+            );
         }
         builder.with_root_certificates(roots).with_no_client_auth()
     };
@@ -263,7 +276,7 @@ impl AvailabilityController {
     /// Runs in background tasks for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let (queue, mut work) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let queue = Arc::new(crate::queue::WorkQueue::<String>::default());
         // APIService changes check that APIService.
         {
             let (controller, queue) = (controller.clone(), queue.clone());
@@ -274,7 +287,7 @@ impl AvailabilityController {
                         if let WatchItem::Event(kind, object) = item
                             && kind != EventType::Deleted
                         {
-                            let _ = queue.send(meta::name(&object.selectable).to_string());
+                            queue.add(meta::name(&object.selectable).to_string());
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -294,7 +307,7 @@ impl AvailabilityController {
                                 .referencing(meta::namespace(s), meta::name(s))
                                 .await
                             {
-                                let _ = queue.send(name);
+                                queue.add(name);
                             }
                         }
                     }
@@ -315,34 +328,46 @@ impl AvailabilityController {
                     }
                     for apiservice in controller.all().await {
                         if full || service_ref(&apiservice).is_some() {
-                            let _ = queue.send(meta::name(&apiservice).to_string());
+                            queue.add(meta::name(&apiservice).to_string());
                         }
                     }
                 }
             });
         }
-        tokio::spawn(async move {
-            while let Some(first) = work.recv().await {
-                let mut names: HashSet<String> = HashSet::from([first]);
-                while let Ok(name) = work.try_recv() {
-                    names.insert(name);
-                }
-                // Probes may take seconds: each APIService is checked in its own task.
-                let mut checks = tokio::task::JoinSet::new();
-                for name in names {
-                    let controller = controller.clone();
-                    let queue = queue.clone();
-                    checks.spawn(async move {
-                        if let Err(error) = controller.sync(&name).await {
-                            tracing::debug!(%name, %error, "apiservice check failed; retrying");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                            let _ = queue.send(name);
+        // Workers over a per-key queue: a slow probe holds up only its own APIService.
+        // Failures are retried with exponential back-off, 5 ms doubling to 30 s (spec §7).
+        let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> =
+            Arc::default();
+        for _ in 0..WORKERS {
+            let (controller, queue, failures) =
+                (controller.clone(), queue.clone(), failures.clone());
+            tokio::spawn(async move {
+                loop {
+                    let name = queue.next().await;
+                    let result = controller.sync(&name).await;
+                    queue.done(&name);
+                    let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
+                    match result {
+                        Ok(()) => {
+                            failed.remove(&name);
                         }
-                    });
+                        Err(error) => {
+                            let attempts = failed.entry(name.clone()).or_insert(0);
+                            *attempts = attempts.saturating_add(1);
+                            let delay = Duration::from_millis(5)
+                                .saturating_mul(1 << (*attempts - 1).min(13))
+                                .min(Duration::from_secs(30));
+                            tracing::debug!(%name, %error, ?delay, "apiservice check failed; retrying");
+                            let queue = queue.clone();
+                            tokio::spawn(async move {
+                                tokio::time::sleep(delay).await;
+                                queue.add(name);
+                            });
+                        }
+                    }
                 }
-                while checks.join_next().await.is_some() {}
-            }
-        });
+            });
+        }
     }
 
     async fn all(&self) -> Vec<Value> {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::meta;
 use capstan_registry::cache::EventType;
+
+use crate::queue::WorkQueue;
 use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
 use capstan_registry::{DeleteOptions, ReadAt, Registry, WriteOptions};
 use serde_json::{Map, Value, json};
@@ -30,58 +32,6 @@ pub struct EndpointsController {
 
 /// How many Services are synced at once.
 const WORKERS: usize = 5;
-
-/// The controller's work queue, with client-go's guarantees: a key queued many times before a
-/// worker takes it is synced once, and a key is never handed to two workers at once (a key
-/// queued while it is being synced is synced again afterwards).
-#[derive(Default)]
-struct WorkQueue {
-    state: std::sync::Mutex<QueueState>,
-    ready: tokio::sync::Notify,
-}
-
-#[derive(Default)]
-struct QueueState {
-    order: std::collections::VecDeque<Key>,
-    dirty: HashSet<Key>,
-    processing: HashSet<Key>,
-}
-
-impl WorkQueue {
-    fn add(&self, key: Key) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.dirty.insert(key.clone()) && !state.processing.contains(&key) {
-            state.order.push_back(key);
-            self.ready.notify_one();
-        }
-    }
-
-    async fn next(&self) -> Key {
-        loop {
-            {
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(key) = state.order.pop_front() {
-                    state.dirty.remove(&key);
-                    state.processing.insert(key.clone());
-                    if !state.order.is_empty() {
-                        self.ready.notify_one();
-                    }
-                    return key;
-                }
-            }
-            self.ready.notified().await;
-        }
-    }
-
-    fn done(&self, key: &Key) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.processing.remove(key);
-        if state.dirty.contains(key) {
-            state.order.push_back(key.clone());
-            self.ready.notify_one();
-        }
-    }
-}
 
 /// What the watches have shown of selectors and pods, so that a pod change finds the Services
 /// that select (or selected) it without testing every selector of the namespace, and a sync
@@ -217,6 +167,21 @@ impl Index {
         wake
     }
 
+    /// Forgets the selector Services not in `seen` (deleted while a watch was down); returns
+    /// them, to be synced (their Endpoints then go).
+    fn forget_services_except(&mut self, seen: &HashSet<Key>) -> Vec<Key> {
+        let stale: Vec<Key> = self
+            .namespaces
+            .iter()
+            .flat_map(|(ns, n)| n.services.keys().map(move |s| (ns.clone(), s.clone())))
+            .filter(|key| !seen.contains(key))
+            .collect();
+        for key in &stale {
+            self.set_selector(key, None);
+        }
+        stale
+    }
+
     /// The views of the pods a Service's selector matches.
     fn members(&self, key: &Key) -> Vec<Arc<Value>> {
         let (namespace, service) = key;
@@ -350,7 +315,7 @@ impl EndpointsController {
 
     fn run(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::default());
+        let queue = Arc::new(WorkQueue::<Key>::default());
         // Services: every change syncs that Service; their selectors are remembered so a pod
         // change only wakes the Services that select (or selected) it.
         {
@@ -358,27 +323,49 @@ impl EndpointsController {
             let controller = controller.clone();
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&controller.services, false);
+                    // Each (re)start replays every Service, then a bookmark: Services known
+                    // from before that were not replayed were deleted meanwhile.
+                    let mut watcher = watch_all(&controller.services, true);
+                    let mut replayed: Option<HashSet<Key>> = Some(HashSet::new());
                     while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(kind, object) = item {
-                            let s = &object.selectable;
-                            let key: Key = (meta::namespace(s).into(), meta::name(s).into());
-                            let selector = (kind != EventType::Deleted)
-                                .then(|| {
-                                    object
-                                        .object()
-                                        .pointer("/spec/selector")
-                                        .and_then(Value::as_object)
-                                        .cloned()
-                                })
-                                .flatten()
-                                .filter(|m| !m.is_empty());
-                            controller
-                                .index
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .set_selector(&key, selector.as_ref());
-                            queue.add(key);
+                        match item {
+                            WatchItem::Event(kind, object) => {
+                                let s = &object.selectable;
+                                let key: Key = (meta::namespace(s).into(), meta::name(s).into());
+                                let selector = (kind != EventType::Deleted)
+                                    .then(|| {
+                                        object
+                                            .object()
+                                            .pointer("/spec/selector")
+                                            .and_then(Value::as_object)
+                                            .cloned()
+                                    })
+                                    .flatten()
+                                    .filter(|m| !m.is_empty());
+                                if let Some(seen) = replayed.as_mut() {
+                                    seen.insert(key.clone());
+                                }
+                                controller
+                                    .index
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .set_selector(&key, selector.as_ref());
+                                queue.add(key);
+                            }
+                            WatchItem::Bookmark(_, true) => {
+                                let Some(seen) = replayed.take() else {
+                                    continue;
+                                };
+                                let gone = controller
+                                    .index
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .forget_services_except(&seen);
+                                for key in gone {
+                                    queue.add(key);
+                                }
+                            }
+                            _ => {}
                         }
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -392,20 +379,48 @@ impl EndpointsController {
             let controller = controller.clone();
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&controller.pods, false);
+                    // As for Services: pods indexed before a restart and not replayed are gone.
+                    let mut watcher = watch_all(&controller.pods, true);
+                    let mut replayed: Option<HashSet<Key>> = Some(HashSet::new());
                     while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(kind, object) = item {
-                            let s = &object.selectable;
-                            let view = (kind != EventType::Deleted)
-                                .then(|| Arc::new(pod_view(&object.object())));
-                            let wake = controller
-                                .index
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .pod_changed(meta::namespace(s), meta::name(s), view);
-                            for key in wake {
-                                queue.add(key);
+                        match item {
+                            WatchItem::Event(kind, object) => {
+                                let s = &object.selectable;
+                                let view = (kind != EventType::Deleted)
+                                    .then(|| Arc::new(pod_view(&object.object())));
+                                if let Some(seen) = replayed.as_mut() {
+                                    seen.insert((meta::namespace(s).into(), meta::name(s).into()));
+                                }
+                                let wake = controller
+                                    .index
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .pod_changed(meta::namespace(s), meta::name(s), view);
+                                for key in wake {
+                                    queue.add(key);
+                                }
                             }
+                            WatchItem::Bookmark(_, true) => {
+                                let Some(seen) = replayed.take() else {
+                                    continue;
+                                };
+                                let mut index =
+                                    controller.index.lock().unwrap_or_else(|e| e.into_inner());
+                                let stale: Vec<Key> = index
+                                    .namespaces
+                                    .iter()
+                                    .flat_map(|(ns, n)| {
+                                        n.pods.keys().map(move |pod| (ns.clone(), pod.clone()))
+                                    })
+                                    .filter(|key| !seen.contains(key))
+                                    .collect();
+                                for (namespace, pod) in stale {
+                                    for key in index.pod_changed(&namespace, &pod, None) {
+                                        queue.add(key);
+                                    }
+                                }
+                            }
+                            _ => {}
                         }
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -1014,6 +1029,13 @@ mod tests {
         // A changed selector re-reads the pods; a removed one forgets them.
         index.set_selector(&key, json!({"app": "db"}).as_object());
         assert_eq!(names(&index, "web"), ["p1", "p3"]);
+        // A Service not replayed after a watch restart was deleted meanwhile: forgotten.
+        assert_eq!(
+            index.forget_services_except(&HashSet::new()),
+            vec![key.clone()]
+        );
+        assert!(names(&index, "web").is_empty());
+        index.set_selector(&key, json!({"app": "db"}).as_object());
         index.set_selector(&key, None);
         assert!(names(&index, "web").is_empty());
         assert!(
@@ -1037,7 +1059,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() {
-        let queue = WorkQueue::default();
+        let queue = WorkQueue::<Key>::default();
         let a: Key = ("ns".into(), "a".into());
         let b: Key = ("ns".into(), "b".into());
         queue.add(a.clone());

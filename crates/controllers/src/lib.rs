@@ -10,6 +10,7 @@
 pub mod apiservice;
 mod endpoints;
 mod kubernetes_service;
+pub mod queue;
 
 pub use endpoints::EndpointsController;
 pub use kubernetes_service::KubernetesServiceController;

@@ -83,6 +83,15 @@ pub fn rfc3339_in(seconds: i64) -> String {
     )
 }
 
+/// An RFC 3339 time moved by `seconds` (None when it does not parse).
+pub fn shift_rfc3339(time: &str, seconds: i64) -> Option<String> {
+    let at: jiff::Timestamp = time.parse().ok()?;
+    Some(format_timestamp(
+        at.checked_add(jiff::SignedDuration::from_secs(seconds))
+            .ok()?,
+    ))
+}
+
 /// Formats a timestamp as `2006-01-02T15:04:05Z`.
 pub fn format_timestamp(at: jiff::Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()

@@ -114,6 +114,12 @@ fn collect(
     }
 }
 
+/// Whether a path lies in the part of the object a write covers: status for a write through
+/// `/status`, everything else otherwise.
+fn in_scope(path: &Path, status: bool) -> bool {
+    (path.first().map(String::as_str) == Some("f:status")) == status
+}
+
 /// The fields an object sets: system metadata excluded, and status only (`status`) or all
 /// but status.
 fn field_set(object: &Value, schema: Option<&'static Value>, status: bool) -> BTreeSet<Path> {
@@ -250,7 +256,9 @@ pub fn record_update(
         } else {
             owned.retain(|p| !changed.contains(p) || p.last().map(String::as_str) == Some("."));
         }
-        owned.retain(|p| new_fields.contains(p));
+        // Only fields inside this write's scope (status, or everything but status) can have
+        // gone; other managers' fields outside it are untouched.
+        owned.retain(|p| !in_scope(p, status) || new_fields.contains(p));
         if owned != before {
             entry["fieldsV1"] = to_fields_v1(&owned);
             if mine {
@@ -293,42 +301,48 @@ pub fn record_update(
 
 /// The most `Update` entries kept; older ones are merged into one named `ancient-changes`.
 const MAX_UPDATES: usize = 10;
+const ANCIENT: &str = "ancient-changes";
 
-/// Upstream's cap on `Update` entries: while there are more than ten, the two oldest (by
-/// `time`) merge, the result named `ancient-changes`.
+/// Upstream's cap on `Update` entries: while there are more than ten, the oldest (by `time`,
+/// then position) is merged into the `ancient-changes` entry (created from it when there is
+/// none yet).
 fn cap_updates(entries: &mut Vec<Value>) {
     let is_update = |e: &Value| e.get("operation").and_then(Value::as_str) == Some("Update");
+    let is_ancient =
+        |e: &Value| is_update(e) && e.get("manager").and_then(Value::as_str) == Some(ANCIENT);
     while entries.iter().filter(|e| is_update(e)).count() > MAX_UPDATES {
-        let mut updates: Vec<usize> = (0..entries.len())
-            .filter(|i| is_update(&entries[*i]))
-            .collect();
-        updates.sort_by(|a, b| {
-            let time = |i: &usize| {
-                entries[*i]
-                    .get("time")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            };
-            time(a).cmp(&time(b)).then(a.cmp(b))
-        });
-        let (oldest, next) = (updates[0], updates[1]);
-        let mut fields = BTreeSet::new();
-        for i in [oldest, next] {
-            if let Some(f) = entries[i].get("fieldsV1") {
-                from_fields_v1(f, &mut Vec::new(), &mut fields);
+        let time = |e: &Value| {
+            e.get("time")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let Some(oldest) = (0..entries.len())
+            .filter(|i| is_update(&entries[*i]) && !is_ancient(&entries[*i]))
+            .min_by(|a, b| time(&entries[*a]).cmp(&time(&entries[*b])).then(a.cmp(b)))
+        else {
+            return;
+        };
+        match entries.iter().position(&is_ancient) {
+            Some(ancient) => {
+                let mut fields = BTreeSet::new();
+                for i in [ancient, oldest] {
+                    if let Some(f) = entries[i].get("fieldsV1") {
+                        from_fields_v1(f, &mut Vec::new(), &mut fields);
+                    }
+                }
+                if let Some(entry) = entries[ancient].as_object_mut() {
+                    entry.insert("fieldsV1".into(), to_fields_v1(&fields));
+                }
+                entries.remove(oldest);
+            }
+            None => {
+                if let Some(entry) = entries[oldest].as_object_mut() {
+                    entry.insert("manager".into(), json!(ANCIENT));
+                    entry.remove("subresource");
+                }
             }
         }
-        let time = entries[next].get("time").cloned().unwrap_or(Value::Null);
-        let api_version = entries[next]
-            .get("apiVersion")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let merged = json!({"manager": "ancient-changes", "operation": "Update",
-            "apiVersion": api_version, "time": time, "fieldsType": "FieldsV1",
-            "fieldsV1": to_fields_v1(&fields)});
-        entries[oldest] = merged;
-        entries.remove(next);
     }
 }
 
@@ -474,7 +488,7 @@ pub fn apply(
             found = true;
             owned = applied.clone();
         }
-        owned.retain(|p| present.contains(p));
+        owned.retain(|p| !in_scope(p, status) || present.contains(p));
         if owned.is_empty() {
             continue;
         }
@@ -973,5 +987,47 @@ mod tests {
             .map(|l| l.iter().filter_map(|e| e["manager"].as_str()).collect())
             .unwrap_or_default();
         assert_eq!(managers, ["before-first-apply", "kubectl"]);
+    }
+
+    #[test]
+    fn a_status_write_keeps_the_main_resource_managers_and_the_reverse() {
+        let mut object = applied(None, web(8080), "alice", false).expect("created");
+        object["status"] = json!({});
+        let old = object.clone();
+        object["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
+        record_update(
+            &mut object,
+            Some(&old),
+            "lb",
+            "v1",
+            Some("status"),
+            service_schema(),
+        );
+        assert!(
+            owned(&object, "alice").to_string().contains("targetPort"),
+            "{object}"
+        );
+        let old = object.clone();
+        object["metadata"]["labels"] = json!({"a": "b"});
+        record_update(
+            &mut object,
+            Some(&old),
+            "labeller",
+            "v1",
+            None,
+            service_schema(),
+        );
+        assert!(
+            owned(&object, "lb").to_string().contains("f:loadBalancer"),
+            "{object}"
+        );
+        // Apply again after the status write: still the owner, so dropping a port removes it.
+        let mut config = web(8080);
+        config["spec"]["ports"] = json!([]);
+        let after = applied(Some(&object), config, "alice", false).expect("no conflict");
+        assert!(
+            after["spec"]["ports"].as_array().is_none_or(Vec::is_empty),
+            "{after}"
+        );
     }
 }

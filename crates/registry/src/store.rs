@@ -993,7 +993,17 @@ impl Registry {
                     });
                 }
                 let mut marked = old.clone();
-                meta::set_meta_str(&mut marked, "deletionTimestamp", &meta::rfc3339_in(grace));
+                // A shorter grace period moves the existing deadline closer by the difference,
+                // as upstream does; a first graceful delete counts from now.
+                let deadline = match current.filter(|_| terminating) {
+                    Some(current) => meta::shift_rfc3339(
+                        meta::meta_str(&old, "deletionTimestamp"),
+                        grace - current,
+                    )
+                    .unwrap_or_else(|| meta::rfc3339_in(grace)),
+                    None => meta::rfc3339_in(grace),
+                };
+                meta::set_meta_str(&mut marked, "deletionTimestamp", &deadline);
                 meta::metadata_mut(&mut marked)
                     .insert("deletionGracePeriodSeconds".into(), json!(grace));
                 if options.dry_run {
