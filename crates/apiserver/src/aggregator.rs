@@ -64,11 +64,6 @@ impl Lease {
             return;
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        // Connections made for an older version of this APIService are closed.
-        let name = self.key.0.split('@').next().unwrap_or("").to_string();
-        pool.retain(|(other, _), _| {
-            other == &self.key.0 || other.split('@').next() != Some(name.as_str())
-        });
         let idle = pool.entry(self.key).or_default();
         if idle.len() < IDLE_PER_BACKEND {
             idle.push(self.sender);
@@ -361,6 +356,10 @@ impl Aggregator {
         );
         let idle = {
             let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            // Connections made for another version of this APIService (another caBundle,
+            // say) are closed.
+            let name = meta::name(apiservice);
+            pool.retain(|(other, _), _| *other == key.0 || other.split('@').next() != Some(name));
             let mut found = None;
             if let Some(senders) = pool.get_mut(&key) {
                 while let Some(sender) = senders.pop() {
