@@ -140,13 +140,15 @@ impl Aggregator {
             .unwrap_or_default()
     }
 
-    /// The APIService that claims `group/version`, if any.
-    pub async fn find(&self, group: &str, version: &str) -> Option<Value> {
+    /// The service-backed APIService that claims `group/version`, if any (a local one is
+    /// served by the server itself).
+    pub async fn find_remote(&self, group: &str, version: &str) -> Option<Value> {
         self.apiservices
             .as_ref()?
             .get("", &format!("{version}.{group}"), ReadAt::Any)
             .await
             .ok()
+            .filter(|apiservice| !is_local(apiservice))
     }
 
     /// The APIServices of non-core groups, ordered as legacy discovery walks them:

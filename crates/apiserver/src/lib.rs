@@ -150,20 +150,7 @@ impl ApiServer {
             return self.group_request(rest, request, query, pretty).await;
         }
         if let Some(rest) = path.strip_prefix("/api/v1/") {
-            return match self.resource_request("", "v1", rest) {
-                Some(resource) => {
-                    let (parts, body) = request.into_parts();
-                    let call = Call {
-                        method: parts.method,
-                        headers: parts.headers,
-                        query,
-                        body: Some(body),
-                        shutdown: self.shutdown.subscribe(),
-                    };
-                    handlers::handle(resource, call).await
-                }
-                None => error_response(&ApiError::resource_not_found(), Encoding::json()),
-            };
+            return self.resource("", "v1", rest, request, query).await;
         }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
@@ -197,11 +184,9 @@ impl ApiServer {
         };
         // The server's own groups always win over an APIService claiming them.
         if !discovery::serves(&self.registries, group, version) {
-            return match self.aggregator.find(group, version).await {
-                Some(apiservice) if !capstan_resources::apiservice::is_local(&apiservice) => {
-                    self.aggregator.proxy(&apiservice, request).await
-                }
-                _ => not_found(),
+            return match self.aggregator.find_remote(group, version).await {
+                Some(apiservice) => self.aggregator.proxy(&apiservice, request).await,
+                None => not_found(),
             };
         }
         if tail.is_empty() {
@@ -211,20 +196,31 @@ impl ApiServer {
                 pretty,
             );
         }
-        match self.resource_request(group, version, tail) {
-            Some(resource) => {
-                let (parts, body) = request.into_parts();
-                let call = Call {
-                    method: parts.method,
-                    headers: parts.headers,
-                    query,
-                    body: Some(body),
-                    shutdown: self.shutdown.subscribe(),
-                };
-                handlers::handle(resource, call).await
-            }
-            None => error_response(&ApiError::resource_not_found(), Encoding::json()),
-        }
+        self.resource(group, version, tail, request, query).await
+    }
+
+    /// A request under a group/version Capstan serves: to its kind's verb handler, or the
+    /// NotFound `Status` when the path names no resource.
+    async fn resource(
+        &self,
+        group: &str,
+        version: &str,
+        rest: &str,
+        request: Request<Incoming>,
+        query: Query,
+    ) -> Response<Body> {
+        let Some(resource) = self.resource_request(group, version, rest) else {
+            return error_response(&ApiError::resource_not_found(), Encoding::json());
+        };
+        let (parts, body) = request.into_parts();
+        let call = Call {
+            method: parts.method,
+            headers: parts.headers,
+            query,
+            body: Some(body),
+            shutdown: self.shutdown.subscribe(),
+        };
+        handlers::handle(resource, call).await
     }
 
     fn resource_request(&self, group: &str, version: &str, rest: &str) -> Option<ResourceRequest> {

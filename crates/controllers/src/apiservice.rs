@@ -6,12 +6,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::watch_all;
 use base64::Engine;
 use bytes::Bytes;
-use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::meta;
 use capstan_registry::cache::EventType;
-use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
+use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, WriteOptions};
 use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
@@ -50,23 +50,37 @@ pub fn resolve(
     service: &Value,
     endpoints: Option<&Value>,
 ) -> Result<SocketAddr, String> {
-    let port_name = service
+    let port_name = service_port_name(service, port)
+        .ok_or_else(|| format!("no service port {port} found for service {service_name:?}"))?;
+    let candidates = endpoint_addresses(endpoints, &port_name);
+    if candidates.is_empty() {
+        return Err(format!(
+            "no endpoints available for service {service_name:?}"
+        ));
+    }
+    let (ip, port) = candidates[fastrand::usize(..candidates.len())];
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// The name of the Service port numbered `port` (`""` when unnamed), if there is one.
+fn service_port_name(service: &Value, port: i64) -> Option<String> {
+    service
         .pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .and_then(|ports| {
-            ports
-                .iter()
-                .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
-        })
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
         .map(|p| {
             p.get("name")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string()
         })
-        .ok_or_else(|| format!("no service port {port} found for service {service_name:?}"))?;
-    let no_endpoints = || format!("no endpoints available for service {service_name:?}");
-    let mut candidates: Vec<(IpAddr, u16)> = Vec::new();
+}
+
+/// The ready addresses of the Endpoints subsets that have a port named `port_name`, each with
+/// that port's number.
+fn endpoint_addresses(endpoints: Option<&Value>, port_name: &str) -> Vec<(IpAddr, u16)> {
+    let mut candidates = Vec::new();
     for subset in endpoints
         .and_then(|e| e.get("subsets"))
         .and_then(Value::as_array)
@@ -101,11 +115,7 @@ pub fn resolve(
             }
         }
     }
-    if candidates.is_empty() {
-        return Err(no_endpoints());
-    }
-    let (ip, port) = candidates[fastrand::usize(..candidates.len())];
-    Ok(SocketAddr::new(ip, port))
+    candidates
 }
 
 /// Accepts any server certificate (the availability probe, and `insecureSkipTLSVerify`).
@@ -243,19 +253,6 @@ pub struct AvailabilityController {
     endpoints: Arc<Registry>,
 }
 
-fn watch_all(registry: &Registry) -> capstan_registry::watch::Watcher {
-    registry.watch(
-        "",
-        WatchOptions {
-            labels: LabelSelector::default(),
-            fields: capstan_machinery::fields::FieldSelector::default(),
-            start: WatchStart::Initial {
-                end_bookmark: false,
-            },
-        },
-    )
-}
-
 /// The outcome of one check: status, reason, message.
 type Verdict = (&'static str, &'static str, String);
 
@@ -282,7 +279,7 @@ impl AvailabilityController {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&controller.apiservices);
+                    let mut watcher = watch_all(&controller.apiservices, false);
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(kind, object) = item
                             && kind != EventType::Deleted
@@ -299,7 +296,7 @@ impl AvailabilityController {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&registry);
+                    let mut watcher = watch_all(&registry, false);
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(_, object) = item {
                             let s = &object.selectable;
@@ -469,21 +466,7 @@ impl AvailabilityController {
             .unwrap_or("ClusterIP")
             == "ClusterIP";
         if cluster_ip_type {
-            let Some(port_name) = service
-                .pointer("/spec/ports")
-                .and_then(Value::as_array)
-                .and_then(|ports| {
-                    ports
-                        .iter()
-                        .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
-                })
-                .map(|p| {
-                    p.get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string()
-                })
-            else {
+            let Some(port_name) = service_port_name(&service, port) else {
                 return (
                     "False",
                     "ServicePortError",
@@ -497,25 +480,7 @@ impl AvailabilityController {
                     format!("cannot find endpoints for service/{name} in {namespace:?}"),
                 );
             };
-            let ready = endpoints
-                .get("subsets")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|subset| {
-                    subset
-                        .get("addresses")
-                        .and_then(Value::as_array)
-                        .is_some_and(|a| !a.is_empty())
-                        && subset
-                            .get("ports")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                            .any(|p| {
-                                p.get("name").and_then(Value::as_str).unwrap_or("") == port_name
-                            })
-                });
+            let ready = !endpoint_addresses(Some(endpoints), &port_name).is_empty();
             if !ready {
                 return (
                     "False",

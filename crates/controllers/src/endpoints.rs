@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::meta;
-use capstan_registry::cache::EventType;
+use capstan_registry::cache::{CachedObject, EventType};
 
 use crate::queue::WorkQueue;
-use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
+use crate::watch_all;
+use capstan_registry::watch::WatchItem;
 use capstan_registry::{DeleteOptions, ReadAt, Registry, WriteOptions};
 use serde_json::{Map, Value, json};
 
@@ -272,15 +273,45 @@ type Entry = (String, String, Value, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
 type PortAddresses = BTreeMap<(String, String), (Value, bool)>;
 
-fn watch_all(registry: &Registry, end_bookmark: bool) -> capstan_registry::watch::Watcher {
-    registry.watch(
-        "",
-        WatchOptions {
-            labels: LabelSelector::default(),
-            fields: capstan_machinery::fields::FieldSelector::default(),
-            start: WatchStart::Initial { end_bookmark },
-        },
+fn key_of(selectable: &Value) -> Key {
+    (
+        meta::namespace(selectable).into(),
+        meta::name(selectable).into(),
     )
+}
+
+/// Follows every object of a kind for the life of the process, watching again whenever a
+/// watch ends: `event` sees each change (`true` while a (re)start replays what exists), and
+/// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
+/// was open can be forgotten (as an informer's Replace does).
+fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R)
+where
+    E: Fn(EventType, &CachedObject, bool) + Send + 'static,
+    R: Fn(HashSet<Key>) + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let mut watcher = watch_all(&registry, true);
+            let mut replay: Option<HashSet<Key>> = Some(HashSet::new());
+            while let Some(item) = watcher.next().await {
+                match item {
+                    WatchItem::Event(kind, object) => {
+                        if let Some(seen) = replay.as_mut() {
+                            seen.insert(key_of(&object.selectable));
+                        }
+                        event(kind, &object, replay.is_some());
+                    }
+                    WatchItem::Bookmark(_, true) => {
+                        if let Some(seen) = replay.take() {
+                            replayed(seen);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
 }
 
 impl EndpointsController {
@@ -317,147 +348,102 @@ impl EndpointsController {
         let controller = Arc::new(self);
         let queue = Arc::new(WorkQueue::<Key>::default());
         // Services: every change syncs that Service; their selectors are remembered so a pod
-        // change only wakes the Services that select (or selected) it.
+        // change only wakes the Services that select (or selected) it. Services known from
+        // before a watch restart and not replayed were deleted meanwhile.
         {
-            let queue = queue.clone();
-            let controller = controller.clone();
-            tokio::spawn(async move {
-                loop {
-                    // Each (re)start replays every Service, then a bookmark: Services known
-                    // from before that were not replayed were deleted meanwhile.
-                    let mut watcher = watch_all(&controller.services, true);
-                    let mut replayed: Option<HashSet<Key>> = Some(HashSet::new());
-                    while let Some(item) = watcher.next().await {
-                        match item {
-                            WatchItem::Event(kind, object) => {
-                                let s = &object.selectable;
-                                let key: Key = (meta::namespace(s).into(), meta::name(s).into());
-                                let selector = (kind != EventType::Deleted)
-                                    .then(|| {
-                                        object
-                                            .object()
-                                            .pointer("/spec/selector")
-                                            .and_then(Value::as_object)
-                                            .cloned()
-                                    })
-                                    .flatten()
-                                    .filter(|m| !m.is_empty());
-                                if let Some(seen) = replayed.as_mut() {
-                                    seen.insert(key.clone());
-                                }
-                                controller
-                                    .index
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .set_selector(&key, selector.as_ref());
-                                queue.add(key);
-                            }
-                            WatchItem::Bookmark(_, true) => {
-                                let Some(seen) = replayed.take() else {
-                                    continue;
-                                };
-                                let gone = controller
-                                    .index
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .forget_services_except(&seen);
-                                for key in gone {
-                                    queue.add(key);
-                                }
-                            }
-                            _ => {}
-                        }
+            let (on_event, on_replayed) = (controller.clone(), controller.clone());
+            let (event_queue, replay_queue) = (queue.clone(), queue.clone());
+            follow(
+                controller.services.clone(),
+                move |kind, object, _| {
+                    let selector = (kind != EventType::Deleted)
+                        .then(|| {
+                            object
+                                .object()
+                                .pointer("/spec/selector")
+                                .and_then(Value::as_object)
+                                .cloned()
+                        })
+                        .flatten()
+                        .filter(|m| !m.is_empty());
+                    let key = key_of(&object.selectable);
+                    on_event
+                        .index
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .set_selector(&key, selector.as_ref());
+                    event_queue.add(key);
+                },
+                move |seen| {
+                    let gone = on_replayed
+                        .index
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forget_services_except(&seen);
+                    for key in gone {
+                        replay_queue.add(key);
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-            });
+                },
+            );
         }
         // Pods: a change wakes the Services whose selector matches the pod's labels now or
-        // matched them before.
+        // matched them before. Pods indexed before a restart and not replayed are gone.
         {
-            let queue = queue.clone();
-            let controller = controller.clone();
-            tokio::spawn(async move {
-                loop {
-                    // As for Services: pods indexed before a restart and not replayed are gone.
-                    let mut watcher = watch_all(&controller.pods, true);
-                    let mut replayed: Option<HashSet<Key>> = Some(HashSet::new());
-                    while let Some(item) = watcher.next().await {
-                        match item {
-                            WatchItem::Event(kind, object) => {
-                                let s = &object.selectable;
-                                let view = (kind != EventType::Deleted)
-                                    .then(|| Arc::new(pod_view(&object.object())));
-                                if let Some(seen) = replayed.as_mut() {
-                                    seen.insert((meta::namespace(s).into(), meta::name(s).into()));
-                                }
-                                let wake = controller
-                                    .index
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .pod_changed(meta::namespace(s), meta::name(s), view);
-                                for key in wake {
-                                    queue.add(key);
-                                }
-                            }
-                            WatchItem::Bookmark(_, true) => {
-                                let Some(seen) = replayed.take() else {
-                                    continue;
-                                };
-                                let mut index =
-                                    controller.index.lock().unwrap_or_else(|e| e.into_inner());
-                                let stale: Vec<Key> = index
-                                    .namespaces
-                                    .iter()
-                                    .flat_map(|(ns, n)| {
-                                        n.pods.keys().map(move |pod| (ns.clone(), pod.clone()))
-                                    })
-                                    .filter(|key| !seen.contains(key))
-                                    .collect();
-                                for (namespace, pod) in stale {
-                                    for key in index.pod_changed(&namespace, &pod, None) {
-                                        queue.add(key);
-                                    }
-                                }
-                            }
-                            _ => {}
+            let (on_event, on_replayed) = (controller.clone(), controller.clone());
+            let (event_queue, replay_queue) = (queue.clone(), queue.clone());
+            follow(
+                controller.pods.clone(),
+                move |kind, object, _| {
+                    let s = &object.selectable;
+                    let view =
+                        (kind != EventType::Deleted).then(|| Arc::new(pod_view(&object.object())));
+                    let wake = on_event
+                        .index
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pod_changed(meta::namespace(s), meta::name(s), view);
+                    for key in wake {
+                        event_queue.add(key);
+                    }
+                },
+                move |seen| {
+                    let mut index = on_replayed.index.lock().unwrap_or_else(|e| e.into_inner());
+                    let stale: Vec<Key> = index
+                        .namespaces
+                        .iter()
+                        .flat_map(|(ns, n)| n.pods.keys().map(move |pod| (ns.clone(), pod.clone())))
+                        .filter(|key| !seen.contains(key))
+                        .collect();
+                    for (namespace, pod) in stale {
+                        for key in index.pod_changed(&namespace, &pod, None) {
+                            replay_queue.add(key);
                         }
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-            });
+                },
+            );
         }
         // Endpoints: at start-up every existing one is checked (orphans of deleted Services go);
         // later only deletions matter (a deleted Endpoints of a live Service is re-created).
         {
-            let queue = queue.clone();
-            let controller = controller.clone();
-            tokio::spawn(async move {
-                loop {
-                    let mut watcher = watch_all(&controller.endpoints, true);
-                    let mut initial = true;
-                    while let Some(item) = watcher.next().await {
-                        match item {
-                            WatchItem::Bookmark(_, true) => initial = false,
-                            WatchItem::Event(kind, object) => {
-                                let s = &object.selectable;
-                                // Only the start-up pass reads the object (for the leader
-                                // annotation); later events are not decoded at all.
-                                let orphan_check = initial
-                                    && object
-                                        .object()
-                                        .pointer("/metadata/annotations/control-plane.alpha.kubernetes.io~1leader")
-                                        .is_none();
-                                if orphan_check || kind == EventType::Deleted {
-                                    queue.add((meta::namespace(s).into(), meta::name(s).into()));
-                                }
-                            }
-                            _ => {}
-                        }
+            let event_queue = queue.clone();
+            follow(
+                controller.endpoints.clone(),
+                move |kind, object, replaying| {
+                    // Only the start-up pass reads the object (for the leader annotation);
+                    // later events are not decoded at all.
+                    let orphan_check = replaying
+                        && object
+                            .object()
+                            .pointer(
+                                "/metadata/annotations/control-plane.alpha.kubernetes.io~1leader",
+                            )
+                            .is_none();
+                    if orphan_check || kind == EventType::Deleted {
+                        event_queue.add(key_of(&object.selectable));
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-            });
+                },
+                |_| {},
+            );
         }
         // Upstream's default of five concurrent syncs (`--concurrent-endpoint-syncs`): a sync
         // waits for its durable write, and others proceed meanwhile; one key is never synced

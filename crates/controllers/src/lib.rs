@@ -14,3 +14,19 @@ pub mod queue;
 
 pub use endpoints::EndpointsController;
 pub use kubernetes_service::KubernetesServiceController;
+
+/// A watch over every object of a kind, from its current state (the initial events, then a
+/// bookmark marking their end when `end_bookmark`).
+pub(crate) fn watch_all(
+    registry: &capstan_registry::Registry,
+    end_bookmark: bool,
+) -> capstan_registry::watch::Watcher {
+    registry.watch(
+        "",
+        capstan_registry::watch::WatchOptions {
+            labels: capstan_machinery::labels::LabelSelector::default(),
+            fields: capstan_machinery::fields::FieldSelector::default(),
+            start: capstan_registry::watch::WatchStart::Initial { end_bookmark },
+        },
+    )
+}

@@ -205,6 +205,28 @@ fn from_fields_v1(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
     }
 }
 
+/// A managedFields entry owning `fields`.
+fn entry(
+    manager: &str,
+    operation: &str,
+    api_version: &str,
+    time: &str,
+    subresource: Option<&str>,
+    fields: &BTreeSet<Path>,
+) -> Value {
+    let mut entry = Map::new();
+    entry.insert("manager".into(), json!(manager));
+    entry.insert("operation".into(), json!(operation));
+    entry.insert("apiVersion".into(), json!(api_version));
+    entry.insert("time".into(), json!(time));
+    entry.insert("fieldsType".into(), json!("FieldsV1"));
+    entry.insert("fieldsV1".into(), to_fields_v1(fields));
+    if let Some(sub) = subresource {
+        entry.insert("subresource".into(), json!(sub));
+    }
+    Value::Object(entry)
+}
+
 /// Records an `Update` by `manager` (at `api_version`, through `subresource`) on `new`, given the
 /// stored `old` object (None on create). `schema` is the kind's OpenAPI definition.
 pub fn record_update(
@@ -272,17 +294,14 @@ pub fn record_update(
             .filter(|p| new_fields.contains(p))
             .collect();
         if !owned.is_empty() {
-            let mut entry = Map::new();
-            entry.insert("manager".into(), json!(manager));
-            entry.insert("operation".into(), json!("Update"));
-            entry.insert("apiVersion".into(), json!(api_version));
-            entry.insert("time".into(), json!(now));
-            entry.insert("fieldsType".into(), json!("FieldsV1"));
-            entry.insert("fieldsV1".into(), to_fields_v1(&owned));
-            if let Some(sub) = subresource {
-                entry.insert("subresource".into(), json!(sub));
-            }
-            entries.push(Value::Object(entry));
+            entries.push(entry(
+                manager,
+                "Update",
+                api_version,
+                &now,
+                subresource,
+                &owned,
+            ));
         }
     }
     entries.retain(|e| {
@@ -401,10 +420,15 @@ pub fn apply(
     {
         let existing = field_set(live, schema, status);
         if !existing.is_empty() {
-            let entry = json!({"manager": "before-first-apply", "operation": "Update",
-                "apiVersion": api_version, "time": meta::now_rfc3339(),
-                "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(&existing)});
-            entries.push((entry, existing));
+            let first = entry(
+                "before-first-apply",
+                "Update",
+                api_version,
+                &meta::now_rfc3339(),
+                subresource,
+                &existing,
+            );
+            entries.push((first, existing));
         }
     }
     let is_mine = |entry: &Value| {
@@ -506,17 +530,14 @@ pub fn apply(
         .filter(|p| present.contains(p))
         .collect();
     if !found && !owned.is_empty() {
-        let mut entry = Map::new();
-        entry.insert("manager".into(), json!(manager));
-        entry.insert("operation".into(), json!("Apply"));
-        entry.insert("apiVersion".into(), json!(api_version));
-        entry.insert("time".into(), json!(now));
-        entry.insert("fieldsType".into(), json!("FieldsV1"));
-        entry.insert("fieldsV1".into(), to_fields_v1(&owned));
-        if let Some(sub) = subresource {
-            entry.insert("subresource".into(), json!(sub));
-        }
-        out.push(Value::Object(entry));
+        out.push(entry(
+            manager,
+            "Apply",
+            api_version,
+            &now,
+            subresource,
+            &owned,
+        ));
     }
     let metadata = meta::metadata_mut(&mut object);
     if out.is_empty() {

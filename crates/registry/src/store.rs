@@ -37,6 +37,16 @@ pub struct WriteOptions {
     pub applied: bool,
 }
 
+/// What a delete does to an object that exists.
+enum Marking {
+    /// Removed now.
+    Remove,
+    /// Already marked, and this delete shortens nothing: kept as it is.
+    Keep,
+    /// Kept, marked with this deletion time and grace period.
+    Mark(String, i64),
+}
+
 /// Options of delete.
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
@@ -972,72 +982,57 @@ impl Registry {
                     )));
                 }
             }
-            // Graceful deletion (Pods): the object is marked with a deletion time and stays
-            // until deleted again with a shorter (zero) grace period.
+            // An object that stays is marked instead: graceful deletion (Pods) with a deadline
+            // and grace period until deleted again with a shorter (zero) one; finalizers with
+            // the time now and grace 0, once.
+            let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
             let requested = options
                 .grace_period_seconds
                 .map(|g| if g < 0 { 1 } else { g });
-            if let Some(grace) = self
+            let mark = match self
                 .strategy
                 .grace_period(&old, requested)
                 .filter(|g| *g > 0)
             {
-                let current = meta::metadata(&old)
-                    .and_then(|m| m.get("deletionGracePeriodSeconds"))
-                    .and_then(Value::as_i64);
-                let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
-                if terminating && current.is_some_and(|c| c <= grace) {
-                    return Ok(DeleteResult {
-                        object: old,
-                        removed: false,
-                    });
+                Some(grace) => {
+                    let current = meta::metadata(&old)
+                        .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                        .and_then(Value::as_i64);
+                    // A shorter grace period moves the existing deadline closer by the
+                    // difference, as upstream does; a first graceful delete counts from now.
+                    match current.filter(|_| terminating) {
+                        Some(current) if current <= grace => Marking::Keep,
+                        Some(current) => Marking::Mark(
+                            meta::shift_rfc3339(
+                                meta::meta_str(&old, "deletionTimestamp"),
+                                grace - current,
+                            )
+                            .unwrap_or_else(|| meta::rfc3339_in(grace)),
+                            grace,
+                        ),
+                        None => Marking::Mark(meta::rfc3339_in(grace), grace),
+                    }
                 }
+                None if !meta::finalizers(&old).is_empty() => {
+                    if terminating {
+                        Marking::Keep
+                    } else {
+                        Marking::Mark(meta::now_rfc3339(), 0)
+                    }
+                }
+                None => Marking::Remove,
+            };
+            if let Marking::Keep = mark {
+                return Ok(DeleteResult {
+                    object: old,
+                    removed: false,
+                });
+            }
+            if let Marking::Mark(deadline, grace) = mark {
                 let mut marked = old.clone();
-                // A shorter grace period moves the existing deadline closer by the difference,
-                // as upstream does; a first graceful delete counts from now.
-                let deadline = match current.filter(|_| terminating) {
-                    Some(current) => meta::shift_rfc3339(
-                        meta::meta_str(&old, "deletionTimestamp"),
-                        grace - current,
-                    )
-                    .unwrap_or_else(|| meta::rfc3339_in(grace)),
-                    None => meta::rfc3339_in(grace),
-                };
                 meta::set_meta_str(&mut marked, "deletionTimestamp", &deadline);
                 meta::metadata_mut(&mut marked)
                     .insert("deletionGracePeriodSeconds".into(), json!(grace));
-                if options.dry_run {
-                    return Ok(DeleteResult {
-                        object: marked,
-                        removed: false,
-                    });
-                }
-                let txn = Txn::new()
-                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
-                    .then(Op::Put(key.clone(), self.encode(&marked)));
-                match self.storage.txn(txn).await.map_err(storage_error)? {
-                    TxnOutcome::Committed { revision, .. } => {
-                        meta::set_meta_str(&mut marked, "resourceVersion", &revision.to_string());
-                        return Ok(DeleteResult {
-                            object: marked,
-                            removed: false,
-                        });
-                    }
-                    TxnOutcome::Failed { .. } => continue,
-                }
-            }
-            if !meta::finalizers(&old).is_empty() {
-                // Finalizers keep the object: mark it, once.
-                if !meta::meta_str(&old, "deletionTimestamp").is_empty() {
-                    return Ok(DeleteResult {
-                        object: old,
-                        removed: false,
-                    });
-                }
-                let mut marked = old.clone();
-                meta::set_meta_str(&mut marked, "deletionTimestamp", &meta::now_rfc3339());
-                meta::metadata_mut(&mut marked)
-                    .insert("deletionGracePeriodSeconds".into(), json!(0));
                 if options.dry_run {
                     return Ok(DeleteResult {
                         object: marked,
