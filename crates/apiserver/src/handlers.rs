@@ -391,9 +391,8 @@ async fn start_watch(
         output: encoding.negotiated.output,
         include,
         bookmarks,
-        deadline: Box::pin(tokio::time::sleep(timeout)),
+        ended: ended(timeout, call.shutdown.clone()),
         bookmark_timer,
-        shutdown: call.shutdown.clone(),
         first_table: true,
         last_bookmark: 0,
         finished: false,
@@ -411,6 +410,19 @@ async fn start_watch(
     Ok(response(StatusCode::OK, "application/json", body))
 }
 
+/// Ready after `timeout`, or when `shutdown` turns true.
+fn ended(
+    timeout: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> {
+    Box::pin(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(timeout) => {}
+            _ = shutdown.wait_for(|down| *down) => {}
+        }
+    })
+}
+
 /// One watch response: turns watch items into JSON lines.
 struct WatchStream {
     watcher: capstan_registry::watch::Watcher,
@@ -418,9 +430,10 @@ struct WatchStream {
     output: Output,
     include: IncludeObject,
     bookmarks: bool,
-    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Ready when the watch times out or the server shuts down. One future for the life of the
+    /// watch: polled after every event, it registers with the timer and the shutdown signal once.
+    ended: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>,
     bookmark_timer: tokio::time::Interval,
-    shutdown: tokio::sync::watch::Receiver<bool>,
     first_table: bool,
     last_bookmark: i64,
     finished: bool,
@@ -446,8 +459,7 @@ impl WatchStream {
                     }
                     WatchItem::Bookmark(revision, false)
                 }
-                _ = &mut self.deadline => return None,
-                _ = self.shutdown.wait_for(|down| *down) => return None,
+                _ = &mut self.ended => return None,
             };
             let info = self.strategy.info();
             match item {

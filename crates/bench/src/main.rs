@@ -8,13 +8,14 @@
 mod churn;
 mod process;
 mod proxy;
+mod watch;
 
 /// The same allocator as the server, so the client's own cost stays small under load.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -239,7 +240,7 @@ fn name(i: usize) -> String {
     format!("svc-{i:06}")
 }
 
-async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
+async fn client(args: &Args) -> anyhow::Result<(kube::Client, kube::Config, String)> {
     let config = if let Some(server) = &args.server {
         let mut cluster = format!("    server: {server}\n");
         if args.insecure {
@@ -265,11 +266,12 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
             .context("no --kubeconfig or --server, and no default kubeconfig")?
     };
     let url = config.cluster_url.to_string();
-    Ok((kube::Client::try_from(config)?, url))
+    Ok((kube::Client::try_from(config.clone())?, config, url))
 }
 
 struct Bench {
     client: kube::Client,
+    config: kube::Config,
     namespace: String,
     owns_namespace: bool,
     args: Args,
@@ -468,123 +470,6 @@ impl Bench {
         Ok(Value::Object(report))
     }
 
-    async fn watch(&self) -> anyhow::Result<Value> {
-        let args = &self.args;
-        let api = self.services();
-        api.create(&PostParams::default(), &service("watched"))
-            .await?;
-        let rv = api
-            .list(&ListParams::default().limit(1))
-            .await?
-            .metadata
-            .resource_version
-            .unwrap_or_default();
-        let origin = Instant::now();
-        let ready = Arc::new(AtomicUsize::new(0));
-        let mut watchers = Vec::new();
-        for _ in 0..args.watchers {
-            let client = self.client.clone();
-            let namespace = self.namespace.clone();
-            let rv = rv.clone();
-            let ready = ready.clone();
-            let updates = args.updates;
-            watchers.push(tokio::spawn(async move {
-                // Raw watch lines, decoding only the label the benchmark reads: the client's
-                // cost stays small and the same for every server.
-                use http_body_util::BodyExt;
-                let path = format!(
-                    "/api/v1/namespaces/{namespace}/services?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Dwatched&timeoutSeconds=290"
-                );
-                let request = http::Request::builder()
-                    .uri(path)
-                    .body(kube::client::Body::empty())?;
-                let response = client.send(request).await?;
-                anyhow::ensure!(response.status().is_success(), "watch: {}", response.status());
-                let mut body = response.into_body();
-                ready.fetch_add(1, Ordering::Relaxed);
-                let mut seen: Vec<(usize, u64)> = Vec::with_capacity(updates);
-                let mut buffer = bytes::BytesMut::new();
-                'read: while let Some(frame) = body.frame().await {
-                    let Ok(data) = frame?.into_data() else { continue };
-                    // Delivery time is when the bytes arrive, before this client decodes them.
-                    let arrived = origin.elapsed().as_micros() as u64;
-                    buffer.extend_from_slice(&data);
-                    while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                        let line = buffer.split_to(end + 1);
-                        let event: RoundEvent<'_> = serde_json::from_slice(&line)?;
-                        if event.kind != "MODIFIED" {
-                            continue;
-                        }
-                        let round = event
-                            .object
-                            .metadata
-                            .labels
-                            .round
-                            .and_then(|r| r.parse::<usize>().ok());
-                        if let Some(round) = round {
-                            seen.push((round, arrived));
-                            if round + 1 >= updates {
-                                break 'read;
-                            }
-                        }
-                    }
-                }
-                Ok::<_, anyhow::Error>(seen)
-            }));
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ready.load(Ordering::Relaxed) < args.watchers && Instant::now() < deadline {
-            eprint!(
-                "\rwatch: {}/{} watchers open        ",
-                ready.load(Ordering::Relaxed),
-                args.watchers
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let answered: Arc<Vec<AtomicU64>> =
-            Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
-        let started = Instant::now();
-        for round in 0..args.updates {
-            let patch = json!({"metadata": {"labels": {"capstan-bench/round": round.to_string()}}});
-            api.patch("watched", &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            answered[round].store(origin.elapsed().as_micros() as u64, Ordering::Relaxed);
-            eprint!("\rwatch: update {}/{}        ", round + 1, args.updates);
-        }
-        let writes = started.elapsed();
-        let mut delivery = histogram();
-        let mut received = 0usize;
-        for watcher in watchers {
-            if let Ok(Ok(Ok(seen))) = tokio::time::timeout(Duration::from_secs(30), watcher).await {
-                for (round, at) in seen {
-                    received += 1;
-                    let sent = answered.get(round).map_or(0, |a| a.load(Ordering::Relaxed));
-                    let _ = delivery.record(at.saturating_sub(sent).max(1));
-                }
-            }
-        }
-        eprint!("\r{:80}\r", "");
-        let expected = args.watchers * args.updates;
-        let missed = expected.saturating_sub(received);
-        println!(
-            "watch                  {} watchers x {} updates: delivered {received}/{expected}, missed {missed}   p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
-            args.watchers,
-            args.updates,
-            delivery.value_at_quantile(0.5) as f64 / 1000.0,
-            delivery.value_at_quantile(0.99) as f64 / 1000.0,
-            delivery.max() as f64 / 1000.0,
-        );
-        Ok(json!({
-            "watchers": args.watchers,
-            "updates": args.updates,
-            "expected": expected,
-            "received": received,
-            "missed": missed,
-            "update_seconds": writes.as_secs_f64(),
-            "delivery_latency_ms": latency_json(&delivery),
-        }))
-    }
-
     async fn mixed(&self) -> anyhow::Result<Value> {
         let args = &self.args;
         let fixture = args.count.min(1_000);
@@ -683,34 +568,6 @@ impl Bench {
     }
 }
 
-/// The parts of a watch line the watch scenario reads.
-#[derive(serde::Deserialize)]
-struct RoundEvent<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    object: RoundObject<'a>,
-}
-
-#[derive(serde::Deserialize)]
-struct RoundObject<'a> {
-    #[serde(borrow)]
-    metadata: RoundMeta<'a>,
-}
-
-#[derive(serde::Deserialize)]
-struct RoundMeta<'a> {
-    #[serde(default, borrow)]
-    labels: RoundLabels<'a>,
-}
-
-/// The one label a watch round is read from; every other label is skipped unread.
-#[derive(serde::Deserialize, Default)]
-struct RoundLabels<'a> {
-    #[serde(rename = "capstan-bench/round", borrow)]
-    round: Option<std::borrow::Cow<'a, str>>,
-}
-
 /// A page of a list: its items (not decoded) and continue token.
 #[derive(serde::Deserialize)]
 struct Page {
@@ -763,7 +620,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let (client, url) = client(&args).await?;
+        let (client, config, url) = client(&args).await?;
         let namespace = args.namespace.clone().unwrap_or_else(|| {
             format!(
                 "capstan-bench-{}",
@@ -772,6 +629,7 @@ fn main() -> anyhow::Result<()> {
         });
         let bench = Bench {
             client,
+            config,
             owns_namespace: args.namespace.is_none(),
             namespace,
             args: args.clone(),

@@ -382,6 +382,17 @@ async fn shutdown_signal() {
     }
 }
 
+/// How many tasks a runtime worker runs, while it has tasks queued, between two looks at the
+/// network (tokio's default is 61). One change to a Service wakes a task per watcher at once.
+/// With the default, a busy worker takes in new requests — among them the next write, whose
+/// events then queue behind the fan-out in progress — sixteen times during a fan-out to 1,000
+/// watchers, and the fan-outs of back-to-back writes overlap. At 1,024 a worker finishes the
+/// fan-out in hand first, and a new request waits for at most ~1,024 short tasks (about 10 ms)
+/// when every worker is busy: Go's scheduler, and so kube-apiserver, behaves much the same (its
+/// network poller runs when a processor has nothing queued, and at least every 10 ms).
+/// `capstan-bench watch --watchers 1000 --updates 100`: delivery p99 20–23 ms → 16–17 ms.
+const EVENT_INTERVAL: u32 = 1024;
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -391,7 +402,11 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .event_interval(EVENT_INTERVAL)
+        .build()
+        .context("starting the async runtime")?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
     }
