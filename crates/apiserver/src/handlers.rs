@@ -238,17 +238,12 @@ fn list_response(
         Output::Json if !encoding.pretty => {
             // The hot path: splice the cached item bytes instead of re-serializing them.
             let head = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta});
-            let mut out = serde_json::to_vec(&head).unwrap_or_default();
-            out.pop();
-            out.extend_from_slice(b",\"items\":[");
-            for (i, item) in result.items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&item.json);
-            }
-            out.extend_from_slice(b"]}\n");
-            response(StatusCode::OK, "application/json", full(Bytes::from(out)))
+            let body = ListBody::new(&head, result.items);
+            response(
+                StatusCode::OK,
+                "application/json",
+                http_body_util::BodyExt::boxed(body),
+            )
         }
         Output::Json | Output::Yaml => {
             let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
@@ -408,6 +403,77 @@ async fn start_watch(
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
     Ok(response(StatusCode::OK, "application/json", body))
+}
+
+/// A JSON list sent in pieces of about 64 KiB spliced from the cached items' JSON: the first
+/// bytes leave while later items are still being copied, and no buffer the size of the whole
+/// list (megabytes for thousands of Services) is allocated and faulted in. The length is known
+/// up front, so the response carries a Content-Length.
+struct ListBody {
+    /// `{"kind":…,"apiVersion":…,"metadata":{…},"items":[`, sent first.
+    head: Vec<u8>,
+    items: std::vec::IntoIter<Arc<capstan_registry::cache::CachedObject>>,
+    started: bool,
+    remaining: u64,
+    finished: bool,
+}
+
+impl ListBody {
+    const PIECE: usize = 64 * 1024;
+
+    fn new(head: &Value, items: Vec<Arc<capstan_registry::cache::CachedObject>>) -> Self {
+        let mut open = serde_json::to_vec(head).unwrap_or_default();
+        open.pop();
+        open.extend_from_slice(b",\"items\":[");
+        let commas = items.len().saturating_sub(1);
+        let length = open.len() + items.iter().map(|i| i.json.len()).sum::<usize>() + commas + 3;
+        Self {
+            head: open,
+            items: items.into_iter(),
+            started: false,
+            remaining: length as u64,
+            finished: false,
+        }
+    }
+}
+
+impl hyper::body::Body for ListBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.finished {
+            return std::task::Poll::Ready(None);
+        }
+        let mut out = std::mem::take(&mut this.head);
+        out.reserve(Self::PIECE);
+        while out.len() < Self::PIECE {
+            let Some(item) = this.items.next() else {
+                out.extend_from_slice(b"]}\n");
+                this.finished = true;
+                break;
+            };
+            if this.started {
+                out.push(b',');
+            }
+            this.started = true;
+            out.extend_from_slice(&item.json);
+        }
+        this.remaining = this.remaining.saturating_sub(out.len() as u64);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// Ready after `timeout`, or when `shutdown` turns true.

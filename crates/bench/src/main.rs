@@ -236,6 +236,9 @@ fn service(name: &str) -> Service {
     .unwrap_or_default()
 }
 
+/// Requests sent to the server under test (by the kube client and the watch scenario's readers).
+static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn name(i: usize) -> String {
     format!("svc-{i:06}")
 }
@@ -266,7 +269,15 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, kube::Config, Stri
             .context("no --kubeconfig or --server, and no default kubeconfig")?
     };
     let url = config.cluster_url.to_string();
-    Ok((kube::Client::try_from(config.clone())?, config, url))
+    // Every request to the server is counted, for the server's CPU per 1,000 requests.
+    let counted = tower::util::MapRequestLayer::new(|request| {
+        REQUESTS.fetch_add(1, Ordering::Relaxed);
+        request
+    });
+    let client = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&counted)
+        .build();
+    Ok((client, config, url))
 }
 
 struct Bench {
@@ -590,6 +601,7 @@ struct ItemCount {
 /// GETs a path and returns the whole body (timed to the last byte; not decoded here).
 async fn fetch(client: &kube::Client, path: &str, accept: &str) -> anyhow::Result<bytes::Bytes> {
     use http_body_util::BodyExt;
+    use hyper::body::Body;
     let request = http::Request::builder()
         .uri(path)
         .header("accept", accept)
@@ -600,7 +612,16 @@ async fn fetch(client: &kube::Client, path: &str, accept: &str) -> anyhow::Resul
         "GET {path}: {}",
         response.status()
     );
-    Ok(response.into_body().collect().await?.to_bytes())
+    // Each piece is copied as it arrives, while the next is on its way, so the figure ends
+    // with the last byte rather than with a copy of the whole body made after it.
+    let mut body = response.into_body();
+    let mut out = Vec::with_capacity(usize::try_from(body.size_hint().lower()).unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.into())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -639,22 +660,30 @@ fn main() -> anyhow::Result<()> {
             bench.namespace, args.concurrency
         );
         let sampler = process::Sampler::start(&args.server_pids);
+        let requests_before = REQUESTS.load(Ordering::Relaxed);
         bench.prepare().await?;
         let outcome = bench.scenario(which).await;
         // Server usage covers the scenario, not the clean-up after it.
         let usage = sampler.finish();
+        let requests = REQUESTS.load(Ordering::Relaxed) - requests_before;
         if !args.keep {
             bench.cleanup().await;
         }
         let mut report = outcome?;
         if let (Some(usage), Value::Object(map)) = (usage, &mut report) {
+            let per_thousand = usage.cpu_seconds * 1000.0 / requests.max(1) as f64;
             println!(
-                "server: peak RSS {:.1} MiB, {:.2} CPU seconds",
+                "server: peak RSS {:.1} MiB, {:.2} CPU seconds ({per_thousand:.3} per 1,000 of {requests} requests)",
                 usage.peak_rss_mib, usage.cpu_seconds
             );
             map.insert(
                 "server".into(),
-                json!({"peak_rss_mib": usage.peak_rss_mib, "cpu_seconds": usage.cpu_seconds}),
+                json!({
+                    "peak_rss_mib": usage.peak_rss_mib,
+                    "cpu_seconds": usage.cpu_seconds,
+                    "requests": requests,
+                    "cpu_seconds_per_1000_requests": per_thousand,
+                }),
             );
         }
         if let Value::Object(map) = &mut report {

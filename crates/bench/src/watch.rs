@@ -71,6 +71,7 @@ impl Dialer {
 
     /// A GET of `path` with the kubeconfig's credentials.
     async fn request(&self, path: &str) -> anyhow::Result<Request> {
+        crate::REQUESTS.fetch_add(1, Ordering::Relaxed);
         let request = http::Request::get(path)
             .header(http::header::HOST, &self.authority)
             .header(http::header::ACCEPT, "application/json")
