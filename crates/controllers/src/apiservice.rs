@@ -284,7 +284,7 @@ impl AvailabilityController {
                         if let WatchItem::Event(kind, object) = item
                             && kind != EventType::Deleted
                         {
-                            queue.add(meta::name(&object.selectable).to_string());
+                            queue.add(object.selectable.name().to_string());
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -300,10 +300,7 @@ impl AvailabilityController {
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(_, object) = item {
                             let s = &object.selectable;
-                            for name in controller
-                                .referencing(meta::namespace(s), meta::name(s))
-                                .await
-                            {
+                            for name in controller.referencing(s.namespace(), s.name()).await {
                                 queue.add(name);
                             }
                         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::meta;
-use capstan_registry::cache::{CachedObject, EventType};
+use capstan_registry::cache::{CachedObject, EventType, Selectable};
 
 use crate::queue::WorkQueue;
 use crate::watch_all;
@@ -273,11 +273,8 @@ type Entry = (String, String, Value, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
 type PortAddresses = BTreeMap<(String, String), (Value, bool)>;
 
-fn key_of(selectable: &Value) -> Key {
-    (
-        meta::namespace(selectable).into(),
-        meta::name(selectable).into(),
-    )
+fn key_of(selectable: &Selectable) -> Key {
+    (selectable.namespace().into(), selectable.name().into())
 }
 
 /// Follows every object of a kind for the life of the process, watching again whenever a
@@ -401,7 +398,7 @@ impl EndpointsController {
                         .index
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .pod_changed(meta::namespace(s), meta::name(s), view);
+                        .pod_changed(s.namespace(), s.name(), view);
                     for key in wake {
                         event_queue.add(key);
                     }

@@ -61,6 +61,13 @@ impl FieldSelector {
             (value == r.value) != r.negated
         })
     }
+
+    /// [`FieldSelector::matches`], reading borrowed field values.
+    pub fn matches_with<'a>(&self, field: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements
+            .iter()
+            .all(|r| (field(&r.field).unwrap_or_default() == r.value) != r.negated)
+    }
 }
 
 fn split_unescaped(text: &str, separator: char) -> Vec<String> {

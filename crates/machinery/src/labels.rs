@@ -36,8 +36,8 @@ pub struct Requirement {
 }
 
 impl Requirement {
-    fn matches(&self, labels: &Map<String, Value>) -> bool {
-        let value = labels.get(&self.key).and_then(Value::as_str);
+    /// Whether a label value (`None`: no such label) meets the requirement.
+    fn admits(&self, value: Option<&str>) -> bool {
         match self.operator {
             Operator::In => value.is_some_and(|v| self.values.contains(v)),
             Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
@@ -85,9 +85,12 @@ impl LabelSelector {
 
     /// Whether an object with these labels (`metadata.labels`, possibly absent) matches.
     pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
-        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-        let labels = labels.unwrap_or_else(|| EMPTY.get_or_init(Map::new));
-        self.requirements.iter().all(|r| r.matches(labels))
+        self.matches_with(|key| labels?.get(key)?.as_str())
+    }
+
+    /// Whether an object matches, given how to read one of its labels.
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements.iter().all(|r| r.admits(label(&r.key)))
     }
 
     /// A selector requiring exactly these `key: value` pairs (a Service's `spec.selector`).

@@ -15,7 +15,7 @@ use capstan_storage::{
 };
 use serde_json::{Value, json};
 
-use crate::cache::{CachedObject, WatchCache};
+use crate::cache::{CachedObject, Selectable, WatchCache};
 use crate::strategy::{Strategy, WriteExtras};
 
 /// How long a read waits for the cache to reach a requested revision.
@@ -211,18 +211,10 @@ impl Registry {
         }
     }
 
-    fn selected(&self, options: &ListOptions, object: &Value) -> bool {
+    fn selected(options: &ListOptions, object: &Selectable) -> bool {
         // No selector selects everything: the object (a cache miss in a long list) is not read.
-        if options.labels.is_empty() && options.fields.is_empty() {
-            return true;
-        }
-        options.labels.matches(
-            meta::metadata(object)
-                .and_then(|m| m.get("labels"))
-                .and_then(Value::as_object),
-        ) && options
-            .fields
-            .matches(|field| self.strategy.field_value(object, field))
+        (options.labels.is_empty() && options.fields.is_empty())
+            || object.selected_by(&options.labels, &options.fields)
     }
 
     /// Checks that every field selector field is supported.
@@ -294,7 +286,7 @@ impl Registry {
                 remaining += 1;
                 return true;
             }
-            if self.selected(options, &object.selectable) {
+            if Self::selected(options, &object.selectable) {
                 last_key = Some(object.key.clone());
                 items.push(object.clone());
             }
@@ -351,7 +343,7 @@ impl Registry {
                     &kv.value,
                     kv.mod_revision,
                     self.cache.projection(),
-                ) && self.selected(options, &object.selectable)
+                ) && Self::selected(options, &object.selectable)
                 {
                     items.push(Arc::new(object));
                 }
@@ -1092,8 +1084,8 @@ impl Registry {
     ) -> Result<ListResult, ApiError> {
         let mut listed = self.list(namespace, list).await?;
         for object in &listed.items {
-            let ns = meta::namespace(&object.selectable).to_string();
-            let name = meta::name(&object.selectable).to_string();
+            let ns = object.selectable.namespace().to_string();
+            let name = object.selectable.name().to_string();
             match self.delete(&ns, &name, options).await {
                 Ok(_) => {}
                 Err(err) if err.code == 404 => {}

@@ -233,18 +233,21 @@ pub trait Strategy: Send + Sync + 'static {
         WriteExtras::default()
     }
 
+    /// The fields, besides `metadata.name` and `metadata.namespace`, that field selectors
+    /// select this kind by; [`Strategy::field_value`] answers each.
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// What label and field selectors read of an object: the watch cache keeps only this
-    /// beside the object's JSON. Must keep every field [`Strategy::field_value`] reads.
-    fn selectable(&self, object: &Value) -> Value {
-        let mut metadata = serde_json::Map::new();
-        if let Some(meta) = meta::metadata(object) {
-            for field in ["name", "namespace", "labels"] {
-                if let Some(value) = meta.get(field) {
-                    metadata.insert(field.into(), value.clone());
-                }
-            }
-        }
-        serde_json::json!({ "metadata": metadata })
+    /// beside the object's JSON.
+    fn selectable(&self, object: &Value) -> crate::cache::Selectable {
+        crate::cache::Selectable::new(
+            object,
+            self.selectable_fields()
+                .iter()
+                .map(|field| (*field, self.field_value(object, field).unwrap_or_default())),
+        )
     }
 
     /// The value of a field for field selectors; `None` when the field is not supported.

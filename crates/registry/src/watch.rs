@@ -3,11 +3,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use capstan_machinery::ApiError;
 use capstan_machinery::fields::FieldSelector;
 use capstan_machinery::labels::LabelSelector;
-use capstan_machinery::{ApiError, meta};
 use capstan_storage::Revision;
-use serde_json::Value;
 use tokio::sync::broadcast;
 
 use crate::cache::{CacheEvent, CacheMessage, CachedObject, EventType};
@@ -52,7 +51,6 @@ pub enum WatchItem {
 pub struct Watcher {
     registry_prefix: String,
     projection: crate::cache::Projection,
-    strategy: Arc<dyn crate::Strategy>,
     labels: LabelSelector,
     fields: FieldSelector,
     initial: VecDeque<Arc<CachedObject>>,
@@ -75,7 +73,6 @@ impl Registry {
         let mut watcher = Watcher {
             registry_prefix: prefix,
             projection: self.cache().projection().clone(),
-            strategy: self.strategy().clone(),
             labels: options.labels,
             fields: options.fields,
             initial: VecDeque::new(),
@@ -118,14 +115,7 @@ impl Watcher {
 
     fn matches(&self, object: &CachedObject) -> bool {
         object.key.starts_with(self.registry_prefix.as_str())
-            && self.labels.matches(
-                meta::metadata(&object.selectable)
-                    .and_then(|m| m.get("labels"))
-                    .and_then(Value::as_object),
-            )
-            && self
-                .fields
-                .matches(|f| self.strategy.field_value(&object.selectable, f))
+            && object.selectable.selected_by(&self.labels, &self.fields)
     }
 
     fn translate(&self, event: &CacheEvent) -> Option<WatchItem> {

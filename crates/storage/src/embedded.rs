@@ -83,7 +83,7 @@ impl EmbeddedOptions {
         Self {
             data_dir: data_dir.into(),
             watch_buffer: 10_000,
-            cache_bytes: 16 * 1024 * 1024,
+            cache_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -283,20 +283,16 @@ impl Strategy for PodStrategy {
         errors
     }
 
-    fn selectable(&self, object: &Value) -> Value {
-        let meta = meta::metadata(object);
-        let pick = |field: &str| {
-            meta.and_then(|m| m.get(field))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        json!({
-            "metadata": {"name": pick("name"), "namespace": pick("namespace"), "labels": pick("labels")},
-            "spec": {"nodeName": spec_str(object, "nodeName"), "restartPolicy": spec_str(object, "restartPolicy"),
-                     "schedulerName": spec_str(object, "schedulerName"), "serviceAccountName": spec_str(object, "serviceAccountName")},
-            "status": {"phase": object.pointer("/status/phase").cloned().unwrap_or(Value::Null),
-                       "podIP": object.pointer("/status/podIP").cloned().unwrap_or(Value::Null)},
-        })
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &[
+            "spec.nodeName",
+            "spec.host",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+        ]
     }
 
     fn field_value(&self, object: &Value, field: &str) -> Option<String> {

@@ -142,24 +142,8 @@ impl Strategy for ServiceStrategy {
         }
     }
 
-    fn selectable(&self, object: &Value) -> Value {
-        let meta = meta::metadata(object);
-        let pick = |field: &str| {
-            meta.and_then(|m| m.get(field))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        let spec = |field: &str| {
-            object
-                .get("spec")
-                .and_then(|s| s.get(field))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        serde_json::json!({
-            "metadata": {"name": pick("name"), "namespace": pick("namespace"), "labels": pick("labels")},
-            "spec": {"type": spec("type"), "clusterIP": spec("clusterIP")},
-        })
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["spec.clusterIP", "spec.type"]
     }
 
     fn warnings(&self, object: &Value) -> Vec<String> {
