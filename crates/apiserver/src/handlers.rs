@@ -426,7 +426,7 @@ impl ListBody {
         open.pop();
         open.extend_from_slice(b",\"items\":[");
         let commas = items.len().saturating_sub(1);
-        let length = open.len() + items.iter().map(|i| i.json.len()).sum::<usize>() + commas + 3;
+        let length = open.len() + items.iter().map(|i| i.item_len()).sum::<usize>() + commas + 3;
         Self {
             head: open,
             items: items.into_iter(),
@@ -461,7 +461,7 @@ impl hyper::body::Body for ListBody {
                 out.push(b',');
             }
             this.started = true;
-            out.extend_from_slice(&item.json);
+            item.write_item(&mut out);
         }
         this.remaining = this.remaining.saturating_sub(out.len() as u64);
         std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))))
@@ -556,7 +556,7 @@ impl WatchStream {
                         ),
                         // Every watcher of this change shares one encoded line.
                         _ => object.watch_line(kind, || {
-                            event_line(kind.as_str(), &typed_json(&object.json, info.kind, &info.api_version()))
+                            event_line(kind.as_str(), &object.typed_json(info.kind, &info.api_version()))
                         }),
                     });
                 }
@@ -589,22 +589,6 @@ impl WatchStream {
             }
         }
     }
-}
-
-/// `{"kind":K,"apiVersion":V,` + the cached object's members.
-fn typed_json(object: &[u8], kind: &str, api_version: &str) -> Bytes {
-    let mut out = Vec::with_capacity(object.len() + 48);
-    out.extend_from_slice(b"{\"kind\":");
-    out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
-    out.extend_from_slice(b",\"apiVersion\":");
-    out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
-    if object.len() > 2 {
-        out.push(b',');
-        out.extend_from_slice(&object[1..]);
-    } else {
-        out.push(b'}');
-    }
-    Bytes::from(out)
 }
 
 fn event_line(kind: &str, object: &[u8]) -> Bytes {
@@ -807,8 +791,8 @@ async fn decode_body(
         _ => {}
     }
     if let Some(map) = object.as_object_mut() {
-        map.remove("kind");
-        map.remove("apiVersion");
+        map.shift_remove("kind");
+        map.shift_remove("apiVersion");
     }
     let decoded = request.registry.strategy().decode(object).map_err(|e| {
         ApiError::bad_request(format!(
@@ -823,7 +807,7 @@ async fn decode_body(
 
 fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
     if !request.registry.strategy().info().namespaced {
-        meta::metadata_mut(object).remove("namespace");
+        meta::metadata_mut(object).shift_remove("namespace");
         return Ok(());
     }
     let sent = meta::namespace(object).to_string();
@@ -993,8 +977,8 @@ async fn patch_object(
                         info.api_version()
                     )));
                 }
-                map.remove("kind");
-                map.remove("apiVersion");
+                map.shift_remove("kind");
+                map.shift_remove("apiVersion");
             }
             if meta::name(&result) != name {
                 return Err(ApiError::bad_request(format!(
@@ -1091,8 +1075,8 @@ async fn apply_object(
         ));
     }
     if let Some(map) = config.as_object_mut() {
-        map.remove("kind");
-        map.remove("apiVersion");
+        map.shift_remove("kind");
+        map.shift_remove("apiVersion");
     }
     meta::set_meta_str(&mut config, "name", name);
     if info.namespaced {

@@ -590,11 +590,11 @@ impl EndpointsController {
                     a.is_empty()
                 });
             if annotations == Some(true) {
-                metadata.remove("annotations");
+                metadata.shift_remove("annotations");
             }
             if let Value::Object(map) = &mut desired {
                 if subsets.as_array().is_some_and(Vec::is_empty) {
-                    map.remove("subsets");
+                    map.shift_remove("subsets");
                 } else {
                     map.insert("subsets".into(), subsets.clone());
                 }
@@ -641,8 +641,8 @@ impl EndpointsController {
                 // The registry hands the object over with its kind and apiVersion.
                 let mut current = current.clone();
                 if let Value::Object(map) = &mut current {
-                    map.remove("kind");
-                    map.remove("apiVersion");
+                    map.shift_remove("kind");
+                    map.shift_remove("apiVersion");
                 }
                 let desired = desired_from(Some(&current));
                 Ok(if unchanged(&current, &desired) {

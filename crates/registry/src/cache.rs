@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use capstan_machinery::meta;
 use capstan_storage::{EventKind, KeyValue, RangeRequest, Revision, Storage, StorageError};
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
@@ -93,14 +94,170 @@ impl Selectable {
     }
 }
 
+/// An object's JSON as the cache keeps it.
+enum Json {
+    /// The stored value itself, shared with the storage engine.
+    Stored(Stored),
+    /// The object as a list item (re-encoded: a stored value of another shape, or a
+    /// deletion stamped with its own revision).
+    Item(Bytes),
+}
+
+/// A stored value (`{"kind":…,"apiVersion":…,…,"metadata":{…},…}`, no `resourceVersion`) and
+/// where its parts are, so it is served without re-encoding: a list item skips `kind` and
+/// `apiVersion`, and `resourceVersion` goes in at the end of `metadata`.
+struct Stored {
+    bytes: Bytes,
+    /// Where the members after `kind` and `apiVersion` start.
+    members: usize,
+    /// Where `metadata`'s closing brace is.
+    metadata_end: usize,
+    metadata_empty: bool,
+}
+
+impl Stored {
+    /// Finds the parts of a stored value (valid JSON); `None` when it has another shape.
+    fn locate(bytes: Bytes) -> Option<Self> {
+        let mut scan = Scanner {
+            bytes: &bytes,
+            at: 0,
+        };
+        scan.expect(b'{')?;
+        let mut index = 0;
+        let mut members = None;
+        let mut metadata = None;
+        loop {
+            scan.whitespace();
+            if index == 2 {
+                members = Some(scan.at);
+            }
+            let key = scan.string()?;
+            scan.whitespace();
+            scan.expect(b':')?;
+            scan.whitespace();
+            let value = scan.at;
+            scan.value()?;
+            match (index, key) {
+                (0, b"kind") | (1, b"apiVersion") => {}
+                (0 | 1, _) => return None,
+                (_, b"metadata") => metadata = Some((value, scan.at)),
+                _ => {}
+            }
+            index += 1;
+            scan.whitespace();
+            match scan.next()? {
+                b',' => {}
+                b'}' => break,
+                _ => return None,
+            }
+        }
+        let (start, end) = metadata?;
+        if scan.at != bytes.len() || bytes.get(start) != Some(&b'{') {
+            return None;
+        }
+        let metadata_end = end - 1;
+        let metadata_empty = bytes[start + 1..metadata_end]
+            .iter()
+            .all(u8::is_ascii_whitespace);
+        Some(Stored {
+            members: members?,
+            metadata_end,
+            metadata_empty,
+            bytes,
+        })
+    }
+}
+
+/// Steps over the members and values of JSON already known to be valid.
+struct Scanner<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn next(&mut self) -> Option<u8> {
+        let byte = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(byte)
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.next()? == byte).then_some(())
+    }
+
+    fn whitespace(&mut self) {
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    /// A string; returns its raw contents (escapes not decoded).
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.expect(b'"')?;
+        let start = self.at;
+        loop {
+            match self.next()? {
+                b'\\' => {
+                    self.next()?;
+                }
+                b'"' => return Some(&self.bytes[start..self.at - 1]),
+                _ => {}
+            }
+        }
+    }
+
+    fn value(&mut self) -> Option<()> {
+        match *self.bytes.get(self.at)? {
+            b'"' => self.string().map(drop),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match *self.bytes.get(self.at)? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.at += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.at += 1;
+                }
+            }
+            _ => {
+                while self
+                    .bytes
+                    .get(self.at)
+                    .is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !b.is_ascii_whitespace())
+                {
+                    self.at += 1;
+                }
+                Some(())
+            }
+        }
+    }
+}
+
+/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member.
+fn resource_version_member(metadata_empty: bool, revision: Revision) -> String {
+    let comma = if metadata_empty { "" } else { "," };
+    format!("{comma}\"resourceVersion\":\"{revision}\"")
+}
+
 /// One object as the cache holds it: serialized once, plus what selectors read.
 pub struct CachedObject {
     /// Its storage key.
     pub key: Arc<str>,
     /// The revision of its last write (its `resourceVersion`).
     pub revision: Revision,
-    /// The object (without `kind`/`apiVersion`, with `metadata.resourceVersion`) as JSON.
-    pub json: Bytes,
+    /// Its JSON.
+    json: Json,
     /// What label and field selectors look at.
     pub selectable: Selectable,
     /// Encoded JSON watch lines (ADDED, MODIFIED, DELETED), built once and shared by every
@@ -118,10 +275,13 @@ impl std::fmt::Debug for CachedObject {
 }
 
 impl CachedObject {
-    /// Decodes a stored value; `revision` becomes its `resourceVersion`.
+    /// Decodes a stored value; `revision` becomes its `resourceVersion`. The stored bytes
+    /// themselves are kept (shared with the storage engine's copy, not duplicated) when they
+    /// have the shape Capstan writes: `kind` and `apiVersion` first, then a `metadata` object
+    /// without `resourceVersion`.
     pub fn decode(
         key: Arc<str>,
-        value: &[u8],
+        value: &Bytes,
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
@@ -132,7 +292,20 @@ impl CachedObject {
                 return None;
             }
         };
-        Some(Self::from_object(key, &mut object, revision, project))
+        let stored = meta::metadata(&object)
+            .is_some_and(|m| !m.contains_key("resourceVersion"))
+            .then(|| Stored::locate(value.clone()))
+            .flatten();
+        match stored {
+            Some(stored) => Some(CachedObject {
+                selectable: project(&object),
+                key,
+                revision,
+                json: Json::Stored(stored),
+                lines: Default::default(),
+            }),
+            None => Some(Self::from_object(key, &mut object, revision, project)),
+        }
     }
 
     /// Wraps an object, stamping `revision` as its `resourceVersion`.
@@ -143,11 +316,13 @@ impl CachedObject {
         project: &Projection,
     ) -> Self {
         if let Value::Object(map) = object {
-            map.remove("kind");
-            map.remove("apiVersion");
+            map.shift_remove("kind");
+            map.shift_remove("apiVersion");
         }
-        capstan_machinery::meta::set_meta_str(object, "resourceVersion", &revision.to_string());
-        let json = Bytes::from(serde_json::to_vec(&*object).unwrap_or_default());
+        meta::set_meta_str(object, "resourceVersion", &revision.to_string());
+        let json = Json::Item(Bytes::from(
+            serde_json::to_vec(&*object).unwrap_or_default(),
+        ));
         CachedObject {
             key,
             revision,
@@ -169,7 +344,64 @@ impl CachedObject {
 
     /// The object itself (decoded from its JSON).
     pub fn object(&self) -> Value {
-        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+        let mut item = Vec::with_capacity(self.item_len());
+        self.write_item(&mut item);
+        serde_json::from_slice(&item).unwrap_or(Value::Null)
+    }
+
+    /// The length of [`CachedObject::write_item`]'s output.
+    pub fn item_len(&self) -> usize {
+        match &self.json {
+            Json::Item(json) => json.len(),
+            Json::Stored(stored) => {
+                1 + (stored.bytes.len() - stored.members)
+                    + resource_version_member(stored.metadata_empty, self.revision).len()
+            }
+        }
+    }
+
+    /// Writes the object as a list item: without `kind` and `apiVersion`, with
+    /// `metadata.resourceVersion`.
+    pub fn write_item(&self, out: &mut Vec<u8>) {
+        match &self.json {
+            Json::Item(json) => out.extend_from_slice(json),
+            Json::Stored(stored) => {
+                out.push(b'{');
+                out.extend_from_slice(&stored.bytes[stored.members..stored.metadata_end]);
+                out.extend_from_slice(
+                    resource_version_member(stored.metadata_empty, self.revision).as_bytes(),
+                );
+                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+            }
+        }
+    }
+
+    /// The object with `kind` and `apiVersion` (as served alone or in a watch event).
+    pub fn typed_json(&self, kind: &str, api_version: &str) -> Vec<u8> {
+        match &self.json {
+            Json::Item(json) => {
+                let mut out = Vec::with_capacity(json.len() + 48);
+                out.extend_from_slice(b"{\"kind\":");
+                out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
+                out.extend_from_slice(b",\"apiVersion\":");
+                out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+                if json.len() > 2 {
+                    out.push(b',');
+                    out.extend_from_slice(&json[1..]);
+                } else {
+                    out.push(b'}');
+                }
+                out
+            }
+            Json::Stored(stored) => {
+                let rv = resource_version_member(stored.metadata_empty, self.revision);
+                let mut out = Vec::with_capacity(stored.bytes.len() + rv.len());
+                out.extend_from_slice(&stored.bytes[..stored.metadata_end]);
+                out.extend_from_slice(rv.as_bytes());
+                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+                out
+            }
+        }
     }
 
     /// The same object stamped with another revision (a deletion's).
@@ -617,7 +849,57 @@ mod tests {
     use capstan_machinery::labels::LabelSelector;
     use serde_json::json;
 
-    use super::Selectable;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use serde_json::Value;
+
+    use super::{CachedObject, Projection, Selectable};
+
+    fn projection() -> Projection {
+        Arc::new(|object: &Value| Selectable::new(object, []))
+    }
+
+    /// The cached object served from the stored bytes equals the re-encoded one.
+    fn same_as_reencoded(stored: &Value) {
+        let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
+        let project = projection();
+        let cached = CachedObject::decode("/k".into(), &bytes, 42, &project).expect("decodes");
+        let mut object = stored.clone();
+        let reencoded = CachedObject::from_object("/k".into(), &mut object, 42, &project);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        cached.write_item(&mut a);
+        reencoded.write_item(&mut b);
+        assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+        assert_eq!(cached.item_len(), a.len());
+        assert_eq!(
+            String::from_utf8_lossy(&cached.typed_json("Service", "v1")),
+            String::from_utf8_lossy(&reencoded.typed_json("Service", "v1"))
+        );
+        assert_eq!(cached.object(), reencoded.object());
+        assert_eq!(cached.object()["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn stored_values_are_served_without_reencoding() {
+        same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1",
+            "metadata": {"name": "a", "namespace": "n", "annotations": {"x": "{\"y\":[1,\"}\"]}"}},
+            "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}, "status": {"loadBalancer": {}}}));
+        same_as_reencoded(
+            &json!({"kind": "Service", "apiVersion": "v1", "metadata": {}, "spec": {}}),
+        );
+        same_as_reencoded(
+            &json!({"kind": "Service", "apiVersion": "v1", "spec": {"a": [true, null, 1.5e3]}, "metadata": {"name": "z\\\"q"}}),
+        );
+        // Other shapes take the re-encoding path and still agree.
+        same_as_reencoded(
+            &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}),
+        );
+        same_as_reencoded(
+            &json!({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "a", "resourceVersion": "7"}}),
+        );
+        same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1"}));
+    }
 
     #[test]
     fn selectable_answers_selectors_as_the_object_would() {

@@ -183,7 +183,7 @@ fn sort_marker_first(node: &mut Map<String, Value>) {
             sort_marker_first(map);
         }
     }
-    if let Some(marker) = node.remove(".") {
+    if let Some(marker) = node.shift_remove(".") {
         let rest = std::mem::take(node);
         node.insert(".".into(), marker);
         node.extend(rest);
@@ -312,7 +312,7 @@ pub fn record_update(
     cap_updates(&mut entries);
     let meta = meta::metadata_mut(new);
     if entries.is_empty() {
-        meta.remove("managedFields");
+        meta.shift_remove("managedFields");
     } else {
         meta.insert("managedFields".into(), Value::Array(entries));
     }
@@ -358,7 +358,7 @@ fn cap_updates(entries: &mut Vec<Value>) {
             None => {
                 if let Some(entry) = entries[oldest].as_object_mut() {
                     entry.insert("manager".into(), json!(ANCIENT));
-                    entry.remove("subresource");
+                    entry.shift_remove("subresource");
                 }
             }
         }
@@ -541,7 +541,7 @@ pub fn apply(
     }
     let metadata = meta::metadata_mut(&mut object);
     if out.is_empty() {
-        metadata.remove("managedFields");
+        metadata.shift_remove("managedFields");
     } else {
         metadata.insert("managedFields".into(), Value::Array(out));
     }
@@ -745,7 +745,7 @@ fn without_times(object: &Value) -> Value {
     {
         for entry in entries {
             if let Some(map) = entry.as_object_mut() {
-                map.remove("time");
+                map.shift_remove("time");
             }
         }
     }

@@ -160,8 +160,8 @@ impl Registry {
         let mut object: Value = serde_json::from_slice(&kv.value)
             .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
         if let Value::Object(map) = &mut object {
-            map.remove("kind");
-            map.remove("apiVersion");
+            map.shift_remove("kind");
+            map.shift_remove("apiVersion");
         }
         meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
         Ok(object)
@@ -171,7 +171,7 @@ impl Registry {
         let info = self.strategy.info();
         let mut stored = meta::with_type_meta(object, &info.api_version(), info.kind);
         if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
+            meta.shift_remove("resourceVersion");
         }
         Bytes::from(serde_json::to_vec(&stored).unwrap_or_default())
     }
@@ -539,7 +539,7 @@ impl Registry {
             if info.namespaced {
                 meta.insert("namespace".into(), json!(namespace));
             } else {
-                meta.remove("namespace");
+                meta.shift_remove("namespace");
             }
         }
         self.strategy.default(&mut object);
@@ -587,7 +587,7 @@ impl Registry {
                 if existing.kv.is_some() {
                     return Err(ApiError::already_exists(info.group_resource(), &name));
                 }
-                meta::metadata_mut(&mut candidate).remove("resourceVersion");
+                meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
                 return Ok(candidate);
             }
             let mut txn = Txn::new().when(Compare::Absent(key.clone()));
@@ -783,7 +783,7 @@ impl Registry {
             .map_err(conflicts)?;
             if live.is_some() && meta::resource_version(&config).is_empty() {
                 // Apply never carries an optimistic lock unless the config names a version.
-                meta::metadata_mut(&mut object).remove("resourceVersion");
+                meta::metadata_mut(&mut object).shift_remove("resourceVersion");
             }
             Ok(object)
         };
@@ -861,8 +861,8 @@ impl Registry {
                     }
                 }
             }
-            meta::metadata_mut(&mut new).remove("generation");
-            meta::metadata_mut(&mut new).remove("selfLink");
+            meta::metadata_mut(&mut new).shift_remove("generation");
+            meta::metadata_mut(&mut new).shift_remove("selfLink");
             self.strategy.default(&mut new);
             if !options.applied {
                 crate::managed::record_update(

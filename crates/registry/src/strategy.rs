@@ -170,7 +170,7 @@ pub trait Strategy: Send + Sync + 'static {
         if let Value::Object(map) = object
             && self.info().has_status
         {
-            map.remove("status");
+            map.shift_remove("status");
         }
     }
 

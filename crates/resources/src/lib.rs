@@ -47,8 +47,8 @@ where
     let typed: T = serde_json::from_value(object).map_err(|e| e.to_string())?;
     let mut out = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
     if let serde_json::Value::Object(map) = &mut out {
-        map.remove("apiVersion");
-        map.remove("kind");
+        map.shift_remove("apiVersion");
+        map.shift_remove("kind");
     }
     drop_empty_lists(&mut out);
     Ok(out)

@@ -138,7 +138,7 @@ impl Strategy for ApiServiceStrategy {
 
     fn prepare_for_create(&self, object: &mut Value) {
         if let Value::Object(map) = object {
-            map.remove("status");
+            map.shift_remove("status");
         }
         if is_local(object) {
             set_available(object, "True", "Local", LOCAL_MESSAGE);

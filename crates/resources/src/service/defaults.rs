@@ -23,7 +23,7 @@ pub fn apply(object: &mut Value) {
     }
     match spec.get("sessionAffinity").and_then(Value::as_str) {
         Some("None") => {
-            spec.remove("sessionAffinityConfig");
+            spec.shift_remove("sessionAffinityConfig");
         }
         Some("ClientIP") => {
             let complete = spec
@@ -93,11 +93,11 @@ pub fn apply(object: &mut Value) {
         .and_then(Value::as_object)
         .is_some_and(Map::is_empty)
     {
-        spec.remove("selector");
+        spec.shift_remove("selector");
     }
     if kind == "ExternalName" {
         // Read-time normalisation upstream: ExternalName Services show no traffic policy.
-        spec.remove("internalTrafficPolicy");
+        spec.shift_remove("internalTrafficPolicy");
     }
     if kind == "LoadBalancer"
         && let Some(ingress) = root

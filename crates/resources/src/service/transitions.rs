@@ -52,7 +52,7 @@ pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
             && let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut)
         {
             for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-                port.remove("nodePort");
+                port.shift_remove("nodePort");
             }
         }
     }
@@ -60,7 +60,7 @@ pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
         && !needs_health_check(spec)
         && same(spec, "healthCheckNodePort")
     {
-        spec.remove("healthCheckNodePort");
+        spec.shift_remove("healthCheckNodePort");
     }
     if old_type == "LoadBalancer" && new_type != "LoadBalancer" {
         for field in ["allocateLoadBalancerNodePorts", "loadBalancerClass"] {
@@ -73,7 +73,7 @@ pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
         && !externally_accessible(spec)
         && same(spec, "externalTrafficPolicy")
     {
-        spec.remove("externalTrafficPolicy");
+        spec.shift_remove("externalTrafficPolicy");
     }
     if new_type != "LoadBalancer"
         && let Some(root) = new.as_object_mut()
