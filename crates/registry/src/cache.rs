@@ -244,10 +244,28 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member.
-fn resource_version_member(metadata_empty: bool, revision: Revision) -> String {
-    let comma = if metadata_empty { "" } else { "," };
-    format!("{comma}\"resourceVersion\":\"{revision}\"")
+/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member; written
+/// without allocating (list bodies write one per item).
+struct ResourceVersionMember {
+    bytes: [u8; 48],
+    len: usize,
+}
+
+impl ResourceVersionMember {
+    fn new(metadata_empty: bool, revision: Revision) -> Self {
+        use std::io::Write;
+        let mut bytes = [0u8; 48];
+        let mut cursor = std::io::Cursor::new(&mut bytes[..]);
+        let comma = if metadata_empty { "" } else { "," };
+        // 48 bytes hold the longest i64: the write cannot fail.
+        let _ = write!(cursor, "{comma}\"resourceVersion\":\"{revision}\"");
+        let len = cursor.position() as usize;
+        Self { bytes, len }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// One object as the cache holds it: serialized once, plus what selectors read.
@@ -355,7 +373,9 @@ impl CachedObject {
             Json::Item(json) => json.len(),
             Json::Stored(stored) => {
                 1 + (stored.bytes.len() - stored.members)
-                    + resource_version_member(stored.metadata_empty, self.revision).len()
+                    + ResourceVersionMember::new(stored.metadata_empty, self.revision)
+                        .as_bytes()
+                        .len()
             }
         }
     }
@@ -369,7 +389,7 @@ impl CachedObject {
                 out.push(b'{');
                 out.extend_from_slice(&stored.bytes[stored.members..stored.metadata_end]);
                 out.extend_from_slice(
-                    resource_version_member(stored.metadata_empty, self.revision).as_bytes(),
+                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
                 );
                 out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
             }
@@ -394,8 +414,8 @@ impl CachedObject {
                 out
             }
             Json::Stored(stored) => {
-                let rv = resource_version_member(stored.metadata_empty, self.revision);
-                let mut out = Vec::with_capacity(stored.bytes.len() + rv.len());
+                let rv = ResourceVersionMember::new(stored.metadata_empty, self.revision);
+                let mut out = Vec::with_capacity(stored.bytes.len() + rv.as_bytes().len());
                 out.extend_from_slice(&stored.bytes[..stored.metadata_end]);
                 out.extend_from_slice(rv.as_bytes());
                 out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
