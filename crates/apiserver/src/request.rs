@@ -305,10 +305,15 @@ pub fn object_response(
 ) -> Response<Body> {
     let info = strategy.info();
     match encoding.negotiated.output {
+        Output::Json if !encoding.pretty => {
+            let mut json = meta::typed_json_bytes(object, &info.api_version(), info.kind, false);
+            json.push(b'\n');
+            response(status, "application/json", full(json))
+        }
         Output::Json => json_response(
             status,
             &meta::with_type_meta(object, &info.api_version(), info.kind),
-            encoding.pretty,
+            true,
         ),
         Output::Yaml => response(
             status,

@@ -273,6 +273,17 @@ type Entry = (String, String, Value, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
 type PortAddresses = BTreeMap<(String, String), (Value, bool)>;
 
+/// The part of a Service the index keeps.
+#[derive(serde::Deserialize)]
+struct SelectorOf {
+    spec: Option<SelectorSpec>,
+}
+
+#[derive(serde::Deserialize)]
+struct SelectorSpec {
+    selector: Option<Map<String, Value>>,
+}
+
 fn key_of(selectable: &Selectable) -> Key {
     (selectable.namespace().into(), selectable.name().into())
 }
@@ -353,13 +364,12 @@ impl EndpointsController {
             follow(
                 controller.services.clone(),
                 move |kind, object, _| {
+                    // Only the selector is decoded; the rest of the Service is skipped.
                     let selector = (kind != EventType::Deleted)
                         .then(|| {
-                            object
-                                .object()
-                                .pointer("/spec/selector")
-                                .and_then(Value::as_object)
-                                .cloned()
+                            serde_json::from_slice::<SelectorOf>(object.raw_json())
+                                .ok()
+                                .and_then(|s| s.spec?.selector)
                         })
                         .flatten()
                         .filter(|m| !m.is_empty());

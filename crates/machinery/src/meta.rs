@@ -112,10 +112,82 @@ pub fn with_type_meta(object: &Value, api_version: &str, kind: &str) -> Value {
     Value::Object(out)
 }
 
+/// [`with_type_meta`] written straight to JSON, without copying the object; with
+/// `stored`, `metadata.resourceVersion` is left out (the form kept in storage). The bytes are
+/// those of `serde_json::to_vec` of the equivalent value.
+pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: bool) -> Vec<u8> {
+    fn put(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+        // Strings and JSON values (string keys) always serialize.
+        let _ = serde_json::to_writer(&mut *out, value);
+    }
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(b"{\"kind\":");
+    put(&mut out, kind);
+    out.extend_from_slice(b",\"apiVersion\":");
+    put(&mut out, api_version);
+    if let Value::Object(fields) = object {
+        for (key, value) in fields {
+            if key == "kind" || key == "apiVersion" {
+                continue;
+            }
+            out.push(b',');
+            put(&mut out, key);
+            out.push(b':');
+            match value {
+                Value::Object(metadata) if stored && key == "metadata" => {
+                    out.push(b'{');
+                    let mut first = true;
+                    for (key, value) in metadata {
+                        if key == "resourceVersion" {
+                            continue;
+                        }
+                        if !first {
+                            out.push(b',');
+                        }
+                        first = false;
+                        put(&mut out, key);
+                        out.push(b':');
+                        put(&mut out, value);
+                    }
+                    out.push(b'}');
+                }
+                _ => put(&mut out, value),
+            }
+        }
+    }
+    out.push(b'}');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn typed_json_bytes_are_the_typed_value_serialized() {
+        let object = json!({"apiVersion": "old", "metadata": {"name": "a", "resourceVersion": "5", "labels": {"x": "\"y\""}}, "kind": "Old", "spec": {"ports": [1, 2]}});
+        let typed = with_type_meta(&object, "v1", "Service");
+        assert_eq!(
+            typed_json_bytes(&object, "v1", "Service", false),
+            serde_json::to_vec(&typed).expect("encodes")
+        );
+        let mut stored = typed.clone();
+        metadata_mut(&mut stored).shift_remove("resourceVersion");
+        assert_eq!(
+            typed_json_bytes(&object, "v1", "Service", true),
+            serde_json::to_vec(&stored).expect("encodes")
+        );
+        assert_eq!(
+            typed_json_bytes(
+                &json!({"metadata": {"resourceVersion": "1"}}),
+                "v1",
+                "Pod",
+                true
+            ),
+            br#"{"kind":"Pod","apiVersion":"v1","metadata":{}}"#
+        );
+    }
 
     #[test]
     fn timestamps_are_whole_seconds_utc() {

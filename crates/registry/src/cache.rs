@@ -367,6 +367,16 @@ impl CachedObject {
         serde_json::from_slice(&item).unwrap_or(Value::Null)
     }
 
+    /// The object's JSON as held: with or without `kind` and `apiVersion`, and without
+    /// `metadata.resourceVersion` when stored bytes are held. For reading a few fields with a
+    /// partial decode; [`CachedObject::object`] is the object itself.
+    pub fn raw_json(&self) -> &[u8] {
+        match &self.json {
+            Json::Item(json) => json,
+            Json::Stored(stored) => &stored.bytes,
+        }
+    }
+
     /// The length of [`CachedObject::write_item`]'s output.
     pub fn item_len(&self) -> usize {
         match &self.json {

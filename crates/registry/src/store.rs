@@ -169,11 +169,12 @@ impl Registry {
 
     fn encode(&self, object: &Value) -> Bytes {
         let info = self.strategy.info();
-        let mut stored = meta::with_type_meta(object, &info.api_version(), info.kind);
-        if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.shift_remove("resourceVersion");
-        }
-        Bytes::from(serde_json::to_vec(&stored).unwrap_or_default())
+        Bytes::from(meta::typed_json_bytes(
+            object,
+            &info.api_version(),
+            info.kind,
+            true,
+        ))
     }
 
     async fn wait_for_cache(&self, revision: Revision) -> Result<(), ApiError> {
