@@ -268,6 +268,51 @@ impl ResourceVersionMember {
     }
 }
 
+/// What a kind's projection reads of a stored object ([`Strategy::selectable`]: the name,
+/// namespace and labels, and field values from `spec` and `status`); the rest is skipped.
+///
+/// [`Strategy::selectable`]: crate::Strategy::selectable
+#[derive(serde::Deserialize)]
+struct Projected {
+    metadata: Option<ProjectedMeta>,
+    spec: Option<Value>,
+    status: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ProjectedMeta {
+    name: Option<Value>,
+    namespace: Option<Value>,
+    labels: Option<Value>,
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<serde::de::IgnoredAny>,
+}
+
+impl Projected {
+    fn into_value(self) -> Value {
+        let mut object = serde_json::Map::new();
+        if let Some(meta) = self.metadata {
+            let mut metadata = serde_json::Map::new();
+            for (field, value) in [
+                ("name", meta.name),
+                ("namespace", meta.namespace),
+                ("labels", meta.labels),
+            ] {
+                if let Some(value) = value {
+                    metadata.insert(field.into(), value);
+                }
+            }
+            object.insert("metadata".into(), Value::Object(metadata));
+        }
+        for (field, value) in [("spec", self.spec), ("status", self.status)] {
+            if let Some(value) = value {
+                object.insert(field.into(), value);
+            }
+        }
+        Value::Object(object)
+    }
+}
+
 /// One object as the cache holds it: serialized once, plus what selectors read.
 pub struct CachedObject {
     /// Its storage key.
@@ -303,6 +348,22 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
+        // Only what the projection reads is decoded (not managedFields, not the rest).
+        if let Ok(projected) = serde_json::from_slice::<Projected>(value)
+            && projected
+                .metadata
+                .as_ref()
+                .is_some_and(|m| m.resource_version.is_none())
+            && let Some(stored) = Stored::locate(value.clone())
+        {
+            return Some(CachedObject {
+                selectable: project(&projected.into_value()),
+                key,
+                revision,
+                json: Json::Stored(stored),
+                lines: Default::default(),
+            });
+        }
         let mut object: Value = match serde_json::from_slice(value) {
             Ok(object) => object,
             Err(error) => {
@@ -310,20 +371,7 @@ impl CachedObject {
                 return None;
             }
         };
-        let stored = meta::metadata(&object)
-            .is_some_and(|m| !m.contains_key("resourceVersion"))
-            .then(|| Stored::locate(value.clone()))
-            .flatten();
-        match stored {
-            Some(stored) => Some(CachedObject {
-                selectable: project(&object),
-                key,
-                revision,
-                json: Json::Stored(stored),
-                lines: Default::default(),
-            }),
-            None => Some(Self::from_object(key, &mut object, revision, project)),
-        }
+        Some(Self::from_object(key, &mut object, revision, project))
     }
 
     /// Wraps an object, stamping `revision` as its `resourceVersion`.
@@ -929,6 +977,7 @@ mod tests {
             &json!({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "a", "resourceVersion": "7"}}),
         );
         same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1"}));
+        same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": "odd"}));
     }
 
     #[test]

@@ -234,7 +234,8 @@ pub trait Strategy: Send + Sync + 'static {
     }
 
     /// The fields, besides `metadata.name` and `metadata.namespace`, that field selectors
-    /// select this kind by; [`Strategy::field_value`] answers each.
+    /// select this kind by; [`Strategy::field_value`] answers each, from `spec` or `status`
+    /// (the watch cache decodes only those and `metadata`'s name, namespace and labels).
     fn selectable_fields(&self) -> &'static [&'static str] {
         &[]
     }
