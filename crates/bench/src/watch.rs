@@ -175,7 +175,15 @@ where
                     line.extend_from_slice(&data[..end]);
                     &line[..]
                 };
-                if let Some(round) = round_of(complete)? {
+                anyhow::ensure!(
+                    !complete.starts_with(b"{\"type\":\"ERROR\""),
+                    "the watch ended with an error: {}",
+                    String::from_utf8_lossy(complete)
+                );
+                // A round counts once per watcher, however many events carry its label.
+                if let Some(round) = round_of(complete)?
+                    && seen.last().is_none_or(|(last, _)| round > *last)
+                {
                     seen.push((round, arrived));
                     if round + 1 >= rounds {
                         return Ok(seen);

@@ -404,12 +404,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .event_interval(
-            std::env::var("XP_EI")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(EVENT_INTERVAL),
-        )
+        .event_interval(EVENT_INTERVAL)
         .build()
         .context("starting the async runtime")?;
     match cli.command {

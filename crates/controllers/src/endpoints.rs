@@ -590,10 +590,10 @@ impl EndpointsController {
                     if truncated {
                         a.insert(OVER_CAPACITY.into(), json!("truncated"));
                     } else {
-                        a.remove(OVER_CAPACITY);
+                        a.shift_remove(OVER_CAPACITY);
                     }
                     if trigger.is_empty() {
-                        a.remove(TRIGGER_TIME);
+                        a.shift_remove(TRIGGER_TIME);
                     } else {
                         a.insert(TRIGGER_TIME.into(), json!(trigger));
                     }

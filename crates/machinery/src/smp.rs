@@ -79,10 +79,10 @@ fn merge_map(
         }
         let field_schema = schema.and_then(|s| core_property(s, key));
         if value.is_null() {
-            original.remove(key);
+            original.shift_remove(key);
             continue;
         }
-        let merged = match (original.remove(key), value) {
+        let merged = match (original.get_mut(key).map(Value::take), value) {
             (Some(Value::Object(current)), Value::Object(p)) => {
                 let item = field_schema.map(core_resolve);
                 Value::Object(merge_map(current, p, item)?)

@@ -244,6 +244,20 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// `head` (`{"kind":…,"apiVersion":…,`) and the members of the JSON object `item`.
+fn with_type(head: &[u8], item: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len() + item.len());
+    out.extend_from_slice(head);
+    if item.len() > 2 {
+        out.extend_from_slice(&item[1..]);
+    } else {
+        // `{}`: no members, so no comma after the type either.
+        out.pop();
+        out.push(b'}');
+    }
+    out
+}
+
 /// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member; written
 /// without allocating (list bodies write one per item).
 struct ResourceVersionMember {
@@ -284,8 +298,13 @@ struct ProjectedMeta {
     name: Option<Value>,
     namespace: Option<Value>,
     labels: Option<Value>,
-    #[serde(rename = "resourceVersion")]
-    resource_version: Option<serde::de::IgnoredAny>,
+    /// Whether the key is there at all (`null` included).
+    #[serde(rename = "resourceVersion", default, deserialize_with = "present")]
+    resource_version: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<bool, D::Error> {
+    <serde::de::IgnoredAny as serde::Deserialize>::deserialize(value).map(|_| true)
 }
 
 impl Projected {
@@ -353,7 +372,9 @@ impl CachedObject {
             && projected
                 .metadata
                 .as_ref()
-                .is_some_and(|m| m.resource_version.is_none())
+                .is_some_and(|m| !m.resource_version)
+            // The partial decode skips what it does not read without checking its text.
+            && std::str::from_utf8(value).is_ok()
             && let Some(stored) = Stored::locate(value.clone())
         {
             return Some(CachedObject {
@@ -456,21 +477,19 @@ impl CachedObject {
 
     /// The object with `kind` and `apiVersion` (as served alone or in a watch event).
     pub fn typed_json(&self, kind: &str, api_version: &str) -> Vec<u8> {
+        let mut head = b"{\"kind\":".to_vec();
+        head.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
+        head.extend_from_slice(b",\"apiVersion\":");
+        head.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+        head.push(b',');
         match &self.json {
-            Json::Item(json) => {
-                let mut out = Vec::with_capacity(json.len() + 48);
-                out.extend_from_slice(b"{\"kind\":");
-                out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
-                out.extend_from_slice(b",\"apiVersion\":");
-                out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
-                if json.len() > 2 {
-                    out.push(b',');
-                    out.extend_from_slice(&json[1..]);
-                } else {
-                    out.push(b'}');
-                }
-                out
+            // Stored with another type: served as the item with this one.
+            Json::Stored(stored) if !stored.bytes.starts_with(&head) => {
+                let mut item = Vec::with_capacity(self.item_len());
+                self.write_item(&mut item);
+                with_type(&head, &item)
             }
+            Json::Item(json) => with_type(&head, json),
             Json::Stored(stored) => {
                 let rv = ResourceVersionMember::new(stored.metadata_empty, self.revision);
                 let mut out = Vec::with_capacity(stored.bytes.len() + rv.as_bytes().len());
@@ -978,6 +997,14 @@ mod tests {
         );
         same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1"}));
         same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": "odd"}));
+        same_as_reencoded(
+            &json!({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "a", "resourceVersion": null}}),
+        );
+        // Stored as another type: served with the type asked for.
+        same_as_reencoded(
+            &json!({"kind": "Endpoints", "apiVersion": "v1", "metadata": {"name": "a"}}),
+        );
+        same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v2", "metadata": {}}));
     }
 
     #[test]

@@ -651,7 +651,7 @@ fn remove_path(object: &mut Value, path: &[String]) {
     }
     if let Some(field) = last.strip_prefix("f:") {
         if let Some(map) = current.as_object_mut() {
-            map.remove(field);
+            map.shift_remove(field);
         }
     } else if let Some(key) = last.strip_prefix("k:") {
         let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();

@@ -535,7 +535,7 @@ impl Registry {
                 "resourceVersion",
                 "generation",
             ] {
-                meta.remove(field);
+                meta.shift_remove(field);
             }
             if info.namespaced {
                 meta.insert("namespace".into(), json!(namespace));
@@ -858,7 +858,7 @@ impl Registry {
                         meta::metadata_mut(&mut new).insert(field.into(), value);
                     }
                     None => {
-                        meta::metadata_mut(&mut new).remove(field);
+                        meta::metadata_mut(&mut new).shift_remove(field);
                     }
                 }
             }

@@ -298,7 +298,7 @@ pub fn copy_field(to: &mut Value, from: &Value, field: &str) {
                 map.insert(field.to_string(), value.clone());
             }
             None => {
-                map.remove(field);
+                map.shift_remove(field);
             }
         }
     }

@@ -157,7 +157,7 @@ impl Strategy for ApiServiceStrategy {
                     meta::metadata_mut(new).insert(field.into(), value);
                 }
                 None => {
-                    meta::metadata_mut(new).remove(field);
+                    meta::metadata_mut(new).shift_remove(field);
                 }
             }
         }

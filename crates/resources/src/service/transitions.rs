@@ -28,7 +28,7 @@ pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
     if new_type == "ExternalName" && old_type != "ExternalName" {
         for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
             if same(spec, field) {
-                spec.remove(field);
+                spec.shift_remove(field);
             }
         }
     }
@@ -65,7 +65,7 @@ pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
     if old_type == "LoadBalancer" && new_type != "LoadBalancer" {
         for field in ["allocateLoadBalancerNodePorts", "loadBalancerClass"] {
             if same(spec, field) {
-                spec.remove(field);
+                spec.shift_remove(field);
             }
         }
     }
