@@ -790,10 +790,7 @@ async fn decode_body(
         FieldValidation::Warn => warnings = problems,
         _ => {}
     }
-    if let Some(map) = object.as_object_mut() {
-        map.shift_remove("kind");
-        map.shift_remove("apiVersion");
-    }
+    meta::strip_type_meta(&mut object);
     let decoded = request.registry.strategy().decode(object).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version {} cannot be handled as a {}: {e}",
@@ -977,9 +974,8 @@ async fn patch_object(
                         info.api_version()
                     )));
                 }
-                map.shift_remove("kind");
-                map.shift_remove("apiVersion");
             }
+            meta::strip_type_meta(&mut result);
             if meta::name(&result) != name {
                 return Err(ApiError::bad_request(format!(
                     "the name of the object ({}) does not match the name on the URL ({name})",
@@ -1074,10 +1070,7 @@ async fn apply_object(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
     }
-    if let Some(map) = config.as_object_mut() {
-        map.shift_remove("kind");
-        map.shift_remove("apiVersion");
-    }
+    meta::strip_type_meta(&mut config);
     meta::set_meta_str(&mut config, "name", name);
     if info.namespaced {
         meta::set_meta_str(&mut config, "namespace", &request.namespace);

@@ -171,16 +171,34 @@ impl Index {
     /// Forgets the selector Services not in `seen` (deleted while a watch was down); returns
     /// them, to be synced (their Endpoints then go).
     fn forget_services_except(&mut self, seen: &HashSet<Key>) -> Vec<Key> {
-        let stale: Vec<Key> = self
-            .namespaces
-            .iter()
-            .flat_map(|(ns, n)| n.services.keys().map(move |s| (ns.clone(), s.clone())))
-            .filter(|key| !seen.contains(key))
-            .collect();
+        let stale = self.keys_except(seen, |n| &n.services);
         for key in &stale {
             self.set_selector(key, None);
         }
         stale
+    }
+
+    /// Forgets the pods not in `seen` (deleted while a watch was down); returns the Services
+    /// that selected them, to be synced.
+    fn forget_pods_except(&mut self, seen: &HashSet<Key>) -> Vec<Key> {
+        let stale = self.keys_except(seen, |n| &n.pods);
+        stale
+            .iter()
+            .flat_map(|(namespace, pod)| self.pod_changed(namespace, pod, None))
+            .collect()
+    }
+
+    /// The (namespace, name) keys of one of a namespace's maps that are not in `seen`.
+    fn keys_except<V>(
+        &self,
+        seen: &HashSet<Key>,
+        map: impl Fn(&Namespace) -> &HashMap<String, V>,
+    ) -> Vec<Key> {
+        self.namespaces
+            .iter()
+            .flat_map(|(ns, n)| map(n).keys().map(move |name| (ns.clone(), name.clone())))
+            .filter(|key| !seen.contains(key))
+            .collect()
     }
 
     /// The views of the pods a Service's selector matches.
@@ -323,6 +341,11 @@ where
 }
 
 impl EndpointsController {
+    /// The pod/selector index, locked (a lock poisoned by a panicking holder is taken over).
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A controller over these three registries.
     pub fn new(services: Arc<Registry>, pods: Arc<Registry>, endpoints: Arc<Registry>) -> Self {
         EndpointsController {
@@ -374,19 +397,11 @@ impl EndpointsController {
                         .flatten()
                         .filter(|m| !m.is_empty());
                     let key = key_of(&object.selectable);
-                    on_event
-                        .index
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .set_selector(&key, selector.as_ref());
+                    on_event.index().set_selector(&key, selector.as_ref());
                     event_queue.add(key);
                 },
                 move |seen| {
-                    let gone = on_replayed
-                        .index
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .forget_services_except(&seen);
+                    let gone = on_replayed.index().forget_services_except(&seen);
                     for key in gone {
                         replay_queue.add(key);
                     }
@@ -404,27 +419,15 @@ impl EndpointsController {
                     let s = &object.selectable;
                     let view =
                         (kind != EventType::Deleted).then(|| Arc::new(pod_view(&object.object())));
-                    let wake = on_event
-                        .index
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .pod_changed(s.namespace(), s.name(), view);
+                    let wake = on_event.index().pod_changed(s.namespace(), s.name(), view);
                     for key in wake {
                         event_queue.add(key);
                     }
                 },
                 move |seen| {
-                    let mut index = on_replayed.index.lock().unwrap_or_else(|e| e.into_inner());
-                    let stale: Vec<Key> = index
-                        .namespaces
-                        .iter()
-                        .flat_map(|(ns, n)| n.pods.keys().map(move |pod| (ns.clone(), pod.clone())))
-                        .filter(|key| !seen.contains(key))
-                        .collect();
-                    for (namespace, pod) in stale {
-                        for key in index.pod_changed(&namespace, &pod, None) {
-                            replay_queue.add(key);
-                        }
+                    let wake = on_replayed.index().forget_pods_except(&seen);
+                    for key in wake {
+                        replay_queue.add(key);
                     }
                 },
             );
@@ -553,9 +556,7 @@ impl EndpointsController {
         // controller reads its informer).
         let selector = LabelSelector::from_map(selector);
         let pods: Vec<Arc<Value>> = self
-            .index
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .index()
             .members(&(namespace.to_string(), name.to_string()))
             .into_iter()
             .filter(|pod| selector.matches(labels_of(pod)))
@@ -650,10 +651,7 @@ impl EndpointsController {
             .patch(namespace, name, &write, false, |current| {
                 // The registry hands the object over with its kind and apiVersion.
                 let mut current = current.clone();
-                if let Value::Object(map) = &mut current {
-                    map.shift_remove("kind");
-                    map.shift_remove("apiVersion");
-                }
+                meta::strip_type_meta(&mut current);
                 let desired = desired_from(Some(&current));
                 Ok(if unchanged(&current, &desired) {
                     current

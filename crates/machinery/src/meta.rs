@@ -112,6 +112,24 @@ pub fn with_type_meta(object: &Value, api_version: &str, kind: &str) -> Value {
     Value::Object(out)
 }
 
+/// Removes `kind` and `apiVersion`, keeping the other members in order.
+pub fn strip_type_meta(object: &mut Value) {
+    if let Value::Object(map) = object {
+        map.shift_remove("kind");
+        map.shift_remove("apiVersion");
+    }
+}
+
+/// `{"kind":K,"apiVersion":V` — how every typed object's JSON begins.
+pub fn type_head(kind: &str, api_version: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(b"{\"kind\":");
+    out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
+    out.extend_from_slice(b",\"apiVersion\":");
+    out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+    out
+}
+
 /// [`with_type_meta`] written straight to JSON, without copying the object; with
 /// `stored`, `metadata.resourceVersion` is left out (the form kept in storage). The bytes are
 /// those of `serde_json::to_vec` of the equivalent value.
@@ -120,11 +138,7 @@ pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: b
         // Strings and JSON values (string keys) always serialize.
         let _ = serde_json::to_writer(&mut *out, value);
     }
-    let mut out = Vec::with_capacity(1024);
-    out.extend_from_slice(b"{\"kind\":");
-    put(&mut out, kind);
-    out.extend_from_slice(b",\"apiVersion\":");
-    put(&mut out, api_version);
+    let mut out = type_head(kind, api_version);
     if let Value::Object(fields) = object {
         for (key, value) in fields {
             if key == "kind" || key == "apiVersion" {

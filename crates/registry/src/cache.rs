@@ -90,7 +90,7 @@ impl Selectable {
         labels: &capstan_machinery::labels::LabelSelector,
         fields: &capstan_machinery::fields::FieldSelector,
     ) -> bool {
-        labels.matches_with(|key| self.label(key)) && fields.matches_with(|f| self.field(f))
+        labels.matches_with(|key| self.label(key)) && fields.matches(|f| self.field(f))
     }
 }
 
@@ -402,10 +402,7 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Self {
-        if let Value::Object(map) = object {
-            map.shift_remove("kind");
-            map.shift_remove("apiVersion");
-        }
+        meta::strip_type_meta(object);
         meta::set_meta_str(object, "resourceVersion", &revision.to_string());
         let json = Json::Item(Bytes::from(
             serde_json::to_vec(&*object).unwrap_or_default(),
@@ -477,10 +474,7 @@ impl CachedObject {
 
     /// The object with `kind` and `apiVersion` (as served alone or in a watch event).
     pub fn typed_json(&self, kind: &str, api_version: &str) -> Vec<u8> {
-        let mut head = b"{\"kind\":".to_vec();
-        head.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
-        head.extend_from_slice(b",\"apiVersion\":");
-        head.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+        let mut head = meta::type_head(kind, api_version);
         head.push(b',');
         match &self.json {
             // Stored with another type: served as the item with this one.

@@ -159,10 +159,7 @@ impl Registry {
     fn decode(&self, kv: &KeyValue) -> Result<Value, ApiError> {
         let mut object: Value = serde_json::from_slice(&kv.value)
             .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
-        if let Value::Object(map) = &mut object {
-            map.shift_remove("kind");
-            map.shift_remove("apiVersion");
-        }
+        meta::strip_type_meta(&mut object);
         meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
         Ok(object)
     }

@@ -46,10 +46,7 @@ where
     }
     let typed: T = serde_json::from_value(object).map_err(|e| e.to_string())?;
     let mut out = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-    if let serde_json::Value::Object(map) = &mut out {
-        map.shift_remove("apiVersion");
-        map.shift_remove("kind");
-    }
+    capstan_machinery::meta::strip_type_meta(&mut out);
     drop_empty_lists(&mut out);
     Ok(out)
 }
