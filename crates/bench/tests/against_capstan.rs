@@ -87,6 +87,14 @@ fn every_scenario_runs_and_cleans_up() {
             .as_f64()
             .is_some_and(|m| m > 1.0)
     );
+    // The namespace and the 200 creates.
+    assert_eq!(create["server"]["requests"], 201, "{create}");
+    assert!(
+        create["server"]["cpu_seconds_per_1000_requests"]
+            .as_f64()
+            .is_some_and(|c| c >= 0.0),
+        "{create}"
+    );
     for scenario in ["get", "update", "delete"] {
         let report = bench(&server, &[scenario, "--count", "100", "--concurrency", "4"]);
         assert_eq!(report[scenario]["operations"], 100, "{report}");

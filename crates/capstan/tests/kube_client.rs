@@ -899,3 +899,81 @@ async fn scheduled_pods_are_deleted_gracefully() {
     let (code, _, _) = raw(&client, "GET", &item, None, Vec::new()).await;
     assert_eq!(code, 404);
 }
+
+/// Lists and watches are served from the stored bytes with the object's own resourceVersion
+/// spliced in: a listed item and a watch event carry the same resourceVersion as a GET, and
+/// objects keep their top-level members in order (metadata, spec, status).
+#[tokio::test]
+async fn listed_and_watched_objects_carry_their_resource_version_in_written_order() {
+    use kube::api::WatchParams;
+    let server = Server::start();
+    let client = server.client().await;
+    let base = "/api/v1/namespaces/default/services";
+    let body = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "order"},
+        "spec": {"selector": {"app": "v1"}, "ports": [{"port": 80}]}});
+    let (code, created, _) = raw(
+        &client,
+        "POST",
+        base,
+        Some("application/json"),
+        serde_json::to_vec(&body).expect("json"),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v.as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    let created_rv = created["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string();
+    let mut events = api
+        .watch(
+            &WatchParams::default().fields("metadata.name=order"),
+            &created_rv,
+        )
+        .await
+        .expect("watch")
+        .boxed();
+    let (code, patched, _) = raw(
+        &client,
+        "PATCH",
+        &format!("{base}/order"),
+        Some("application/strategic-merge-patch+json"),
+        serde_json::to_vec(&json!({"spec": {"selector": {"app": "v2"}}})).expect("json"),
+    )
+    .await;
+    assert_eq!(code, 200, "{patched}");
+    let (_, got, _) = raw(&client, "GET", &format!("{base}/order"), None, Vec::new()).await;
+    assert_eq!(
+        keys(&got),
+        ["kind", "apiVersion", "metadata", "spec", "status"]
+    );
+    let (_, list, _) = raw(&client, "GET", base, None, Vec::new()).await;
+    let item = list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["metadata"]["name"] == "order"))
+        .expect("listed")
+        .clone();
+    assert_eq!(keys(&item), ["metadata", "spec", "status"]);
+    assert_eq!(
+        item["metadata"]["resourceVersion"],
+        got["metadata"]["resourceVersion"]
+    );
+    assert_eq!(item["spec"]["selector"]["app"], "v2");
+    let event = tokio::time::timeout(std::time::Duration::from_secs(10), events.next())
+        .await
+        .expect("an event in time")
+        .expect("an event")
+        .expect("not an error");
+    let kube::api::WatchEvent::Modified(watched) = event else {
+        panic!("expected MODIFIED, got {event:?}");
+    };
+    assert_eq!(
+        watched.metadata.resource_version.as_deref(),
+        got["metadata"]["resourceVersion"].as_str()
+    );
+}
