@@ -84,7 +84,8 @@ impl Selectable {
         }
     }
 
-    /// Whether both selectors select the object.
+    /// Whether both selectors select the object. Empty selectors read nothing of it (in a long
+    /// list, each object read is a cache miss).
     pub fn selected_by(
         &self,
         labels: &capstan_machinery::labels::LabelSelector,

@@ -15,7 +15,7 @@ use capstan_storage::{
 };
 use serde_json::{Value, json};
 
-use crate::cache::{CachedObject, Selectable, WatchCache};
+use crate::cache::{CachedObject, WatchCache};
 use crate::strategy::{Strategy, WriteExtras};
 
 /// How long a read waits for the cache to reach a requested revision.
@@ -209,12 +209,6 @@ impl Registry {
         }
     }
 
-    fn selected(options: &ListOptions, object: &Selectable) -> bool {
-        // No selector selects everything: the object (a cache miss in a long list) is not read.
-        (options.labels.is_empty() && options.fields.is_empty())
-            || object.selected_by(&options.labels, &options.fields)
-    }
-
     /// Checks that every field selector field is supported.
     pub fn check_field_selector(&self, selector: &FieldSelector) -> Result<(), ApiError> {
         let probe = json!({"metadata": {}});
@@ -284,7 +278,10 @@ impl Registry {
                 remaining += 1;
                 return true;
             }
-            if Self::selected(options, &object.selectable) {
+            if object
+                .selectable
+                .selected_by(&options.labels, &options.fields)
+            {
                 last_key = Some(object.key.clone());
                 items.push(object.clone());
             }
@@ -341,7 +338,9 @@ impl Registry {
                     &kv.value,
                     kv.mod_revision,
                     self.cache.projection(),
-                ) && Self::selected(options, &object.selectable)
+                ) && object
+                    .selectable
+                    .selected_by(&options.labels, &options.fields)
                 {
                     items.push(Arc::new(object));
                 }
