@@ -47,6 +47,28 @@ pub struct Call {
     pub body: Option<hyper::body::Incoming>,
     /// Ends watches when the server shuts down.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// When the request runs out (none for watches).
+    pub deadline: Option<tokio::time::Instant>,
+    /// `--min-request-timeout`: the default watch lasts between this and twice this.
+    pub min_request_timeout: Duration,
+}
+
+impl Call {
+    /// Runs a write's storage work to completion as its own task, answering upstream's 504
+    /// when the write deadline (34 s, or less of the request's) passes first. A write with a
+    /// large body (`body_len`) runs off the runtime workers.
+    async fn finish<T: Send + 'static>(
+        &self,
+        body_len: usize,
+        work: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let deadline = crate::limits::write_deadline(
+            self.deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT),
+        );
+        let heavy = body_len > crate::limits::HEAVY_BODY_BYTES;
+        crate::limits::finish(deadline, heavy, work).await
+    }
 }
 
 /// Routes a resource request to its verb.
@@ -67,6 +89,11 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     };
     let info = request.registry.strategy().info();
     let status_sub = request.subresource.as_deref() == Some("status");
+    // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
+    // only, as upstream routes it: no create, and no deletecollection across namespaces.
+    if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
+        return error_response(&ApiError::method_not_allowed(), encoding);
+    }
     let result = match (&call.method, request.name.as_deref(), is_watch) {
         (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
         (&Method::GET, None, false) => list(&request, &call, encoding).await,
@@ -363,7 +390,10 @@ async fn start_watch(
     };
     let timeout = match query.int("timeoutSeconds")? {
         Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
-        _ => Duration::from_secs(1800 + fastrand::u64(..1800)),
+        _ => {
+            let minimum = call.min_request_timeout.as_secs().max(1);
+            Duration::from_secs(minimum + fastrand::u64(..minimum))
+        }
     };
     let watcher = registry.watch(
         &request.namespace,
@@ -675,7 +705,6 @@ fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
     Ok(!values.is_empty())
 }
 
-/// Decodes a create/update body and checks its kind and apiVersion.
 /// `fieldValidation`: what to do about unknown fields.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FieldValidation {
@@ -707,11 +736,13 @@ fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<
     response
 }
 
+/// Decodes a create/update body and checks its kind and apiVersion; returns the object, the
+/// unknown-field warnings and the body's length.
 async fn decode_body(
     request: &ResourceRequest,
     call: &Call,
     body: Option<hyper::body::Incoming>,
-) -> Result<(Value, Vec<String>), ApiError> {
+) -> Result<(Value, Vec<String>, usize), ApiError> {
     let info = request.registry.strategy().info();
     let format = media::body_format(
         call.headers
@@ -799,7 +830,7 @@ async fn decode_body(
             info.kind
         ))
     })?;
-    Ok((decoded, warnings))
+    Ok((decoded, warnings, bytes.len()))
 }
 
 fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
@@ -824,11 +855,13 @@ async fn create(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let (mut object, mut warnings) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
     settle_namespace(request, &mut object)?;
-    let created = request
-        .registry
-        .create(&request.namespace, object, &options)
+    let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
+    let created = call
+        .finish(body_len, async move {
+            registry.create(&namespace, object, &options).await
+        })
         .await?;
     warnings.extend(request.registry.strategy().warnings(&created));
     Ok(with_warnings(
@@ -852,7 +885,7 @@ async fn update(
     status: bool,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
-    let (mut object, mut warnings) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
     let sent_name = meta::name(&object).to_string();
     if sent_name != name {
         return Err(ApiError::bad_request(format!(
@@ -860,9 +893,17 @@ async fn update(
         )));
     }
     settle_namespace(request, &mut object)?;
-    let (stored, created) = request
-        .registry
-        .update(&request.namespace, name, object, &options, status)
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let (stored, created) = call
+        .finish(body_len, async move {
+            registry
+                .update(&namespace, &owned_name, object, &options, status)
+                .await
+        })
         .await?;
     if !status {
         warnings.extend(request.registry.strategy().warnings(&stored));
@@ -924,75 +965,38 @@ async fn patch_object(
     if options.field_manager.is_empty() {
         options.field_manager = "unknown".into();
     }
-    let strategy = request.registry.strategy().clone();
-    let info = strategy.info();
-    let namespace = request.namespace.clone();
     let validation = field_validation(&call.query);
-    let warnings = std::sync::Mutex::new(Vec::<String>::new());
-    let patched = request
-        .registry
-        .patch(&request.namespace, name, &options, status, |current| {
-            let mut result = match patch_type {
-                PatchType::Json => patch::json_patch(current, &bytes)?,
-                PatchType::StrategicMerge => {
-                    let patch_value = strategic.as_ref().unwrap_or(&Value::Null);
-                    capstan_machinery::smp::apply(current, patch_value, strategy.schema())
-                        .map_err(|e| {
-                            if e.bad_request {
-                                ApiError::bad_request(e.message)
-                            } else {
-                                ApiError::new(422, Reason::Invalid, e.message)
-                            }
-                        })?
-                }
-                _ => patch::merge_patch(current, &bytes)?,
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let body_len = bytes.len();
+    let (patched, mut warnings) = call
+        .finish(body_len, async move {
+            let warnings = std::sync::Mutex::new(Vec::<String>::new());
+            let input = PatchInput {
+                patch_type,
+                bytes: &bytes,
+                strategic: strategic.as_ref(),
+                strategy: registry.strategy().as_ref(),
+                name: &owned_name,
+                namespace: &namespace,
+                validation,
             };
-            let problems = strategy.unknown_fields(&result);
-            match validation {
-                FieldValidation::Strict if !problems.is_empty() => {
-                    let rendered = serde_json::to_string(&result).unwrap_or_default();
-                    let errors = capstan_machinery::field::FieldErrors(vec![
-                        capstan_machinery::field::FieldError::invalid(
-                            "patch",
-                            &Value::String(rendered),
-                            format!("strict decoding error: {}", problems.join(", ")),
-                        ),
-                    ]);
-                    return Err(ApiError::invalid("", "", "", &errors));
-                }
-                FieldValidation::Warn => {
+            let patched = registry
+                .patch(&namespace, &owned_name, &options, status, |current| {
+                    let (result, problems) = patched_object(&input, current)?;
                     *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                }
-                _ => {}
-            }
-            if let Some(map) = result.as_object_mut() {
-                let kind = map.get("kind").and_then(Value::as_str).unwrap_or(info.kind);
-                let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or(info.version);
-                if kind != info.kind || version != info.api_version() {
-                    return Err(ApiError::bad_request(format!(
-                        "the API version in the data ({version}) does not match the expected API version ({})",
-                        info.api_version()
-                    )));
-                }
-            }
-            meta::strip_type_meta(&mut result);
-            if meta::name(&result) != name {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({}) does not match the name on the URL ({name})",
-                    meta::name(&result)
-                )));
-            }
-            if info.namespaced && meta::namespace(&result) != namespace {
-                return Err(ApiError::bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ));
-            }
-            strategy.decode(result).map_err(|e| {
-                ApiError::new(422, Reason::Invalid, format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"))
-            })
+                    Ok(result)
+                })
+                .await?;
+            Ok((
+                patched,
+                warnings.into_inner().unwrap_or_else(|e| e.into_inner()),
+            ))
         })
         .await?;
-    let mut warnings = warnings.into_inner().unwrap_or_else(|e| e.into_inner());
     if !status {
         warnings.extend(request.registry.strategy().warnings(&patched));
     }
@@ -1006,6 +1010,102 @@ async fn patch_object(
         ),
         &warnings,
     ))
+}
+
+/// What a (non-apply) patch needs to turn the stored object into the patched one.
+struct PatchInput<'a> {
+    patch_type: PatchType,
+    bytes: &'a [u8],
+    strategic: Option<&'a Value>,
+    strategy: &'a dyn capstan_registry::Strategy,
+    name: &'a str,
+    namespace: &'a str,
+    validation: FieldValidation,
+}
+
+/// Applies a JSON, merge or strategic merge patch to the stored object (with kind and
+/// apiVersion) and checks the result as upstream does; returns it with the unknown-field
+/// warnings to send.
+fn patched_object(
+    input: &PatchInput<'_>,
+    current: &Value,
+) -> Result<(Value, Vec<String>), ApiError> {
+    let PatchInput {
+        patch_type,
+        bytes,
+        strategic,
+        strategy,
+        name,
+        namespace,
+        validation,
+    } = *input;
+    let info = strategy.info();
+    let mut warnings = Vec::new();
+    let mut result = match patch_type {
+        PatchType::Json => patch::json_patch(current, bytes)?,
+        PatchType::StrategicMerge => {
+            let patch_value = strategic.unwrap_or(&Value::Null);
+            capstan_machinery::smp::apply(current, patch_value, strategy.schema()).map_err(|e| {
+                if e.bad_request {
+                    ApiError::bad_request(e.message)
+                } else {
+                    ApiError::new(422, Reason::Invalid, e.message)
+                }
+            })?
+        }
+        _ => patch::merge_patch(current, bytes)?,
+    };
+    let problems = strategy.unknown_fields(&result);
+    match validation {
+        FieldValidation::Strict if !problems.is_empty() => {
+            let rendered = serde_json::to_string(&result).unwrap_or_default();
+            let errors = capstan_machinery::field::FieldErrors(vec![
+                capstan_machinery::field::FieldError::invalid(
+                    "patch",
+                    &Value::String(rendered),
+                    format!("strict decoding error: {}", problems.join(", ")),
+                ),
+            ]);
+            return Err(ApiError::invalid("", "", "", &errors));
+        }
+        FieldValidation::Warn => {
+            warnings = problems;
+        }
+        _ => {}
+    }
+    if let Some(map) = result.as_object_mut() {
+        let kind = map.get("kind").and_then(Value::as_str).unwrap_or(info.kind);
+        let version = map
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(info.version);
+        if kind != info.kind || version != info.api_version() {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({version}) does not match the expected API version ({})",
+                info.api_version()
+            )));
+        }
+    }
+    meta::strip_type_meta(&mut result);
+    if meta::name(&result) != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta::name(&result)
+        )));
+    }
+    if info.namespaced && meta::namespace(&result) != namespace {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let decoded = strategy.decode(result).map_err(|e| {
+        ApiError::new(
+            422,
+            Reason::Invalid,
+            format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"),
+        )
+    })?;
+    Ok((decoded, warnings))
 }
 
 /// PATCH with `application/apply-patch+yaml`: server-side apply (`spec/api-machinery.md` §10.5).
@@ -1088,9 +1188,17 @@ async fn apply_object(
         .query
         .get("force")
         .is_some_and(|f| f == "true" || f == "1" || f.is_empty());
-    let (stored, created) = request
-        .registry
-        .apply(&request.namespace, name, config, &options, status, force)
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let (stored, created) = call
+        .finish(bytes.len(), async move {
+            registry
+                .apply(&namespace, &owned_name, config, &options, status, force)
+                .await
+        })
         .await?;
     let warnings = if status {
         Vec::new()
@@ -1193,9 +1301,15 @@ async fn delete(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = delete_options(call, body).await?;
-    let result = request
-        .registry
-        .delete(&request.namespace, name, &options)
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let result = call
+        .finish(0, async move {
+            registry.delete(&namespace, &owned_name, &options).await
+        })
         .await?;
     let strategy = request.registry.strategy();
     let info = strategy.info();
@@ -1230,9 +1344,16 @@ async fn delete_collection(
 ) -> Result<Response<Body>, ApiError> {
     let options = delete_options(call, body).await?;
     let list = list_options(request, &call.query)?;
-    let result = request
-        .registry
-        .delete_collection(&request.namespace, &list, &options)
-        .await?;
+    // Not bound by the write timeout (as upstream), only by the request's own deadline.
+    let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
+    let deadline = call
+        .deadline
+        .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT);
+    let result = crate::limits::finish(deadline, false, async move {
+        registry
+            .delete_collection(&namespace, &list, &options)
+            .await
+    })
+    .await?;
     Ok(list_response(request, call, encoding, result))
 }

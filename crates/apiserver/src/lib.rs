@@ -6,23 +6,21 @@
 //! and shuts down gracefully.
 
 pub mod aggregator;
+pub mod connection;
 pub mod discovery;
 pub mod handlers;
+pub mod limits;
 pub mod openapi;
 pub mod pki;
 pub mod request;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use capstan_machinery::ApiError;
 use capstan_registry::Registry;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
 
 use crate::handlers::{Call, ResourceRequest};
 use crate::request::{Body, Encoding, Query, error_response, json_response, text_response};
@@ -35,11 +33,19 @@ pub struct ApiServer {
     server_address: String,
     shutting_down: AtomicBool,
     shutdown: tokio::sync::watch::Sender<bool>,
+    limits: limits::Limits,
+    in_flight: limits::InFlight,
 }
 
 impl ApiServer {
-    /// A server for these kinds, accepting `token`, advertising `server_address`.
-    pub fn new(registries: Vec<Arc<Registry>>, token: String, server_address: String) -> Self {
+    /// A server for these kinds, accepting `token`, advertising `server_address`, within
+    /// `limits`.
+    pub fn new(
+        registries: Vec<Arc<Registry>>,
+        token: String,
+        server_address: String,
+        limits: limits::Limits,
+    ) -> Self {
         let (shutdown, _) = tokio::sync::watch::channel(false);
         ApiServer {
             aggregator: aggregator::Aggregator::new(&registries),
@@ -48,7 +54,19 @@ impl ApiServer {
             server_address,
             shutting_down: AtomicBool::new(false),
             shutdown,
+            in_flight: limits::InFlight::new(&limits),
+            limits,
         }
+    }
+
+    /// The limits the server enforces.
+    pub fn limits(&self) -> &limits::Limits {
+        &self.limits
+    }
+
+    /// Turns true when the server begins to shut down.
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.subscribe()
     }
 
     /// Begins shutdown: `/readyz` fails and open watches end.
@@ -58,28 +76,45 @@ impl ApiServer {
     }
 
     fn authenticated(&self, request: &Request<Incoming>) -> bool {
-        let Some(value) = request
+        request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let Some(token) = value.strip_prefix("Bearer ").map(str::trim) else {
-            return false;
-        };
-        // Constant-time comparison.
-        token.len() == self.token.len()
-            && token
-                .bytes()
-                .zip(self.token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+            .and_then(bearer_token)
+            .is_some_and(|token| constant_time_eq(token.as_bytes(), self.token.as_bytes()))
     }
 
-    /// Handles one request.
+    /// Handles one request: its deadline (400 for a malformed `timeout`, 504 when it runs
+    /// out), authentication, admission against the in-flight limits (429), then routing. A
+    /// panic answers 500 instead of taking the connection down.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
-        let mut response = self.route(request).await;
+        use futures_util::FutureExt;
+        let query = Query::parse(request.uri().query());
+        let class = limits::classify(request.method(), request.uri().path(), &query);
+        let mut response = if class.long_running {
+            std::panic::AssertUnwindSafe(self.route(request, query, None))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| panicked())
+        } else {
+            match limits::deadline(&self.limits, &query) {
+                Err(error) => error_response(&error, Encoding::json()),
+                Ok(timeout) => {
+                    let deadline = tokio::time::Instant::now() + timeout;
+                    let routed = std::panic::AssertUnwindSafe(self.route(
+                        request,
+                        query,
+                        Some((class, deadline)),
+                    ))
+                    .catch_unwind();
+                    match tokio::time::timeout_at(deadline, routed).await {
+                        Ok(Ok(response)) => response,
+                        Ok(Err(_)) => panicked(),
+                        Err(_) => limits::timed_out(),
+                    }
+                }
+            }
+        };
         let headers = response.headers_mut();
         if let Ok(id) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()) {
             headers.insert("audit-id", id);
@@ -87,9 +122,16 @@ impl ApiServer {
         response
     }
 
-    async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+    /// Routes an authenticated request. `admission` is the class and deadline of a request
+    /// that takes an in-flight slot (none for long-running ones); the slot is held until the
+    /// response body has been sent.
+    async fn route(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        query: Query,
+        admission: Option<(limits::RequestClass, tokio::time::Instant)>,
+    ) -> Response<Body> {
         let path = request.uri().path().to_string();
-        let query = Query::parse(request.uri().query());
         let public = matches!(
             path.as_str(),
             "/version" | "/healthz" | "/livez" | "/readyz"
@@ -99,7 +141,30 @@ impl ApiServer {
         if !public && !self.authenticated(&request) {
             return error_response(&ApiError::unauthorized(), Encoding::json());
         }
-        if let Some(response) = self.health(&path, &query) {
+        let permit = match admission.map(|(class, _)| self.in_flight.admit(class)) {
+            Some(Err(limits::Overloaded)) => return limits::too_many_requests(),
+            Some(Ok(permit)) => permit,
+            None => None,
+        };
+        let deadline = admission.map(|(_, deadline)| deadline);
+        let response = self
+            .clone()
+            .serve_route(request, path, query, deadline)
+            .await;
+        match permit {
+            Some(permit) => request::hold_until_sent(response, permit),
+            None => response,
+        }
+    }
+
+    async fn serve_route(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        path: String,
+        query: Query,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Response<Body> {
+        if let Some(response) = self.health(&path, &query).await {
             return response;
         }
         let accept = request
@@ -147,10 +212,14 @@ impl ApiServer {
             _ => {}
         }
         if let Some(rest) = path.strip_prefix("/apis/") {
-            return self.group_request(rest, request, query, pretty).await;
+            return self
+                .group_request(rest, request, query, pretty, deadline)
+                .await;
         }
         if let Some(rest) = path.strip_prefix("/api/v1/") {
-            return self.resource("", "v1", rest, request, query).await;
+            return self
+                .resource("", "v1", rest, request, query, deadline)
+                .await;
         }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
@@ -163,6 +232,7 @@ impl ApiServer {
         request: Request<Incoming>,
         query: Query,
         pretty: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Response<Body> {
         let not_found = || text_response(StatusCode::NOT_FOUND, "404 page not found\n");
         let mut segments = rest.splitn(3, '/');
@@ -196,7 +266,8 @@ impl ApiServer {
                 pretty,
             );
         }
-        self.resource(group, version, tail, request, query).await
+        self.resource(group, version, tail, request, query, deadline)
+            .await
     }
 
     /// A request under a group/version Capstan serves: to its kind's verb handler, or the
@@ -208,6 +279,7 @@ impl ApiServer {
         rest: &str,
         request: Request<Incoming>,
         query: Query,
+        deadline: Option<tokio::time::Instant>,
     ) -> Response<Body> {
         let Some(resource) = self.resource_request(group, version, rest) else {
             return error_response(&ApiError::resource_not_found(), Encoding::json());
@@ -219,6 +291,8 @@ impl ApiServer {
             query,
             body: Some(body),
             shutdown: self.shutdown.subscribe(),
+            deadline,
+            min_request_timeout: self.limits.min_request_timeout,
         };
         handlers::handle(resource, call).await
     }
@@ -280,7 +354,9 @@ impl ApiServer {
         })
     }
 
-    fn health(&self, path: &str, query: &Query) -> Option<Response<Body>> {
+    /// `/healthz`, `/livez`, `/readyz`: the store's health is the `etcd` checks (a store that
+    /// cannot take writes fails them until it recovers).
+    async fn health(&self, path: &str, query: &Query) -> Option<Response<Body>> {
         let (endpoint, only) = match path.trim_start_matches('/').split_once('/') {
             Some((endpoint, check)) => (endpoint, Some(check)),
             None => (path.trim_start_matches('/'), None),
@@ -289,10 +365,18 @@ impl ApiServer {
             return None;
         }
         let shutting_down = self.shutting_down.load(Ordering::SeqCst);
-        let mut checks: Vec<(&str, bool)> = vec![("ping", true), ("log", true), ("etcd", true)];
+        let store = match self.registries.first() {
+            Some(registry) => registry.storage_health().await,
+            None => Ok(()),
+        };
+        if let Err(problem) = &store {
+            tracing::debug!(%problem, "{endpoint}: the store is unhealthy");
+        }
+        let store = store.is_ok();
+        let mut checks: Vec<(&str, bool)> = vec![("ping", true), ("log", true), ("etcd", store)];
         if endpoint == "readyz" {
             checks.extend([
-                ("etcd-readiness", true),
+                ("etcd-readiness", store),
                 ("informer-sync", true),
                 ("shutdown", !shutting_down),
             ]);
@@ -340,6 +424,29 @@ impl ApiServer {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header, read as upstream's bearer-token
+/// authenticator reads it: the scheme in any case, the token the second space-separated word
+/// (anything after a third space is ignored), and an empty token is no token.
+fn bearer_token(header: &str) -> Option<&str> {
+    let mut parts = header.trim().splitn(3, ' ');
+    let scheme = parts.next()?;
+    let token = parts.next()?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Upstream's answer when a handler panics (`WithPanicRecovery`): plain text, 500.
+fn panicked() -> Response<Body> {
+    text_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "This request caused apiserver to panic. Look in the logs for details.\n",
+    )
+}
+
 fn aggregated(
     request: &Request<Incoming>,
     value: serde_json::Value,
@@ -373,64 +480,26 @@ fn aggregated(
     response
 }
 
-/// Serves HTTPS on `listener` until `shutdown` resolves, then drains in-flight requests
-/// (up to `drain`) and returns.
-pub async fn serve(
-    server: Arc<ApiServer>,
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: impl std::future::Future<Output = ()>,
-    drain: Duration,
-) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let server = server.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = hyper::service::service_fn(move |request| {
-                let server = server.clone();
-                async move { Ok::<_, std::convert::Infallible>(server.handle(request).await) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(error) = watcher.watch(connection).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    server.begin_shutdown();
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("some connections did not finish within the drain period");
+pub use connection::serve;
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_tokens_are_read_as_upstream_reads_them() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("  Bearer abc  "), Some("abc"));
+        assert_eq!(bearer_token("Bearer abc extra"), Some("abc"));
+        assert_eq!(
+            bearer_token("Bearer  abc"),
+            None,
+            "two spaces: an empty token"
+        );
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
     }
 }

@@ -53,18 +53,60 @@ fn read(path: &Path) -> Result<Option<String>, PkiError> {
     }
 }
 
+/// Writes a file atomically and durably: a temporary file created with its final mode (0600
+/// for secrets, so no moment exists where another user could read them), fsynced, renamed over
+/// the target, and the directory fsynced so the rename itself survives a crash.
 fn write(path: &Path, contents: &str, private: bool) -> Result<(), PkiError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let io = |source| PkiError::Io {
         path: path.to_path_buf(),
         source,
     };
     let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, contents).map_err(io)?;
-    if private {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    match std::fs::remove_file(&temporary) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
     }
-    std::fs::rename(&temporary, path).map_err(io)
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if private { 0o600 } else { 0o644 })
+        .open(&temporary)
+        .map_err(io)?;
+    file.write_all(contents.as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    drop(file);
+    std::fs::rename(&temporary, path).map_err(io)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and missing parents) readable by its owner only, and tightens an existing
+/// one to 0700: it holds the CA key, the admin token and the store.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Tightens an existing secret written by an older Capstan to 0600.
+fn tighten(path: &Path) -> Result<(), PkiError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PkiError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn ca_params() -> Result<CertificateParams, rcgen::Error> {
@@ -84,13 +126,16 @@ fn ca_params() -> Result<CertificateParams, rcgen::Error> {
 /// Loads (or creates on first start) the CA, token and serving certificate in `dir`, and
 /// writes `dir/kubeconfig` pointing at `server` (`https://host:port`).
 pub fn ensure(dir: &Path, bind: IpAddr, server: &str) -> Result<Credentials, PkiError> {
-    std::fs::create_dir_all(dir).map_err(|source| PkiError::Io {
+    private_dir(dir).map_err(|source| PkiError::Io {
         path: dir.to_path_buf(),
         source,
     })?;
     let ca_key_path = dir.join("ca.key");
     let ca_cert_path = dir.join("ca.crt");
     let token_path = dir.join("admin.token");
+    for secret in [&ca_key_path, &token_path] {
+        tighten(secret)?;
+    }
     let (ca_key, ca_pem) = match (read(&ca_key_path)?, read(&ca_cert_path)?) {
         (Some(key), Some(cert)) => (KeyPair::from_pem(&key)?, cert),
         _ => {

@@ -228,6 +228,47 @@ pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
     }
 }
 
+/// A response body that holds a guard (an in-flight slot, a connection's activity mark)
+/// until the last byte has been handed to the connection or the body is dropped.
+struct Holding<G> {
+    body: Body,
+    _guard: G,
+}
+
+impl<G: Unpin> hyper::body::Body for Holding<G> {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The response, its body holding `guard` until it has been sent.
+pub fn hold_until_sent<G: Send + Sync + Unpin + 'static>(
+    response: Response<Body>,
+    guard: G,
+) -> Response<Body> {
+    response.map(|body| {
+        Holding {
+            body,
+            _guard: guard,
+        }
+        .boxed()
+    })
+}
+
 /// The object as a `PartialObjectMetadata`.
 fn partial_metadata(object: &Value) -> Value {
     json!({

@@ -79,28 +79,74 @@ struct ServeArgs {
     /// Do not run the endpoints controller (Endpoints are then left entirely to clients).
     #[arg(long)]
     disable_endpoints_controller: bool,
+    /// Read-only requests served at once; more are refused with 429 (0: no limit). Watches
+    /// and other long-running requests are not counted.
+    #[arg(long, default_value_t = 400)]
+    max_requests_inflight: usize,
+    /// Mutating requests served at once; more are refused with 429 (0: no limit).
+    #[arg(long, default_value_t = 200)]
+    max_mutating_requests_inflight: usize,
+    /// How long a request that is not long-running may take before it is answered 504
+    /// (a Go duration; a request's smaller `timeout` parameter shortens it).
+    #[arg(long, default_value = "1m0s", value_parser = parse_duration)]
+    request_timeout: Duration,
+    /// A watch without timeoutSeconds ends after between this many seconds and twice as many.
+    #[arg(long, default_value_t = 1800)]
+    min_request_timeout: u64,
+    /// Concurrent HTTP/2 streams per client connection (0: the default, 100).
+    #[arg(long, default_value_t = 0)]
+    http2_max_streams_per_connection: u32,
+    /// Open client connections at once; further clients wait to be accepted (at most the
+    /// process's file descriptor limit, less a reserve).
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// The largest object stored (etcd's flag and default, 1.5 MiB); larger writes fail
+    /// with etcd's `request is too large`.
+    #[arg(long, default_value_t = capstan_registry::MAX_OBJECT_BYTES)]
+    max_request_bytes: usize,
+    /// The most bytes of recent changes one kind's watch cache keeps for resuming watches
+    /// (besides at most 102,400 changes and 75 s); a watcher further behind is ended.
+    #[arg(long, default_value_t = 128 * 1024 * 1024)]
+    watch_cache_history_bytes: usize,
 }
 
-/// Parses Go-style durations as kube-apiserver flags take them: `300ms`, `90s`, `5m`, `1h`, `0`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    if text == "0" {
-        return Ok(Duration::ZERO);
+impl ServeArgs {
+    /// The limits the API server enforces, from the flags.
+    fn limits(&self) -> capstan_apiserver::limits::Limits {
+        let defaults = capstan_apiserver::limits::Limits::default();
+        capstan_apiserver::limits::Limits {
+            max_requests_inflight: self.max_requests_inflight,
+            max_mutating_requests_inflight: self.max_mutating_requests_inflight,
+            request_timeout: self.request_timeout,
+            min_request_timeout: Duration::from_secs(self.min_request_timeout.max(1)),
+            http2_max_streams_per_connection: match self.http2_max_streams_per_connection {
+                0 => defaults.http2_max_streams_per_connection,
+                n => n,
+            },
+            max_connections: self.max_connections.clamp(1, descriptor_budget()),
+        }
     }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .ok_or_else(|| format!("missing unit in duration {text:?} (use ms, s, m or h)"))?;
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} in duration {text:?}")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+/// Raises the soft open-file limit to the hard one (as Go programs, kube-apiserver among
+/// them, do at start) and returns how many connections that leaves room for, keeping a
+/// reserve for the store, etcd clients, backends and logs.
+fn descriptor_budget() -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    usize::try_from(soft.saturating_sub(256))
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Parses Go durations as kube-apiserver flags take them: `300ms`, `90s`, `5m`, `1m0s`, `0`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    capstan_machinery::duration::parse_flag_duration(text)
 }
 
 async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {
@@ -162,7 +208,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             (strategy.info().list_prefix(""), project)
         })
         .collect();
-    let caches = Arc::new(CacheSet::new(store.clone(), prefixes, 102_400));
+    let caches = Arc::new(CacheSet::new(
+        store.clone(),
+        prefixes,
+        capstan_registry::cache::HistoryLimits {
+            events: 102_400,
+            bytes: args.watch_cache_history_bytes,
+        },
+    ));
     caches.start().await.context("loading the watch cache")?;
     let registries: Vec<Arc<Registry>> = strategies
         .iter()
@@ -171,13 +224,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let cache = caches
                 .cache(&info.list_prefix(""))
                 .expect("a cache exists for every registered prefix");
-            Arc::new(Registry::new(
-                strategy.clone(),
-                store.clone(),
-                cache,
-                info.namespaced
-                    .then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
-            ))
+            Arc::new(
+                Registry::new(
+                    strategy.clone(),
+                    store.clone(),
+                    cache,
+                    info.namespaced
+                        .then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
+                )
+                .with_max_object_bytes(args.max_request_bytes),
+            )
         })
         .collect();
     let repaired = service_strategy
@@ -230,6 +286,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         registries,
         credentials.token.clone(),
         format!("{host}:{}", args.port),
+        args.limits(),
     ));
     tracing::info!(
         storage = ?args.storage,
@@ -424,8 +481,10 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1m0s"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5d").is_err());
         assert!(parse_duration("m").is_err());
+        assert!(parse_duration("-5s").is_err());
     }
 }

@@ -273,7 +273,13 @@ impl AvailabilityController {
     /// Runs in background tasks for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(crate::queue::WorkQueue::<String>::default());
+        let queue = Arc::new(crate::queue::WorkQueue::<String>::with_backoff(
+            crate::queue::Backoff {
+                max: Duration::from_secs(30),
+                max_retries: None,
+                ..crate::queue::Backoff::CONTROLLER
+            },
+        ));
         // APIService changes check that APIService.
         {
             let (controller, queue) = (controller.clone(), queue.clone());
@@ -330,33 +336,18 @@ impl AvailabilityController {
         }
         // Workers over a per-key queue: a slow probe holds up only its own APIService.
         // Failures are retried with exponential back-off, 5 ms doubling to 30 s (spec §7).
-        let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> =
-            Arc::default();
         for _ in 0..WORKERS {
-            let (controller, queue, failures) =
-                (controller.clone(), queue.clone(), failures.clone());
+            let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
                     let name = queue.next().await;
                     let result = controller.sync(&name).await;
                     queue.done(&name);
-                    let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
                     match result {
-                        Ok(()) => {
-                            failed.remove(&name);
-                        }
+                        Ok(()) => queue.forget(&name),
                         Err(error) => {
-                            let attempts = failed.entry(name.clone()).or_insert(0);
-                            *attempts = attempts.saturating_add(1);
-                            let delay = Duration::from_millis(5)
-                                .saturating_mul(1 << (*attempts - 1).min(13))
-                                .min(Duration::from_secs(30));
+                            let delay = queue.retry_later(name.clone());
                             tracing::debug!(%name, %error, ?delay, "apiservice check failed; retrying");
-                            let queue = queue.clone();
-                            tokio::spawn(async move {
-                                tokio::time::sleep(delay).await;
-                                queue.add(name);
-                            });
                         }
                     }
                 }

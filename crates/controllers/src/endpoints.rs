@@ -465,13 +465,19 @@ impl EndpointsController {
                     let key = queue.next().await;
                     let result = controller.sync(&key.0, &key.1).await;
                     queue.done(&key);
-                    if let Err(error) = result {
-                        tracing::debug!(namespace = %key.0, name = %key.1, %error, "endpoints sync failed; retrying");
-                        let queue = queue.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            queue.add(key);
-                        });
+                    match result {
+                        Ok(()) => queue.forget(&key),
+                        Err(error) => {
+                            let (namespace, name) = (key.0.clone(), key.1.clone());
+                            match queue.retry_later(key) {
+                                Some(delay) => {
+                                    tracing::debug!(%namespace, %name, %error, ?delay, "endpoints sync failed; retrying")
+                                }
+                                None => {
+                                    tracing::warn!(%namespace, %name, %error, "endpoints sync failed too often; dropped until the Service or its pods change")
+                                }
+                            }
+                        }
                     }
                 }
             });
@@ -789,6 +795,12 @@ pub fn build_subsets<P: std::borrow::Borrow<Value>>(
         else {
             continue;
         };
+        // An address Endpoints may not hold (loopback, link-local, unspecified) would make
+        // the whole write fail validation and keep every other pod of the Service out too:
+        // such a pod is left out instead.
+        if capstan_machinery::ip::special_problem(ip, &ip.to_string()).is_some() {
+            continue;
+        }
         let mut address = Map::new();
         address.insert("ip".into(), json!(ip.to_string()));
         let hostname = pod
@@ -1110,6 +1122,24 @@ mod tests {
             json!([{"name": "http", "port": 8080, "protocol": "TCP"}])
         );
         assert_eq!(subsets[0]["addresses"][0]["targetRef"]["kind"], "Pod");
+    }
+
+    #[test]
+    fn a_pod_with_an_address_endpoints_cannot_hold_is_left_out() {
+        let spec = json!({"clusterIP": "10.96.0.10", "ports": [{"port": 80, "targetPort": 8080}]});
+        let pods = vec![
+            pod("good", "10.244.0.5", "True"),
+            pod("loopback", "127.0.0.1", "True"),
+            pod("link-local", "169.254.1.1", "True"),
+        ];
+        let (subsets, _) = build_subsets(&spec, "web", &pods);
+        let ips: Vec<&str> = subsets[0]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["ip"].as_str())
+            .collect();
+        assert_eq!(ips, ["10.244.0.5"]);
     }
 
     #[test]

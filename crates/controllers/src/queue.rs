@@ -1,7 +1,9 @@
 //! The work queue controllers share, with client-go's guarantees.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The controller's work queue, with client-go's guarantees: a key queued many times before a
 /// worker takes it is synced once, and a key is never handed to two workers at once (a key
@@ -9,6 +11,37 @@ use std::hash::Hash;
 pub struct WorkQueue<K> {
     pub(crate) state: std::sync::Mutex<QueueState<K>>,
     ready: tokio::sync::Notify,
+    backoff: Backoff,
+    failures: std::sync::Mutex<HashMap<K, u32>>,
+}
+
+/// How failed syncs are retried: client-go's per-item exponential failure rate limiter
+/// (`base · 2^(failures−1)`, capped at `max`), and how many retries a key gets before it is
+/// dropped until its next change (`None`: never dropped).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// The first delay.
+    pub base: Duration,
+    /// The longest delay.
+    pub max: Duration,
+    /// Retries before the key is dropped.
+    pub max_retries: Option<u32>,
+}
+
+impl Backoff {
+    /// client-go's `DefaultControllerRateLimiter` item limiter (5 ms doubling to 1,000 s), with
+    /// the endpoints controller's 15 retries.
+    pub const CONTROLLER: Backoff = Backoff {
+        base: Duration::from_millis(5),
+        max: Duration::from_secs(1000),
+        max_retries: Some(15),
+    };
+
+    /// The delay before retry number `failures` (1-based).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exponent = failures.saturating_sub(1).min(30);
+        self.base.saturating_mul(1u32 << exponent).min(self.max)
+    }
 }
 
 pub(crate) struct QueueState<K> {
@@ -45,6 +78,41 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         }
     }
 
+    /// The key synced: its failures are forgotten.
+    pub fn forget(&self, key: &K) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// The key failed to sync: it is queued again after its back-off delay, which grows with
+    /// every consecutive failure; past the retry limit it is dropped (and forgotten) until it
+    /// is added again. Returns the delay, or `None` when the key was dropped.
+    pub fn retry_later(self: &Arc<Self>, key: K) -> Option<Duration>
+    where
+        K: Send + Sync + 'static,
+    {
+        let failures = {
+            let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+            let count = failures.entry(key.clone()).or_insert(0);
+            *count = count.saturating_add(1);
+            let count = *count;
+            if self.backoff.max_retries.is_some_and(|max| count > max) {
+                failures.remove(&key);
+                return None;
+            }
+            count
+        };
+        let delay = self.backoff.delay(failures);
+        let queue = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(key);
+        });
+        Some(delay)
+    }
+
     /// A worker finished a key; queues it again if it was added meanwhile.
     pub fn done(&self, key: &K) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -56,9 +124,21 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 }
 
+impl<K> WorkQueue<K> {
+    /// An empty queue whose failed keys are retried with `backoff`.
+    pub fn with_backoff(backoff: Backoff) -> Self {
+        WorkQueue {
+            backoff,
+            ..Self::default()
+        }
+    }
+}
+
 impl<K> Default for WorkQueue<K> {
     fn default() -> Self {
         WorkQueue {
+            backoff: Backoff::CONTROLLER,
+            failures: std::sync::Mutex::new(HashMap::new()),
             state: std::sync::Mutex::new(QueueState {
                 order: std::collections::VecDeque::new(),
                 dirty: HashSet::new(),
@@ -66,5 +146,43 @@ impl<K> Default for WorkQueue<K> {
             }),
             ready: tokio::sync::Notify::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_from_five_milliseconds_and_stops_at_the_cap() {
+        let backoff = Backoff::CONTROLLER;
+        assert_eq!(backoff.delay(1), Duration::from_millis(5));
+        assert_eq!(backoff.delay(2), Duration::from_millis(10));
+        assert_eq!(backoff.delay(11), Duration::from_millis(5 * 1024));
+        assert_eq!(backoff.delay(40), Duration::from_secs(1000));
+    }
+
+    #[tokio::test]
+    async fn a_failing_key_is_retried_later_each_time_then_dropped() {
+        let queue = Arc::new(WorkQueue::<u32>::with_backoff(Backoff {
+            base: Duration::from_millis(1),
+            max: Duration::from_millis(4),
+            max_retries: Some(3),
+        }));
+        let delays: Vec<Option<Duration>> = (0..4).map(|_| queue.retry_later(7)).collect();
+        assert_eq!(
+            delays,
+            [
+                Some(Duration::from_millis(1)),
+                Some(Duration::from_millis(2)),
+                Some(Duration::from_millis(4)),
+                None
+            ]
+        );
+        // Dropped keys start over; a success forgets the count too.
+        assert_eq!(queue.retry_later(7), Some(Duration::from_millis(1)));
+        queue.forget(&7);
+        assert_eq!(queue.retry_later(7), Some(Duration::from_millis(1)));
+        assert_eq!(queue.next().await, 7);
     }
 }

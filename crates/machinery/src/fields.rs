@@ -22,7 +22,10 @@ impl FieldSelector {
     /// Parses `fieldSelector`; the error is the 400 text kube-apiserver sends.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut requirements = Vec::new();
-        for term in split_unescaped(text, ',') {
+        // Upstream sorts the terms: the first bad one in that order is the one reported.
+        let mut terms = split_unescaped(text, ',');
+        terms.sort();
+        for term in terms {
             if term.is_empty() {
                 continue;
             }
@@ -83,20 +86,16 @@ fn split_unescaped(text: &str, separator: char) -> Vec<String> {
     parts
 }
 
+/// Splits a term at the first operator, as upstream's `splitTerm`: the field name has no
+/// escaping, and the split point is found among character boundaries only.
 fn split_term(term: &str) -> Option<(&str, bool, &str)> {
-    let bytes = term.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            i += 2;
-            continue;
-        }
+    for (i, _) in term.char_indices() {
+        let rest = &term[i..];
         for (operator, negated) in [("!=", true), ("==", false), ("=", false)] {
-            if term[i..].starts_with(operator) {
-                return Some((&term[..i], negated, &term[i + operator.len()..]));
+            if let Some(value) = rest.strip_prefix(operator) {
+                return Some((&term[..i], negated, value));
             }
         }
-        i += 1;
     }
     None
 }
@@ -129,7 +128,12 @@ mod tests {
                 .expect("parses");
         assert_eq!(selector.requirements.len(), 3);
         assert_eq!(selector.pinned_name(), Some("web"));
-        assert!(selector.requirements[2].negated);
+        let cluster_ip = selector
+            .requirements
+            .iter()
+            .find(|r| r.field == "spec.clusterIP")
+            .expect("term");
+        assert!(cluster_ip.negated);
     }
 
     #[test]
@@ -147,6 +151,38 @@ mod tests {
         assert_eq!(
             FieldSelector::parse("foo").expect_err("must fail"),
             "invalid selector: 'foo'; can't understand 'foo'"
+        );
+    }
+
+    #[test]
+    fn multi_byte_characters_never_split() {
+        // `é` after a backslash once sliced inside the character and panicked.
+        for text in [
+            "é",
+            "\\é",
+            "aé=b",
+            "é\\=x",
+            "\\",
+            "a\\\\é!=é",
+            "=é",
+            "€=",
+            "a=\\é",
+        ] {
+            let _ = FieldSelector::parse(text);
+        }
+        assert_eq!(
+            FieldSelector::parse("é").expect_err("no operator"),
+            "invalid selector: 'é'; can't understand 'é'"
+        );
+        let selector = FieldSelector::parse("aé=b").expect("parses");
+        assert_eq!(selector.requirements[0].field, "aé");
+    }
+
+    #[test]
+    fn the_first_bad_term_in_sorted_order_is_reported() {
+        assert_eq!(
+            FieldSelector::parse("z,a").expect_err("must fail"),
+            "invalid selector: 'z,a'; can't understand 'a'"
         );
     }
 

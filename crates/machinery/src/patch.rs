@@ -8,6 +8,11 @@ use crate::status::{ApiError, Reason};
 /// The most operations a JSON patch may carry.
 pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 
+/// The most bytes the `copy` operations of one JSON patch may add, together (kube-apiserver's
+/// `JSONPatchMaxCopyBytes`, 3 MiB): a small patch that copies a map into itself doubles it
+/// with every operation.
+pub const MAX_JSON_PATCH_COPY_BYTES: u64 = 3 * 1024 * 1024;
+
 /// The patch formats kube-apiserver accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -60,15 +65,48 @@ pub fn json_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
     }
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(operations))
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    let mut result = target.clone();
-    json_patch::patch(&mut result, &patch).map_err(|_| {
+    // Upstream answers every failure to apply with the same text and no details of why.
+    let unprocessable = || {
         ApiError::new(
             422,
             Reason::Invalid,
             "the server rejected our request due to an error in our request",
         )
-    })?;
+        .with_details(Default::default())
+    };
+    let mut result = target.clone();
+    let mut copied: u64 = 0;
+    // One operation at a time on the copy: a failure leaves `target` untouched anyway, and a
+    // copy is measured before it runs, so no operation can blow the document up first.
+    for operation in &patch.0 {
+        if let json_patch::PatchOperation::Copy(copy) = operation {
+            let size = result.pointer(copy.from.as_str()).map_or(0, serialized_len);
+            copied = copied.saturating_add(size);
+            if copied > MAX_JSON_PATCH_COPY_BYTES {
+                return Err(unprocessable());
+            }
+        }
+        json_patch::patch(&mut result, std::slice::from_ref(operation))
+            .map_err(|_| unprocessable())?;
+    }
     Ok(result)
+}
+
+/// The length of a value's compact JSON encoding, without building it.
+fn serialized_len(value: &Value) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 /// Applies an RFC 7386 merge patch to `target`.
@@ -103,6 +141,25 @@ mod tests {
         let err = json_patch(&json!({"a":1}), br#"[{"op":"test","path":"/a","value":2}]"#)
             .expect_err("must fail");
         assert_eq!(err.code, 422);
+    }
+
+    #[test]
+    fn copies_that_double_a_map_stop_at_the_copy_limit() {
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": {"x": "a".repeat(80)}})];
+        for i in 0..40 {
+            ops.push(json!({"op": "copy", "from": "/a", "path": format!("/a/k{i}")}));
+        }
+        let body = serde_json::to_vec(&ops).expect("encodes");
+        let err = json_patch(&json!({}), &body).expect_err("over the copy limit");
+        assert_eq!(err.code, 422);
+        assert_eq!(
+            err.message,
+            "the server rejected our request due to an error in our request"
+        );
+        // A few copies stay well inside it.
+        let small = serde_json::to_vec(&ops[..4]).expect("encodes");
+        let patched = json_patch(&json!({}), &small).expect("applies");
+        assert!(patched["a"]["k2"]["k1"]["k0"]["x"].is_string());
     }
 
     #[test]

@@ -5,9 +5,49 @@
 //! key (or by value for primitive lists); every other list is replaced; the `$patch`,
 //! `$retainKeys`, `$setElementOrder/…` and `$deleteFromPrimitiveList/…` directives are honoured.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{Map, Value};
 
 use crate::schema::{core_property, core_resolve};
+
+/// A value as a hashable key: its JSON with object keys sorted, so equal values (however
+/// their keys are ordered) have equal keys. Lists are compared through these in linear time:
+/// a client controls their length.
+pub fn value_key(value: &Value) -> String {
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, key) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(key.clone()).to_string());
+                    out.push(':');
+                    write(&map[key.as_str()], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
 
 /// A strategic-merge failure: the message, and whether upstream answers 400 (format) or 422.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +110,8 @@ fn merge_map(
         let Value::Array(keys) = retain else {
             return Err(bad("invalid patch format of retainKeys"));
         };
-        let keep: Vec<&str> = keys.iter().filter_map(Value::as_str).collect();
-        original.retain(|k, _| keep.contains(&k.as_str()));
+        let keep: HashSet<&str> = keys.iter().filter_map(Value::as_str).collect();
+        original.retain(|k, _| keep.contains(k.as_str()));
     }
     for (key, value) in patch {
         if key.starts_with('$') {
@@ -105,7 +145,8 @@ fn merge_map(
                 return Err(bad("invalid patch format of primitive list"));
             };
             if let Some(Value::Array(list)) = original.get_mut(field) {
-                list.retain(|v| !remove.contains(v));
+                let remove: HashSet<String> = remove.iter().map(value_key).collect();
+                list.retain(|v| !remove.contains(&value_key(v)));
             }
         }
     }
@@ -167,60 +208,77 @@ fn merge_list(
     match merge_key {
         None => {
             // Primitive list with strategy merge: union, original order first.
+            let mut present: HashSet<String> = original.iter().map(value_key).collect();
             for value in patch {
-                if !original.contains(value) {
+                if present.insert(value_key(value)) {
                     original.push(value.clone());
                 }
             }
             Ok(original)
         }
         Some(merge_key) => {
+            // Entries by merge key; a deleted entry leaves a hole, filled in at the end.
+            let mut entries: Vec<Option<Value>> = original.into_iter().map(Some).collect();
+            let mut positions: HashMap<String, Vec<usize>> = HashMap::new();
+            for (i, entry) in entries.iter().enumerate() {
+                if let Some(key) = entry.as_ref().and_then(|e| e.get(merge_key)) {
+                    positions.entry(value_key(key)).or_default().push(i);
+                }
+            }
             for element in patch {
-                let key = element_key(element, merge_key)?.clone();
-                let position = original.iter().position(|o| o.get(merge_key) == Some(&key));
+                let key = value_key(element_key(element, merge_key)?);
                 match element.get("$patch").and_then(Value::as_str) {
                     Some("delete") => {
-                        original.retain(|o| o.get(merge_key) != Some(&key));
+                        for i in positions.remove(&key).unwrap_or_default() {
+                            entries[i] = None;
+                        }
                     }
                     _ => {
                         let Value::Object(patch_map) = element else {
                             return Err(bad("invalid JSON document"));
                         };
-                        match position {
+                        match positions.get(&key).and_then(|p| p.first()).copied() {
                             Some(i) => {
-                                let Value::Object(current) = std::mem::take(&mut original[i])
-                                else {
-                                    original[i] = element.clone();
-                                    continue;
-                                };
-                                original[i] =
-                                    Value::Object(merge_map(current, patch_map, item_schema)?);
+                                entries[i] = Some(match entries[i].take() {
+                                    Some(Value::Object(current)) => {
+                                        Value::Object(merge_map(current, patch_map, item_schema)?)
+                                    }
+                                    _ => element.clone(),
+                                });
                             }
-                            None => original.push(Value::Object(merge_map(
-                                Map::new(),
-                                patch_map,
-                                item_schema,
-                            )?)),
+                            None => {
+                                positions.insert(key, vec![entries.len()]);
+                                entries.push(Some(Value::Object(merge_map(
+                                    Map::new(),
+                                    patch_map,
+                                    item_schema,
+                                )?)));
+                            }
                         }
                     }
                 }
             }
-            Ok(original)
+            Ok(entries.into_iter().flatten().collect())
         }
     }
 }
 
 fn reorder(list: &mut [Value], order: &[Value], merge_key: Option<&str>) {
-    let rank = |v: &Value| {
-        order.iter().position(|o| match merge_key {
-            Some(k) => o.get(k).is_some() && o.get(k) == v.get(k),
-            None => o == v,
-        })
+    let identity = |v: &Value| match merge_key {
+        Some(k) => v.get(k).map(value_key),
+        None => Some(value_key(v)),
     };
+    let mut ranks: HashMap<String, usize> = HashMap::with_capacity(order.len());
+    for (i, o) in order.iter().enumerate() {
+        if let Some(id) = identity(o) {
+            ranks.entry(id).or_insert(i);
+        }
+    }
+    let rank = |v: &Value| identity(v).and_then(|id| ranks.get(&id).copied());
     let mut ranked: Vec<(usize, Value)> = list
-        .iter()
+        .iter_mut()
         .enumerate()
-        .map(|(i, v)| (rank(v).unwrap_or(order.len() + i), v.clone()))
+        .map(|(i, v)| (rank(v).unwrap_or(order.len() + i), std::mem::take(v)))
         .collect();
     ranked.sort_by_key(|(r, _)| *r);
     for (slot, (_, value)) in list.iter_mut().zip(ranked) {
@@ -271,6 +329,38 @@ mod tests {
             out["spec"]["ports"],
             json!([{"port": 81}, {"port": 80, "name": "a"}])
         );
+    }
+
+    #[test]
+    fn long_lists_merge_in_linear_time() {
+        // Long lists against long lists (quadratic scans took minutes at 200,000; the time is
+        // measured by `capstan-bench abuse`, not asserted here).
+        let stored: Vec<Value> = (0..50_000).map(|i| json!(format!("a{i}"))).collect();
+        let added: Vec<Value> = (0..50_000).map(|i| json!(format!("b{i}"))).collect();
+        let original = json!({"metadata": {"finalizers": stored}});
+        let patch = json!({"metadata": {"finalizers": added,
+            "$deleteFromPrimitiveList/finalizers": (0..25_000).map(|i| json!(format!("a{i}"))).collect::<Vec<_>>()}});
+        let out = apply(&original, &patch, service()).expect("applies");
+        assert_eq!(
+            out["metadata"]["finalizers"].as_array().map(Vec::len),
+            Some(75_000)
+        );
+        let ports: Vec<Value> = (0..5_000)
+            .map(|i| json!({"port": i, "name": format!("p{i}")}))
+            .collect();
+        let order: Vec<Value> = (0..5_000).rev().map(|i| json!({"port": i})).collect();
+        let patch = json!({"spec": {"ports": ports.clone(), "$setElementOrder/ports": order}});
+        let out = apply(&json!({"spec": {"ports": ports}}), &patch, service()).expect("applies");
+        assert_eq!(out["spec"]["ports"][0]["port"], 4_999);
+    }
+
+    #[test]
+    fn value_keys_ignore_object_key_order() {
+        assert_eq!(
+            value_key(&json!({"a": 1, "b": [2, {"d": 1, "c": 2}]})),
+            value_key(&json!({"b": [2, {"c": 2, "d": 1}], "a": 1}))
+        );
+        assert_ne!(value_key(&json!("1")), value_key(&json!(1)));
     }
 
     #[test]

@@ -167,7 +167,8 @@ impl ApiError {
         }
     }
 
-    fn with_details(mut self, details: Details) -> Self {
+    /// The error with these details.
+    pub fn with_details(mut self, details: Details) -> Self {
         self.details = Some(Box::new(details));
         self
     }
@@ -365,6 +366,18 @@ impl ApiError {
             retry_after_seconds: 1,
             ..Details::default()
         })
+    }
+
+    /// 504 `Timeout: <message>` with empty details (`apierrors.NewTimeoutError(message, 0)`).
+    pub fn timeout(message: &str) -> Self {
+        Self::new(504, Reason::Timeout, format!("Timeout: {message}"))
+            .with_details(Details::default())
+    }
+
+    /// What a write too large for the store answers: etcd's refusal, passed through by
+    /// kube-apiserver as a reasonless 500.
+    pub fn request_too_large_for_storage() -> Self {
+        Self::new(500, Reason::Unknown, "etcdserver: request is too large")
     }
 
     /// 503 with a retry hint.

@@ -543,13 +543,23 @@ impl CacheEvent {
     pub fn revision(&self) -> Revision {
         self.object.revision
     }
+
+    /// About how much memory the event keeps alive: each object's JSON, twice (as stored and
+    /// as its encoded watch line).
+    fn footprint(&self) -> usize {
+        let object = |o: &CachedObject| 2 * o.item_len() + 256;
+        object(&self.object) + self.prev.as_deref().map_or(0, object)
+    }
 }
 
 /// What a watcher receives from the cache.
 #[derive(Debug, Clone)]
 pub enum CacheMessage {
-    /// A change.
-    Event(Arc<CacheEvent>),
+    /// A change. Weak: the history holds events, and one the history has already dropped
+    /// (it is bounded in count, age and bytes) cannot be delivered — its watcher fell too far
+    /// behind and is ended, as one the channel overran is. So the channel never keeps objects
+    /// alive beyond the history's bounds.
+    Event(std::sync::Weak<CacheEvent>),
     /// Every change up to this revision has been sent.
     Progress(Revision),
 }
@@ -562,20 +572,32 @@ struct State {
     revision: Revision,
     sender: broadcast::Sender<CacheMessage>,
     progress_sent: Revision,
+    /// The approximate memory the history holds.
+    history_bytes: usize,
 }
 
 /// How long changes stay replayable for watches that resume from a revision: 75 s, as
 /// kube-apiserver's watch cache; older resumes get 410 and relist, as there.
 const HISTORY_RETENTION: Duration = Duration::from_secs(75);
-/// Changes kept regardless of age.
+/// Changes kept regardless of age (unless the byte bound needs their room).
 const HISTORY_MINIMUM: usize = 1_000;
+
+/// How many changes, and how many bytes of them, a kind's watch cache keeps for watches that
+/// resume from a revision.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryLimits {
+    /// Most changes kept.
+    pub events: usize,
+    /// Most bytes kept (objects are up to 1.5 MiB each: a count alone bounds nothing).
+    pub bytes: usize,
+}
 
 /// The objects of one kind (one storage prefix) and their recent changes.
 pub struct WatchCache {
     prefix: String,
     project: Projection,
     state: RwLock<State>,
-    history_limit: usize,
+    history_limit: HistoryLimits,
     channel_capacity: usize,
     global: watch::Receiver<Revision>,
 }
@@ -605,7 +627,7 @@ impl WatchCache {
         prefix: String,
         project: Projection,
         global: watch::Receiver<Revision>,
-        history_limit: usize,
+        history_limit: HistoryLimits,
     ) -> Self {
         let channel_capacity = 4096;
         let (sender, _) = broadcast::channel(channel_capacity);
@@ -619,6 +641,7 @@ impl WatchCache {
                 revision: 0,
                 sender,
                 progress_sent: 0,
+                history_bytes: 0,
             }),
             history_limit,
             channel_capacity,
@@ -728,6 +751,7 @@ impl WatchCache {
             revision,
             sender,
             progress_sent: revision,
+            history_bytes: 0,
         };
     }
 
@@ -778,21 +802,26 @@ impl WatchCache {
             }
         };
         let event = Arc::new(event);
-        state.history.push_back(event.clone());
-        while state.history.len() > self.history_limit
+        let weak = Arc::downgrade(&event);
+        state.history_bytes += event.footprint();
+        state.history.push_back(event);
+        while state.history.len() > self.history_limit.events
+            || state.history_bytes > self.history_limit.bytes
             || (state.history.len() > HISTORY_MINIMUM
                 && state
                     .history
                     .front()
                     .is_some_and(|e| e.at.elapsed() > HISTORY_RETENTION))
         {
-            if let Some(dropped) = state.history.pop_front() {
-                state.oldest = dropped.revision();
-            }
+            let Some(dropped) = state.history.pop_front() else {
+                break;
+            };
+            state.history_bytes = state.history_bytes.saturating_sub(dropped.footprint());
+            state.oldest = dropped.revision();
         }
         state.revision = revision;
         state.progress_sent = revision;
-        let _ = state.sender.send(CacheMessage::Event(event));
+        let _ = state.sender.send(CacheMessage::Event(weak));
     }
 
     fn progress(&self, revision: Revision) {
@@ -817,7 +846,7 @@ impl CacheSet {
     pub fn new(
         storage: Arc<dyn Storage>,
         prefixes: Vec<(String, Projection)>,
-        history_limit: usize,
+        history_limit: HistoryLimits,
     ) -> Self {
         let (global, receiver) = watch::channel(0);
         let caches = prefixes

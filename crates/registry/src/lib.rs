@@ -12,6 +12,7 @@ pub mod strategy;
 pub mod watch;
 
 pub use store::{
-    DeleteOptions, DeleteResult, ListOptions, ListResult, ReadAt, Registry, WriteOptions,
+    DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
+    WriteOptions,
 };
 pub use strategy::{ResourceInfo, Strategy, WriteExtras};

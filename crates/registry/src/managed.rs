@@ -4,10 +4,11 @@
 //! fields `f:<name>`, granular maps `f:<key>` under a `.` marker, list-map entries
 //! `k:{"port":80,"protocol":"TCP"}`, set entries `v:<value>`, and atomic values owned whole.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
 use capstan_machinery::schema::{Shape, core_shape};
+use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
 /// A path of fieldsV1 keys; a path ending in `.` marks the node itself.
@@ -27,24 +28,77 @@ const SYSTEM_METADATA: &[&str] = &[
     "selfLink",
 ];
 
-fn collect(
-    value: &Value,
+/// An object's field set, with the node at every path it visited (a path's value, or for a
+/// `.` marker the node it marks), so comparisons between two objects are lookups.
+struct Fields<'a> {
+    set: BTreeSet<Path>,
+    /// Filled only when the fields are compared with another object's.
+    nodes: Option<HashMap<Path, &'a Value>>,
+}
+
+impl Fields<'_> {
+    /// Whether the value at a path differs from `other`'s. For a `.` marker only the marked
+    /// node's existence counts.
+    fn differs(&self, other: &Fields<'_>, path: &Path) -> bool {
+        fn node<'v>(fields: &Fields<'v>, path: &[String]) -> Option<&'v Value> {
+            fields.nodes.as_ref().and_then(|n| n.get(path).copied())
+        }
+        match path.split_last() {
+            Some((last, parent)) if last == "." => {
+                node(self, parent).is_some() != node(other, parent).is_some()
+            }
+            _ => node(self, path) != node(other, path),
+        }
+    }
+}
+
+/// The step naming a list-map entry: `k:` and its keys as JSON; a key left out names the
+/// entry by its schema default (ServicePort's protocol), without the field itself being set.
+fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String {
+    let defaults = match core_shape(items) {
+        Shape::Struct(properties) => Some(properties),
+        _ => None,
+    };
+    let mut key = Map::new();
+    for name in keys.iter().filter_map(Value::as_str) {
+        let default = || {
+            defaults
+                .and_then(|p| p.get(name))
+                .map(capstan_machinery::schema::core_resolve)
+                .and_then(|p| p.get("default"))
+        };
+        if let Some(v) = element.get(name).or_else(default) {
+            key.insert(name.to_string(), v.clone());
+        }
+    }
+    format!("k:{}", Value::Object(key))
+}
+
+/// The shape a value takes: its schema's, or a map / atomic value without one.
+fn shape_of(value: &Value, schema: Option<&'static Value>) -> Shape<'static> {
+    schema.map(core_shape).unwrap_or(match value {
+        Value::Object(_) => Shape::Map(None),
+        _ => Shape::Atomic,
+    })
+}
+
+fn collect<'a>(
+    value: &'a Value,
     schema: Option<&'static Value>,
     path: &mut Path,
-    out: &mut BTreeSet<Path>,
+    out: &mut Fields<'a>,
     depth: usize,
     status: bool,
 ) {
-    let shape = schema.map(core_shape).unwrap_or(match value {
-        Value::Object(_) => Shape::Map(None),
-        _ => Shape::Atomic,
-    });
-    let mark = |path: &Path, out: &mut BTreeSet<Path>| {
+    if let Some(nodes) = out.nodes.as_mut() {
+        nodes.entry(path.clone()).or_insert(value);
+    }
+    let mark = |path: &Path, out: &mut Fields<'a>| {
         let mut marker = path.clone();
         marker.push(".".into());
-        out.insert(marker);
+        out.set.insert(marker);
     };
-    match (shape, value) {
+    match (shape_of(value, schema), value) {
         (Shape::Struct(properties), Value::Object(map)) if !map.is_empty() => {
             for (key, child) in map {
                 // A write through /status owns only status; any other write never does.
@@ -73,26 +127,8 @@ fn collect(
         }
         (Shape::ListMap(items, keys), Value::Array(list)) if !list.is_empty() => {
             mark(path, out);
-            let defaults = match core_shape(items) {
-                Shape::Struct(properties) => Some(properties),
-                _ => None,
-            };
             for element in list {
-                let mut key = Map::new();
-                for name in keys.iter().filter_map(Value::as_str) {
-                    // A key left out names the entry by its schema default (ServicePort's
-                    // protocol), without the field itself being set.
-                    let default = || {
-                        defaults
-                            .and_then(|p| p.get(name))
-                            .map(capstan_machinery::schema::core_resolve)
-                            .and_then(|p| p.get("default"))
-                    };
-                    if let Some(v) = element.get(name).or_else(default) {
-                        key.insert(name.to_string(), v.clone());
-                    }
-                }
-                path.push(format!("k:{}", Value::Object(key)));
+                path.push(entry_step(element, items, keys));
                 mark(path, out);
                 collect(element, Some(items), path, out, depth + 1, status);
                 path.pop();
@@ -102,13 +138,16 @@ fn collect(
             mark(path, out);
             for element in list {
                 path.push(format!("v:{element}"));
-                out.insert(path.clone());
+                if let Some(nodes) = out.nodes.as_mut() {
+                    nodes.entry(path.clone()).or_insert(element);
+                }
+                out.set.insert(path.clone());
                 path.pop();
             }
         }
         _ => {
             if !path.is_empty() {
-                out.insert(path.clone());
+                out.set.insert(path.clone());
             }
         }
     }
@@ -120,45 +159,33 @@ fn in_scope(path: &Path, status: bool) -> bool {
     (path.first().map(String::as_str) == Some("f:status")) == status
 }
 
-/// The fields an object sets: system metadata excluded, and status only (`status`) or all
-/// but status.
-fn field_set(object: &Value, schema: Option<&'static Value>, status: bool) -> BTreeSet<Path> {
-    let mut out = BTreeSet::new();
+/// The fields an object sets (system metadata excluded; status only (`status`) or all but
+/// status), with the nodes they name, for comparing with another object's.
+fn fields<'a>(object: &'a Value, schema: Option<&'static Value>, status: bool) -> Fields<'a> {
+    let mut out = Fields {
+        set: BTreeSet::new(),
+        nodes: Some(HashMap::new()),
+    };
     collect(object, schema, &mut Vec::new(), &mut out, 0, status);
     out
 }
 
-/// The value a path points at (`.` markers point at their node).
-fn lookup<'a>(object: &'a Value, path: &Path) -> Option<&'a Value> {
-    let mut current = object;
-    for step in path {
-        if step == "." {
-            return Some(current);
-        }
-        current = if let Some(field) = step.strip_prefix("f:") {
-            current.get(field)?
-        } else if let Some(key) = step.strip_prefix("k:") {
-            let key: Map<String, Value> = serde_json::from_str(key).ok()?;
-            current
-                .as_array()?
-                .iter()
-                .find(|e| key.iter().all(|(k, v)| e.get(k) == Some(v)))?
-        } else if let Some(value) = step.strip_prefix("v:") {
-            let value: Value = serde_json::from_str(value).ok()?;
-            current.as_array()?.iter().find(|e| **e == value)?
-        } else {
-            return None;
-        };
-    }
-    Some(current)
+/// Just the field set.
+fn field_set(object: &Value, schema: Option<&'static Value>, status: bool) -> BTreeSet<Path> {
+    let mut out = Fields {
+        set: BTreeSet::new(),
+        nodes: None,
+    };
+    collect(object, schema, &mut Vec::new(), &mut out, 0, status);
+    out.set
 }
 
-/// Whether the value at a path differs. For a `.` marker only its existence counts.
-fn differs(new: &Value, old: &Value, path: &Path) -> bool {
-    if path.last().map(String::as_str) == Some(".") {
-        return lookup(new, path).is_some() != lookup(old, path).is_some();
-    }
-    lookup(new, path) != lookup(old, path)
+/// Whether any path of `set` lies under `node` (or is `node`): one ordered lookup, since the
+/// paths under a node sort right after it.
+fn owns_under(set: &BTreeSet<Path>, node: &[String]) -> bool {
+    set.range(node.to_vec()..)
+        .next()
+        .is_some_and(|p| p.starts_with(node))
 }
 
 fn to_fields_v1(paths: &BTreeSet<Path>) -> Value {
@@ -239,25 +266,29 @@ pub fn record_update(
 ) {
     let now = meta::now_rfc3339();
     let status = subresource == Some("status");
-    let new_fields = field_set(new, schema, status);
+    let (new_fields, changed) = {
+        let new_index = fields(new, schema, status);
+        let changed: BTreeSet<Path> = match old {
+            None => new_index.set.clone(),
+            Some(old) => {
+                let old_index = fields(old, schema, status);
+                new_index
+                    .set
+                    .iter()
+                    .filter(|p| new_index.differs(&old_index, p))
+                    .chain(old_index.set.iter().filter(|p| !new_index.set.contains(*p)))
+                    .cloned()
+                    .collect()
+            }
+        };
+        (new_index.set, changed)
+    };
     let mut entries: Vec<Value> = old
         .and_then(meta::metadata)
         .and_then(|m| m.get("managedFields"))
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let changed: BTreeSet<Path> = match old {
-        None => new_fields.clone(),
-        Some(old) => {
-            let old_fields = field_set(old, schema, status);
-            new_fields
-                .iter()
-                .filter(|p| differs(new, old, p))
-                .chain(old_fields.iter().filter(|p| !new_fields.contains(*p)))
-                .cloned()
-                .collect()
-        }
-    };
     let is_mine = |entry: &Value| {
         entry.get("manager").and_then(Value::as_str) == Some(manager)
             && entry.get("operation").and_then(Value::as_str) == Some("Update")
@@ -444,11 +475,13 @@ pub fn apply(
 
     // Conflicts: fields this apply sets to a value other than the live one, owned by others.
     let mut conflicts = Vec::new();
+    let config_index = fields(&config, schema, status);
+    let live_index = fields(live_object, schema, status);
     for path in applied
         .iter()
         .filter(|p| p.last().map(String::as_str) != Some("."))
     {
-        if !differs(&config, live_object, path) {
+        if !config_index.differs(&live_index, path) {
             continue;
         }
         for (entry, owned) in entries.iter_mut() {
@@ -470,6 +503,7 @@ pub fn apply(
         return Err(conflicts);
     }
 
+    drop((config_index, live_index));
     // Fields this manager applied before and no longer does go, unless someone else owns them.
     let mut object = live_object.clone();
     let others: Vec<&BTreeSet<Path>> = entries
@@ -477,20 +511,15 @@ pub fn apply(
         .filter(|(entry, _)| !is_mine(entry))
         .map(|(_, owned)| owned)
         .collect();
-    let mut dropped: Vec<&Path> = previously.difference(&applied).collect();
-    dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for path in dropped {
-        let node: &[String] = match path.split_last() {
-            Some((last, parent)) if last == "." => parent,
-            _ => path,
-        };
-        let kept = others
-            .iter()
-            .any(|owned| owned.iter().any(|p| p.starts_with(node)));
-        if !kept && !node.is_empty() {
-            remove_path(&mut object, node);
-        }
-    }
+    let gone: BTreeSet<Path> = previously
+        .difference(&applied)
+        .map(|path| match path.split_last() {
+            Some((last, parent)) if last == "." => parent.to_vec(),
+            _ => path.clone(),
+        })
+        .filter(|node| !node.is_empty() && !others.iter().any(|owned| owns_under(owned, node)))
+        .collect();
+    prune(&mut object, schema, &mut Vec::new(), &gone);
     merge_into(&mut object, &config, schema, 0, status);
 
     // managedFields: this manager owns exactly what it applied; fields no longer in the
@@ -626,43 +655,43 @@ fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
     }
 }
 
-/// Removes the node a fieldsV1 path names (a field, a list-map entry or a set value).
-fn remove_path(object: &mut Value, path: &[String]) {
-    let Some((last, parent)) = path.split_last() else {
+/// Removes the nodes `remove` names (fields, list-map entries, set values) in one walk of the
+/// object, visiting only the branches that hold one.
+fn prune(
+    value: &mut Value,
+    schema: Option<&'static Value>,
+    path: &mut Path,
+    remove: &BTreeSet<Path>,
+) {
+    if !owns_under(remove, path) {
         return;
-    };
-    let mut current = object;
-    for step in parent {
-        let next = if let Some(field) = step.strip_prefix("f:") {
-            current.get_mut(field)
-        } else if let Some(key) = step.strip_prefix("k:") {
-            let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
-            current.as_array_mut().and_then(|list| {
-                list.iter_mut()
-                    .find(|e| key.iter().all(|(k, v)| e.get(k) == Some(v)))
-            })
-        } else {
-            None
-        };
-        match next {
-            Some(next) => current = next,
-            None => return,
-        }
     }
-    if let Some(field) = last.strip_prefix("f:") {
-        if let Some(map) = current.as_object_mut() {
-            map.shift_remove(field);
+    let visit = |step: String, child: &mut Value, child_schema, path: &mut Path| {
+        path.push(step);
+        let gone = remove.contains(path);
+        if !gone {
+            prune(child, child_schema, path, remove);
         }
-    } else if let Some(key) = last.strip_prefix("k:") {
-        let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
-        if let Some(list) = current.as_array_mut() {
-            list.retain(|e| !key.iter().all(|(k, v)| e.get(k) == Some(v)));
+        path.pop();
+        !gone
+    };
+    match (shape_of(value, schema), value) {
+        (Shape::Struct(properties), Value::Object(map)) => {
+            map.retain(|key, child| visit(format!("f:{key}"), child, properties.get(key), path));
         }
-    } else if let Some(value) = last.strip_prefix("v:") {
-        let value: Value = serde_json::from_str(value).unwrap_or(Value::Null);
-        if let Some(list) = current.as_array_mut() {
-            list.retain(|e| *e != value);
+        (Shape::Map(values), Value::Object(map)) => {
+            map.retain(|key, child| visit(format!("f:{key}"), child, values, path));
         }
+        (Shape::ListMap(items, keys), Value::Array(list)) => {
+            list.retain_mut(|element| {
+                let step = entry_step(element, items, keys);
+                visit(step, element, Some(items), path)
+            });
+        }
+        (Shape::Set, Value::Array(list)) => {
+            list.retain_mut(|element| visit(format!("v:{element}"), element, None, path));
+        }
+        _ => {}
     }
 }
 
@@ -713,21 +742,35 @@ fn merge_into(
         }
         (Shape::ListMap(items, keys), Value::Array(elements)) if live.is_array() => {
             let keys: Vec<&str> = keys.iter().filter_map(Value::as_str).collect();
+            let identity = |e: &Value| {
+                let parts: Vec<Value> = keys
+                    .iter()
+                    .map(|k| e.get(*k).cloned().unwrap_or(Value::Null))
+                    .collect();
+                value_key(&Value::Array(parts))
+            };
+            let Some(list) = live.as_array_mut() else {
+                return;
+            };
+            let mut positions: HashMap<String, usize> = HashMap::new();
+            for (i, e) in list.iter().enumerate() {
+                positions.entry(identity(e)).or_insert(i);
+            }
             for element in elements {
-                let Some(list) = live.as_array_mut() else {
-                    return;
-                };
-                let same = |e: &Value| keys.iter().all(|k| e.get(*k) == element.get(*k));
-                match list.iter_mut().find(|e| same(e)) {
-                    Some(existing) => merge_into(existing, element, Some(items), depth + 1, status),
-                    None => list.push(element.clone()),
+                match positions.get(&identity(element)) {
+                    Some(&i) => merge_into(&mut list[i], element, Some(items), depth + 1, status),
+                    None => {
+                        positions.insert(identity(element), list.len());
+                        list.push(element.clone());
+                    }
                 }
             }
         }
         (Shape::Set, Value::Array(elements)) if live.is_array() => {
             if let Some(list) = live.as_array_mut() {
+                let mut present: HashSet<String> = list.iter().map(value_key).collect();
                 for element in elements {
-                    if !list.contains(element) {
+                    if present.insert(value_key(element)) {
                         list.push(element.clone());
                     }
                 }
@@ -944,6 +987,46 @@ mod tests {
         assert_eq!(
             applied["status"]["loadBalancer"]["ingress"][0]["ip"],
             "192.0.2.2"
+        );
+    }
+
+    #[test]
+    fn applying_and_dropping_long_lists_is_linear() {
+        // Long lists: every step (field sets, comparisons, merge, removal of what the manager
+        // stopped applying) is a hash or ordered lookup; `capstan-bench abuse` times it.
+        let finalizers: Vec<Value> = (0..20_000).map(|i| json!(format!("f{i}"))).collect();
+        let ports: Vec<Value> = (0..4_000)
+            .map(|i| json!({"port": i + 1, "protocol": "TCP", "targetPort": 80}))
+            .collect();
+        let config = json!({"metadata": {"name": "web", "finalizers": finalizers},
+                            "spec": {"ports": ports}});
+        let live = applied(None, config, "alice", false).expect("created");
+        let half = json!({"metadata": {"name": "web", "finalizers": finalizers[..10_000]},
+                          "spec": {"ports": ports[..2_000]}});
+        let after = applied(Some(&live), half, "alice", false).expect("applied");
+        assert_eq!(
+            after["metadata"]["finalizers"].as_array().map(Vec::len),
+            Some(10_000)
+        );
+        assert_eq!(after["spec"]["ports"].as_array().map(Vec::len), Some(2_000));
+        // A second manager sharing the same values owns them too: nothing conflicts.
+        let mut shared = after.clone();
+        record_update(
+            &mut shared,
+            Some(&after),
+            "bob",
+            "v1",
+            None,
+            service_schema(),
+        );
+        assert!(
+            applied(
+                Some(&shared),
+                json!({"metadata": {"name": "web"}}),
+                "carol",
+                false
+            )
+            .is_ok()
         );
     }
 

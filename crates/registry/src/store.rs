@@ -113,12 +113,16 @@ pub struct DeleteResult {
     pub removed: bool,
 }
 
+/// The largest object the store takes by default: etcd's `--max-request-bytes` (1.5 MiB).
+pub const MAX_OBJECT_BYTES: usize = 1_572_864;
+
 /// The verbs of one kind.
 pub struct Registry {
     strategy: Arc<dyn Strategy>,
     storage: Arc<dyn Storage>,
     cache: Arc<WatchCache>,
     namespace_prefix: Option<String>,
+    max_object_bytes: usize,
 }
 
 fn storage_error(error: StorageError) -> ApiError {
@@ -139,7 +143,14 @@ impl Registry {
             storage,
             cache,
             namespace_prefix,
+            max_object_bytes: MAX_OBJECT_BYTES,
         }
+    }
+
+    /// The same registry refusing stored objects larger than `bytes`.
+    pub fn with_max_object_bytes(mut self, bytes: usize) -> Self {
+        self.max_object_bytes = bytes;
+        self
     }
 
     /// The kind's strategy.
@@ -150,6 +161,11 @@ impl Registry {
     /// The kind's watch cache.
     pub fn cache(&self) -> &Arc<WatchCache> {
         &self.cache
+    }
+
+    /// Whether the storage under the registry can serve and take writes (readiness).
+    pub async fn storage_health(&self) -> Result<(), String> {
+        self.storage.health().await.map_err(|e| e.to_string())
     }
 
     fn not_found(&self, name: &str) -> ApiError {
@@ -172,6 +188,27 @@ impl Registry {
             info.kind,
             true,
         ))
+    }
+
+    /// Encodes an object for storage within the size bound. As upstream, an object too large
+    /// with its managedFields is stored without them, unless they were just applied (server-side
+    /// apply owns what it records); one too large even so is refused with etcd's error.
+    fn encode_bounded(&self, object: &mut Value, applied: bool) -> Result<Bytes, ApiError> {
+        let encoded = self.encode(object);
+        if encoded.len() <= self.max_object_bytes {
+            return Ok(encoded);
+        }
+        if !applied
+            && meta::metadata_mut(object)
+                .shift_remove("managedFields")
+                .is_some()
+        {
+            let encoded = self.encode(object);
+            if encoded.len() <= self.max_object_bytes {
+                return Ok(encoded);
+            }
+        }
+        Err(ApiError::request_too_large_for_storage())
     }
 
     async fn wait_for_cache(&self, revision: Revision) -> Result<(), ApiError> {
@@ -589,7 +626,8 @@ impl Registry {
             }
             let mut txn = Txn::new().when(Compare::Absent(key.clone()));
             txn.compares.extend(extras.compares);
-            txn = txn.then(Op::Put(key.clone(), self.encode(&candidate)));
+            let encoded = self.encode_bounded(&mut candidate, options.applied)?;
+            txn = txn.then(Op::Put(key.clone(), encoded));
             txn.ops.extend(extras.ops);
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => {
@@ -910,7 +948,8 @@ impl Registry {
                 txn.compares.extend(released.compares);
                 txn.ops.extend(released.ops);
             } else {
-                txn = txn.then(Op::Put(key.clone(), self.encode(&new)));
+                let encoded = self.encode_bounded(&mut new, options.applied)?;
+                txn = txn.then(Op::Put(key.clone(), encoded));
                 txn.ops.extend(extras.ops);
             }
             match self.storage.txn(txn).await.map_err(storage_error)? {
@@ -1034,7 +1073,10 @@ impl Registry {
                 }
                 let txn = Txn::new()
                     .when(Compare::ModRevision(key.clone(), kv.mod_revision))
-                    .then(Op::Put(key.clone(), self.encode(&marked)));
+                    .then(Op::Put(
+                        key.clone(),
+                        self.encode_bounded(&mut marked, true)?,
+                    ));
                 match self.storage.txn(txn).await.map_err(storage_error)? {
                     TxnOutcome::Committed { revision, .. } => {
                         meta::set_meta_str(&mut marked, "resourceVersion", &revision.to_string());

@@ -166,6 +166,11 @@ impl Watcher {
             let receiver = self.receiver.as_mut()?;
             match receiver.recv().await {
                 Ok(CacheMessage::Event(event)) => {
+                    let Some(event) = event.upgrade() else {
+                        // The history dropped it before this watcher read it: too far behind.
+                        self.receiver = None;
+                        return None;
+                    };
                     if event.revision() <= self.start {
                         continue;
                     }

@@ -64,6 +64,13 @@ const MAX_BATCH: usize = 4096;
 const CLEANUP_CHUNK: u64 = 4096;
 /// Most changes one watch catch-up read hands over at once.
 const CATCH_UP_CHUNK: usize = 4096;
+/// How often a store that failed to write tries to recover.
+const RECOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The free space a recovery proves before the store takes writes again.
+const SPACE_PROBE_BYTES: usize = 1024 * 1024;
+/// At most this many batches commit while compaction clean-up is pending before one chunk of
+/// it runs, so a constant write load cannot starve it (history would grow without bound).
+const CLEANUP_EVERY_BATCHES: u32 = 64;
 
 /// Settings of the embedded engine.
 #[derive(Debug, Clone)]
@@ -107,8 +114,45 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
 }
 
+/// The open database, or none while a failed store recovers (the file must be closed to be
+/// reopened).
+#[derive(Default)]
+struct DbSlot(RwLock<Option<Arc<Database>>>);
+
+impl DbSlot {
+    fn get(&self) -> Result<Arc<Database>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| StorageError::Unavailable("the database is being reopened".into()))
+    }
+
+    fn set(&self, db: Option<Arc<Database>>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = db;
+    }
+}
+
+/// Why the store cannot take writes, while it cannot.
+#[derive(Default)]
+struct Health(std::sync::Mutex<Option<String>>);
+
+impl Health {
+    fn check(&self) -> Result<()> {
+        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            None => Ok(()),
+            Some(why) => Err(StorageError::Unavailable(why.clone())),
+        }
+    }
+
+    fn set(&self, problem: Option<String>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = problem;
+    }
+}
+
 struct Shared {
-    db: Arc<Database>,
+    db: Arc<DbSlot>,
+    health: Arc<Health>,
     index: Arc<RwLock<Index>>,
     hub: Arc<Hub>,
     writer: Option<std_mpsc::Sender<WriteRequest>>,
@@ -238,34 +282,33 @@ impl EmbeddedStore {
     /// Opens (or creates) the store in `options.data_dir`. Fails with
     /// [`StorageError::Locked`] when another process has it open.
     pub fn open(options: EmbeddedOptions) -> Result<Self> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| {
+        private_store_files(&options.data_dir).map_err(|e| {
             StorageError::Embedded(format!(
                 "cannot create data directory {}: {e}",
                 options.data_dir.display()
             ))
         })?;
         let path = Self::database_path(&options.data_dir);
-        let db = Database::builder()
-            .set_cache_size(options.cache_bytes)
-            .create(&path)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen
-                | redb::DatabaseError::LockProtocolMismatch => StorageError::Locked {
-                    path: path.display().to_string(),
-                },
-                other => db_err(other),
-            })?;
-        let db = Arc::new(db);
+        let db = Arc::new(open_database(&path, options.cache_bytes)?);
         let index = Arc::new(RwLock::new(load(&db)?));
         let hub = Arc::new(Hub::default());
         hub.set_published(read_index(&index).revision);
+        let slot = Arc::new(DbSlot::default());
+        slot.set(Some(db.clone()));
+        let health = Arc::new(Health::default());
 
         let (sender, requests) = std_mpsc::channel();
         let writer = Writer {
-            db: db.clone(),
+            db: Some(db),
+            slot: slot.clone(),
+            health: health.clone(),
+            path,
+            cache_bytes: options.cache_bytes,
             index: index.clone(),
             hub: hub.clone(),
             cleanup_pending: true,
+            batches_since_cleanup: 0,
+            broken: None,
         };
         let writer_thread = thread::Builder::new()
             .name("capstan-storage-writer".into())
@@ -274,7 +317,8 @@ impl EmbeddedStore {
 
         Ok(Self {
             shared: Arc::new(Shared {
-                db,
+                db: slot,
+                health,
                 index,
                 hub,
                 writer: Some(sender),
@@ -310,7 +354,7 @@ impl EmbeddedStore {
         if wanted.is_empty() {
             return Ok(Vec::new());
         }
-        let db = self.shared.db.clone();
+        let db = self.shared.db.get()?;
         let index = self.shared.index.clone();
         tokio::task::spawn_blocking(move || {
             let snapshot = Snapshot::begin(&db)?;
@@ -338,6 +382,54 @@ impl EmbeddedStore {
         writer.send(request(tx)).map_err(|_| StorageError::Closed)?;
         rx.await.map_err(|_| StorageError::Closed)?
     }
+}
+
+/// Opens (or creates) the database file; another process holding it is [`StorageError::Locked`].
+fn open_database(path: &Path, cache_bytes: usize) -> Result<Database> {
+    Database::builder()
+        .set_cache_size(cache_bytes)
+        .create(path)
+        .map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen
+            | redb::DatabaseError::LockProtocolMismatch => StorageError::Locked {
+                path: path.display().to_string(),
+            },
+            other => db_err(other),
+        })
+}
+
+/// Proves the file system has room again: writes [`SPACE_PROBE_BYTES`] next to the store,
+/// syncs them, and removes them.
+fn probe_space(dir: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let path = dir.join(".capstan-space-probe");
+    let result = std::fs::File::create(&path).and_then(|mut file| {
+        file.write_all(&vec![0u8; SPACE_PROBE_BYTES])?;
+        file.sync_all()
+    });
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+/// Creates the data directory readable by its owner only (0700) and the database file 0600
+/// before redb opens it, so the store is never readable by others, not even for a moment; an
+/// existing directory and file are tightened to those modes.
+fn private_store_files(data_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = EmbeddedStore::database_path(data_dir);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
 }
 
 /// Creates the tables on first open and rebuilds the index by replaying `history` in order.
@@ -553,10 +645,19 @@ impl Snapshot {
 // ---- the writer ------------------------------------------------------------------------------
 
 struct Writer {
-    db: Arc<Database>,
+    /// The open database; none while broken.
+    db: Option<Arc<Database>>,
+    /// Where readers find it.
+    slot: Arc<DbSlot>,
+    health: Arc<Health>,
+    path: PathBuf,
+    cache_bytes: usize,
     index: Arc<RwLock<Index>>,
     hub: Arc<Hub>,
     cleanup_pending: bool,
+    batches_since_cleanup: u32,
+    /// Why the last write failed and when recovery was last tried, while the store is broken.
+    broken: Option<(String, std::time::Instant)>,
 }
 
 /// What one request of a batch produced; answered (and published) only after the commit.
@@ -603,9 +704,16 @@ impl Batch {
 impl Writer {
     fn run(mut self, requests: std_mpsc::Receiver<WriteRequest>) {
         loop {
-            let first = if self.cleanup_pending {
+            let first = if let Some((_, tried)) = &self.broken {
+                let wait = RECOVERY_INTERVAL.saturating_sub(tried.elapsed());
+                match requests.recv_timeout(wait) {
+                    Ok(request) => Some(request),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else if self.cleanup_pending {
                 match requests.try_recv() {
-                    Ok(request) => request,
+                    Ok(request) => Some(request),
                     Err(std_mpsc::TryRecvError::Empty) => {
                         self.clean_up_chunk();
                         continue;
@@ -614,10 +722,18 @@ impl Writer {
                 }
             } else {
                 match requests.recv() {
-                    Ok(request) => request,
+                    Ok(request) => Some(request),
                     Err(_) => return,
                 }
             };
+            if self
+                .broken
+                .as_ref()
+                .is_some_and(|(_, tried)| tried.elapsed() >= RECOVERY_INTERVAL)
+            {
+                self.recover();
+            }
+            let Some(first) = first else { continue };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match requests.try_recv() {
@@ -625,7 +741,103 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            if let Some((why, _)) = &self.broken {
+                refuse(batch, &StorageError::Unavailable(why.clone()));
+                continue;
+            }
             self.commit_batch(batch);
+            // Under a constant write load the queue is never empty: clean up a chunk every so
+            // many batches anyway.
+            if self.cleanup_pending {
+                self.batches_since_cleanup += 1;
+                if self.batches_since_cleanup >= CLEANUP_EVERY_BATCHES {
+                    self.clean_up_chunk();
+                }
+            }
+        }
+    }
+
+    /// A write failed: redb refuses every later operation after an I/O error, so the database
+    /// is closed, readiness turns false, and writes are refused until [`Writer::recover`]
+    /// reopens it.
+    fn fail(&mut self, error: &StorageError) {
+        tracing::error!(%error, "the store failed to write; refusing writes until it recovers");
+        let why = describe(error);
+        self.health.set(Some(why.clone()));
+        self.broken = Some((why, std::time::Instant::now()));
+        self.db = None;
+        self.slot.set(None);
+    }
+
+    /// Reopens the database after a failure, once the file system has room again: the index
+    /// is reconciled with what the disk holds (a batch whose commit reported an error may have
+    /// reached the disk all the same; its changes are then published to watchers), a small
+    /// commit proves the store writable, and writes resume.
+    fn recover(&mut self) {
+        let attempt = || -> Result<Arc<Database>> {
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            probe_space(dir).map_err(|e| StorageError::Unavailable(e.to_string()))?;
+            let db = Arc::new(open_database(&self.path, self.cache_bytes)?);
+            let on_disk = Snapshot::begin(&db)?.revision;
+            let in_memory = read_index(&self.index).revision;
+            if on_disk != in_memory {
+                tracing::warn!(
+                    on_disk,
+                    in_memory,
+                    "the store reopened at another revision; reloading its index"
+                );
+                let mut events: Vec<Event> = Vec::new();
+                let mut through = in_memory;
+                while on_disk > in_memory && through < on_disk {
+                    let (chunk, reached) =
+                        Snapshot::begin(&db)?.changes_after("", through.max(0))?;
+                    events.extend(chunk);
+                    if reached <= through {
+                        break;
+                    }
+                    through = reached;
+                }
+                let index = load(&db)?;
+                *self.index.write().unwrap_or_else(PoisonError::into_inner) = index;
+                let mut start = 0;
+                while start < events.len() {
+                    let revision = events[start].revision();
+                    let end = events[start..]
+                        .iter()
+                        .position(|e| e.revision() != revision)
+                        .map_or(events.len(), |n| start + n);
+                    self.hub.publish(revision, &events[start..end]);
+                    start = end;
+                }
+            }
+            let wt = db.begin_write().map_err(db_err)?;
+            {
+                let mut meta = wt.open_table(META).map_err(db_err)?;
+                meta.insert(META_REVISION, to_u64(on_disk))
+                    .map_err(db_err)?;
+            }
+            wt.commit().map_err(db_err)?;
+            Ok(db)
+        };
+        match attempt() {
+            Ok(db) => {
+                tracing::info!("the store recovered; writes resume");
+                self.slot.set(Some(db.clone()));
+                self.db = Some(db);
+                self.broken = None;
+                self.health.set(None);
+                self.cleanup_pending = true;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "the store has not recovered yet");
+                if let Some((why, tried)) = &mut self.broken {
+                    *tried = std::time::Instant::now();
+                    if !matches!(error, StorageError::Locked { .. }) {
+                        *why = describe(&error);
+                        self.health.set(Some(why.clone()));
+                    }
+                }
+            }
         }
     }
 
@@ -640,8 +852,15 @@ impl Writer {
             compacted,
             overlay: HashMap::new(),
         };
+        let Some(db) = self.db.clone() else {
+            refuse(
+                requests,
+                &StorageError::Unavailable("the store is recovering".into()),
+            );
+            return;
+        };
         let committed = (|| -> Result<()> {
-            let mut wt = self.db.begin_write().map_err(db_err)?;
+            let mut wt = db.begin_write().map_err(db_err)?;
             wt.set_durability(Durability::Immediate).map_err(db_err)?;
             {
                 let mut history = wt.open_table(HISTORY).map_err(db_err)?;
@@ -690,14 +909,14 @@ impl Writer {
 
         if let Err(error) = committed {
             tracing::error!(%error, "storage commit failed; the whole batch is refused");
-            let text = error.to_string();
             for done in applied {
-                let failure = StorageError::Embedded(text.clone());
+                let failure = error.clone();
                 let _ = match done {
                     Applied::Txn { reply, .. } => reply.send(Err(failure)).is_ok(),
                     Applied::Compact { reply, .. } => reply.send(Err(failure)).is_ok(),
                 };
             }
+            self.fail(&error);
             return;
         }
 
@@ -735,13 +954,37 @@ impl Writer {
 
     /// Drops one chunk of history that compaction made unreachable.
     fn clean_up_chunk(&mut self) {
-        match clean_up(&self.db, &self.index) {
+        self.batches_since_cleanup = 0;
+        let Some(db) = self.db.clone() else { return };
+        match clean_up(&db, &self.index) {
             Ok(more) => self.cleanup_pending = more,
             Err(error) => {
                 tracing::error!(%error, "compaction clean-up failed");
                 self.cleanup_pending = false;
+                if matches!(error, StorageError::Embedded(_)) {
+                    self.fail(&error);
+                }
             }
         }
+    }
+}
+
+/// What went wrong, without the variant's own prefix (for [`StorageError::Unavailable`]).
+fn describe(error: &StorageError) -> String {
+    match error {
+        StorageError::Unavailable(why) | StorageError::Embedded(why) => why.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Answers every request of a batch with the same error, writing nothing.
+fn refuse(requests: Vec<WriteRequest>, error: &StorageError) {
+    for request in requests {
+        let failure = StorageError::Unavailable(describe(error));
+        let _ = match request {
+            WriteRequest::Txn(_, reply) => reply.send(Err(failure)).is_ok(),
+            WriteRequest::Compact(_, reply) => reply.send(Err(failure)).is_ok(),
+        };
     }
 }
 
@@ -1011,11 +1254,15 @@ impl Storage for EmbeddedStore {
         self.write(|reply| WriteRequest::Compact(revision, reply))
             .await
     }
+
+    async fn health(&self) -> Result<()> {
+        self.shared.health.check()
+    }
 }
 
 /// Brings a new watcher up to date from history, then hands it to the hub.
 struct CatchUp {
-    db: Arc<Database>,
+    db: Arc<DbSlot>,
     hub: Arc<Hub>,
     prefix: String,
     delivered_through: Revision,
@@ -1026,10 +1273,11 @@ struct CatchUp {
 impl CatchUp {
     async fn run(mut self) {
         loop {
-            let db = self.db.clone();
+            let slot = self.db.clone();
             let prefix = self.prefix.clone();
             let after = self.delivered_through;
             let read = tokio::task::spawn_blocking(move || {
+                let db = slot.get()?;
                 Snapshot::begin(&db)?.changes_after(&prefix, after)
             })
             .await

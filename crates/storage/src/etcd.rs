@@ -369,6 +369,20 @@ impl Storage for EtcdStore {
             },
         }
     }
+
+    /// kube-apiserver's etcd check: a read of `<prefix>health` answered within 2 s
+    /// (`--etcd-healthcheck-timeout`).
+    async fn health(&self) -> Result<()> {
+        let mut kv = self.kv();
+        let read = kv.get(self.full_key("health"), None);
+        match tokio::time::timeout(Duration::from_secs(2), read).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(other(error)),
+            Err(_) => Err(StorageError::Unavailable(
+                "etcd did not answer the health check within 2s".into(),
+            )),
+        }
+    }
 }
 
 /// Moves one etcd watch's events into the watcher's bounded channel.

@@ -246,7 +246,7 @@ impl Event {
 }
 
 /// Failures of the storage contract.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
     /// The requested revision is older than the compaction point; its history is gone.
     #[error("required revision {requested} has been compacted (compacted revision {compacted})")]
@@ -292,6 +292,10 @@ pub enum StorageError {
     /// The etcd cluster failed or could not be reached.
     #[error("etcd error: {0}")]
     Etcd(String),
+    /// The store cannot take writes now (a disk that filled up, a failed device); it keeps
+    /// trying to recover and reports it through [`Storage::health`].
+    #[error("the store cannot take writes: {0}")]
+    Unavailable(String),
 }
 
 /// Shorthand for results of this crate.
@@ -323,6 +327,9 @@ pub trait Storage: Send + Sync + 'static {
     /// from before it, fail with [`StorageError::Compacted`]. Compacting to a revision at or
     /// below the current compaction point is a no-op.
     async fn compact(&self, revision: Revision) -> Result<()>;
+
+    /// Whether the store can serve and take writes now (readiness reports it).
+    async fn health(&self) -> Result<()>;
 }
 
 /// The first key after every key that starts with `prefix` (etcd's `range_end` for a prefix),

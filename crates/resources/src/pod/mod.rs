@@ -39,6 +39,56 @@ fn spec_str<'a>(object: &'a Value, field: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// The pod's `status.podIPs[].ip` values.
+fn pod_ips(pod: &Value) -> Vec<&str> {
+    pod.pointer("/status/podIPs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|entry| entry.get("ip").and_then(Value::as_str).unwrap_or(""))
+        .collect()
+}
+
+/// Upstream's `validatePodIPs`: every new pod IP is a valid IP in 1.36's strict form (values
+/// the pod already had may stay), and two IPs are one of each family.
+fn validate_pod_ips(new: &Value, old: &Value) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let existing = pod_ips(old);
+    let ips = pod_ips(new);
+    for (i, ip) in ips.iter().enumerate() {
+        if existing.contains(ip) {
+            continue;
+        }
+        if let Some(problem) = capstan_machinery::ip::strict_problem(ip) {
+            errors.push(FieldError::invalid(
+                format!("status.podIPs[{i}]"),
+                &json!(ip),
+                problem,
+            ));
+        }
+    }
+    if ips.len() > 1 {
+        let parsed: Vec<Option<std::net::IpAddr>> = ips
+            .iter()
+            .map(|ip| capstan_machinery::ip::parse_sloppy(ip))
+            .collect();
+        let v4 = parsed.iter().flatten().any(std::net::IpAddr::is_ipv4);
+        let v6 = parsed.iter().flatten().any(std::net::IpAddr::is_ipv6);
+        let dual_stack = parsed.iter().all(Option::is_some) && v4 && v6;
+        if !dual_stack || ips.len() > 2 {
+            // Upstream prints the internal type as JSON: its field has no JSON name.
+            let shown: Vec<Value> = ips.iter().map(|ip| json!({"IP": ip})).collect();
+            errors.push(FieldError {
+                kind: capstan_machinery::field::ErrorType::Invalid,
+                field: "status.podIPs".into(),
+                value: capstan_machinery::field::render(&Value::Array(shown)),
+                detail: "may specify no more than one IP for each IP family".into(),
+            });
+        }
+    }
+    errors
+}
+
 /// Whether a pod has condition Ready=True.
 pub fn is_ready(pod: &Value) -> bool {
     pod.pointer("/status/conditions")
@@ -255,32 +305,8 @@ impl Strategy for PodStrategy {
         errors
     }
 
-    fn validate_status_update(&self, new: &Value, _old: &Value) -> FieldErrors {
-        let mut errors = FieldErrors::new();
-        let mut seen: Vec<&str> = Vec::new();
-        for (i, ip) in new
-            .pointer("/status/podIPs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let text = ip.get("ip").and_then(Value::as_str).unwrap_or("");
-            if text.parse::<std::net::IpAddr>().is_err() {
-                errors.push(FieldError::invalid(
-                    format!("status.podIPs[{i}].ip"),
-                    &json!(text),
-                    capstan_machinery::ip::INVALID_IP,
-                ));
-            } else if seen.contains(&text) {
-                errors.push(FieldError::duplicate(
-                    format!("status.podIPs[{i}]"),
-                    &json!(text),
-                ));
-            }
-            seen.push(text);
-        }
-        errors
+    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors {
+        validate_pod_ips(new, old)
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {

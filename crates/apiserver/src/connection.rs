@@ -1,0 +1,217 @@
+//! The listener and its connections: TLS, HTTP/1.1 and HTTP/2 with kube-apiserver's
+//! connection limits (header read, idle and handshake deadlines, header size, HTTP/2 streams
+//! and windows), a cap on open connections, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::ApiServer;
+use crate::limits::{
+    HEADER_READ_TIMEOUT, HTTP2_STREAM_WINDOW, IDLE_TIMEOUT, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT,
+};
+
+/// Serves HTTPS on `listener` until `shutdown` resolves, then drains in-flight requests
+/// (up to `drain`) and returns.
+pub async fn serve(
+    server: Arc<ApiServer>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let limits = server.limits().clone();
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let open = Arc::new(OpenConnections::default());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_streams_per_connection)
+        .max_frame_size(HTTP2_STREAM_WINDOW)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(
+            HTTP2_STREAM_WINDOW.saturating_mul(limits.http2_max_streams_per_connection.max(1)),
+        )
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    let builder = Arc::new(builder);
+    tokio::pin!(shutdown);
+    loop {
+        // At the connection cap, further clients wait in the kernel's listen queue until an
+        // open connection ends (deadlines end the idle and the slow ones).
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = &mut shutdown => break,
+        };
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        // Dead peers (a watcher whose machine vanished) are noticed, as Go's listener does.
+        let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(15));
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let acceptor = acceptor.clone();
+        let server = server.clone();
+        let builder = builder.clone();
+        let counted = open.enter();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _counted = counted;
+            let tls =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%peer, %error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let activity = Arc::new(Activity::new());
+            let service = {
+                let (server, activity) = (server.clone(), activity.clone());
+                hyper::service::service_fn(move |request| {
+                    let (server, busy) = (server.clone(), activity.begin());
+                    async move {
+                        let response = server.handle(request).await;
+                        Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
+                            response, busy,
+                        ))
+                    }
+                })
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
+            tokio::pin!(connection);
+            let mut shutting_down = server.shutdown_signal();
+            let idle = tokio::time::sleep(IDLE_TIMEOUT);
+            tokio::pin!(idle);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::debug!(%peer, %error, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = shutting_down.wait_for(|down| *down), if !closing => {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                    _ = &mut idle, if !closing => match activity.idle_until(IDLE_TIMEOUT) {
+                        Some(deadline) if deadline <= Instant::now() => {
+                            tracing::debug!(%peer, "closing an idle connection");
+                            closing = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
+                        Some(deadline) => idle.as_mut().reset(deadline),
+                        None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
+                    },
+                }
+            }
+        });
+    }
+    drop(listener);
+    server.begin_shutdown();
+    if tokio::time::timeout(drain, open.drained()).await.is_err() {
+        tracing::warn!("some connections did not finish within the drain period");
+    }
+}
+
+/// Counts open connections, so shutdown can wait for them to finish.
+#[derive(Default)]
+struct OpenConnections {
+    count: AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+struct Counted(Arc<OpenConnections>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+impl OpenConnections {
+    fn enter(self: &Arc<Self>) -> Counted {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Counted(self.clone())
+    }
+
+    async fn drained(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Which requests of one connection are in progress, and since when none is.
+struct Activity {
+    state: std::sync::Mutex<(usize, Instant)>,
+}
+
+/// Marks a request in progress until dropped (with its response body).
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 = state.0.saturating_sub(1);
+        if state.0 == 0 {
+            state.1 = Instant::now();
+        }
+    }
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            state: std::sync::Mutex::new((0, Instant::now())),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        Busy(self.clone())
+    }
+
+    /// When the connection will have been idle for `limit`, or `None` while a request is
+    /// in progress.
+    fn idle_until(&self, limit: Duration) -> Option<Instant> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (state.0 == 0).then(|| state.1 + limit)
+    }
+}
