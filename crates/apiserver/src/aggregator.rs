@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use capstan_controllers::apiservice::{connect, resolve, service_ref, tls_config};
+use capstan_controllers::apiservice::{ProxyClient, connect, resolve, service_ref, tls_config};
 use capstan_machinery::meta;
 use capstan_registry::{ListOptions, ReadAt, Registry};
 use capstan_resources::apiservice::{is_available, is_local};
@@ -80,6 +80,11 @@ pub struct Aggregator {
     /// Discovery fetched from backends: APIService name → (its resourceVersion, when, the
     /// version's aggregated discovery).
     fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
+    /// The client certificate presented to backends.
+    client: Option<Arc<ProxyClient>>,
+    /// How long a backend may take to send its response headers (`--request-timeout`: even
+    /// a proxied watch, which has no request deadline, must start within it).
+    response_header_timeout: Duration,
 }
 
 fn registry(registries: &[Arc<Registry>], group: &str, plural: &str) -> Option<Arc<Registry>> {
@@ -112,9 +117,16 @@ fn unavailable(text: &str) -> Response<Body> {
 }
 
 impl Aggregator {
+    /// Backends are sent this client certificate.
+    pub fn set_proxy_client(&mut self, client: Option<Arc<ProxyClient>>) {
+        self.client = client;
+    }
+
     /// The aggregation layer over these registries (APIServices, Services, Endpoints).
-    pub fn new(registries: &[Arc<Registry>]) -> Self {
+    pub fn new(registries: &[Arc<Registry>], response_header_timeout: Duration) -> Self {
         Aggregator {
+            client: None,
+            response_header_timeout,
             pool: Pool::default(),
             apiservices: registry(registries, "apiregistration.k8s.io", "apiservices"),
             services: registry(registries, "", "services"),
@@ -312,8 +324,7 @@ impl Aggregator {
         let response = tokio::time::timeout(DISCOVERY_TIMEOUT, async {
             let (response, lease) = self.send(apiservice, request).await?;
             let status = response.status();
-            let body = response
-                .into_body()
+            let body = http_body_util::Limited::new(response.into_body(), MAX_BODY)
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?
@@ -376,7 +387,7 @@ impl Aggregator {
         let mut sender = match idle {
             Some(sender) => sender,
             None => {
-                let config = tls_config(apiservice, true)?;
+                let config = tls_config(apiservice, true, self.client.as_deref())?;
                 connect(addr, &format!("{name}.{namespace}.svc"), config).await?
             }
         };
@@ -388,10 +399,13 @@ impl Aggregator {
         for group in REMOTE_GROUPS {
             headers.append("x-remote-group", HeaderValue::from_static(group));
         }
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
+        // A backend that takes the connection and never answers does not hold the request
+        // (a proxied watch has no request deadline) for longer than this.
+        let response =
+            tokio::time::timeout(self.response_header_timeout, sender.send_request(request))
+                .await
+                .map_err(|_| "timeout awaiting response headers".to_string())?
+                .map_err(|e| e.to_string())?;
         Ok((
             response,
             Lease {
@@ -407,7 +421,7 @@ impl Aggregator {
         if !is_available(apiservice) {
             return unavailable("service unavailable");
         }
-        if let Err(error) = tls_config(apiservice, true) {
+        if let Err(error) = tls_config(apiservice, true, self.client.as_deref()) {
             return text_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"));
         }
         let (parts, body) = request.into_parts();

@@ -48,7 +48,7 @@ impl ApiServer {
     ) -> Self {
         let (shutdown, _) = tokio::sync::watch::channel(false);
         ApiServer {
-            aggregator: aggregator::Aggregator::new(&registries),
+            aggregator: aggregator::Aggregator::new(&registries, limits.request_timeout),
             registries,
             token,
             server_address,
@@ -57,6 +57,16 @@ impl ApiServer {
             in_flight: limits::InFlight::new(&limits),
             limits,
         }
+    }
+
+    /// The aggregation proxy presents this client certificate to backends
+    /// (`--proxy-client-cert-file`, `--proxy-client-key-file`).
+    pub fn with_proxy_client(
+        mut self,
+        client: Option<Arc<capstan_controllers::apiservice::ProxyClient>>,
+    ) -> Self {
+        self.aggregator.set_proxy_client(client);
+        self
     }
 
     /// The limits the server enforces.

@@ -104,6 +104,13 @@ struct ServeArgs {
     /// with etcd's `request is too large`.
     #[arg(long, default_value_t = capstan_registry::MAX_OBJECT_BYTES)]
     max_request_bytes: usize,
+    /// Client certificate (PEM) the aggregation proxy and the availability checks present to
+    /// APIService backends, so they can tell the aggregator's requests from anyone else's.
+    #[arg(long, requires = "proxy_client_key_file")]
+    proxy_client_cert_file: Option<PathBuf>,
+    /// The key of --proxy-client-cert-file (PEM).
+    #[arg(long, requires = "proxy_client_cert_file")]
+    proxy_client_key_file: Option<PathBuf>,
     /// The most bytes of recent changes one kind's watch cache keeps for resuming watches
     /// (besides at most 102,400 changes and 75 s); a watcher further behind is ended.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
@@ -265,11 +272,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .start()
         .context("starting the endpoints controller")?;
     }
+    let proxy_client = match (&args.proxy_client_cert_file, &args.proxy_client_key_file) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            capstan_controllers::apiservice::ProxyClient::load(cert, key)
+                .map_err(|e| anyhow::anyhow!("--proxy-client-cert-file: {e}"))?,
+        )),
+        _ => None,
+    };
     capstan_controllers::apiservice::AvailabilityController::new(
         registry_for(&registries, "apiservices")?,
         registry_for(&registries, "services")?,
         registry_for(&registries, "endpoints")?,
     )
+    .with_proxy_client(proxy_client.clone())
     .start();
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
@@ -282,12 +297,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let credentials =
         capstan_apiserver::pki::ensure(&args.data_dir, args.bind_address, &server_url)
             .context("setting up certificates and the admin token")?;
-    let server = Arc::new(ApiServer::new(
-        registries,
-        credentials.token.clone(),
-        format!("{host}:{}", args.port),
-        args.limits(),
-    ));
+    let server = Arc::new(
+        ApiServer::new(
+            registries,
+            credentials.token.clone(),
+            format!("{host}:{}", args.port),
+            args.limits(),
+        )
+        .with_proxy_client(proxy_client),
+    );
     tracing::info!(
         storage = ?args.storage,
         revision = caches.revision(),

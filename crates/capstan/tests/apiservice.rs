@@ -21,8 +21,8 @@ const EXTENSION_PORT: u16 = 8443;
 struct Netns(String);
 
 impl Netns {
-    fn create() -> Option<Netns> {
-        let name = format!("capt{}", std::process::id());
+    fn create(suffix: &str) -> Option<Netns> {
+        let name = format!("capt{}{suffix}", std::process::id());
         let ok = |args: &[&str]| {
             Command::new("ip")
                 .args(args)
@@ -79,10 +79,14 @@ fn ca() -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
     (cert.pem(), rcgen::Issuer::new(params, key))
 }
 
+/// Starts the extension server in the namespace, with a serving certificate from `issuer`
+/// and extra environment (`CAPSTAN_EXTENSION_CLIENT_CA`: require client certificates from
+/// that CA; `CAPSTAN_EXTENSION_SILENT_ADDR`: also accept connections there and never answer).
 fn start_extension(
     dir: &std::path::Path,
     netns: &str,
     issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    env: &[(&str, String)],
 ) -> Extension {
     let mut params =
         rcgen::CertificateParams::new(vec!["api.ext.svc".to_string(), EXTENSION_IP.to_string()])
@@ -110,6 +114,7 @@ fn start_extension(
         )
         .env("CAPSTAN_EXTENSION_CERT", &cert_path)
         .env("CAPSTAN_EXTENSION_KEY", &key_path)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -148,7 +153,7 @@ fn apiservice(ca_pem: &str) -> String {
 #[test]
 fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     // `ip netns add` needs CAP_SYS_ADMIN (CI runs as root).
-    let Some(netns) = Netns::create() else {
+    let Some(netns) = Netns::create("a") else {
         eprintln!("skipped: cannot create a network namespace (needs root, as CI has)");
         return;
     };
@@ -171,7 +176,7 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
         ),
     );
     server.ok(&["apply", "-f", common::path_str(&backing)]);
-    let _extension = start_extension(server.dir.path(), &netns.0, &issuer);
+    let _extension = start_extension(server.dir.path(), &netns.0, &issuer, &[]);
 
     // A caBundle that did not sign the backend's certificate: the check fails.
     let registration = server.apply_file("apiservice.yaml", &apiservice(&wrong_ca));
@@ -284,6 +289,129 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     );
 }
 
+/// A client certificate signed by `issuer`: (certificate PEM, key PEM).
+fn client_certificate(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>, name: &str) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("client cert");
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_nothing_up() {
+    let Some(netns) = Netns::create("b") else {
+        eprintln!("skipped: cannot create a network namespace (needs root, as CI has)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let (front_proxy_ca, front_proxy) = ca();
+    let (cert, key) = client_certificate(&front_proxy, "front-proxy-client");
+    let (cert_path, key_path, ca_path) = (
+        dir.path().join("proxy.crt"),
+        dir.path().join("proxy.key"),
+        dir.path().join("front-proxy-ca.crt"),
+    );
+    std::fs::write(&cert_path, cert).expect("write");
+    std::fs::write(&key_path, key).expect("write");
+    std::fs::write(&ca_path, &front_proxy_ca).expect("write");
+    let server = Server::start_in(
+        Some(&netns.0),
+        &[
+            "--proxy-client-cert-file",
+            common::path_str(&cert_path),
+            "--proxy-client-key-file",
+            common::path_str(&key_path),
+            "--request-timeout",
+            "5s",
+        ],
+    );
+    let (serving_ca, issuer) = ca();
+    server.ok(&["create", "namespace", "ext"]);
+    let backing = server.apply_file(
+        "backing.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: silent, namespace: ext}}\nspec: {{ports: [{{port: 9443, targetPort: 9443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: silent, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 9443}}]}}]\n"
+        ),
+    );
+    server.ok(&["apply", "-f", common::path_str(&backing)]);
+    // The backend accepts only clients with a certificate from the front-proxy CA.
+    let _extension = start_extension(
+        server.dir.path(),
+        &netns.0,
+        &issuer,
+        &[
+            ("CAPSTAN_EXTENSION_CLIENT_CA", ca_path.display().to_string()),
+            (
+                "CAPSTAN_EXTENSION_SILENT_ADDR",
+                format!("{EXTENSION_IP}:9443"),
+            ),
+        ],
+    );
+    let registration = server.apply_file("apiservice.yaml", &apiservice(&serving_ca));
+    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    wait_for(
+        &server,
+        "extension available to a client with the proxy certificate",
+        &["get", "apiservice", "v1alpha1.example.com"],
+        |out| out.contains(" True "),
+    );
+    let list: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "--raw", "/apis/example.com/v1alpha1/widgets"]))
+            .expect("WidgetList");
+    assert_eq!(list["items"][0]["clientCertificate"], true, "{list}");
+    assert_eq!(list["items"][0]["user"], "admin");
+    // A backend that never answers one request: a plain request ends at the request deadline
+    // (504), a proxied watch — which has none — when no response headers came within it (503).
+    let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/hang"]);
+    assert!(
+        err.contains("Timeout") || err.contains("504") || err.contains("time allotted"),
+        "{err}"
+    );
+    let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/hang?watch=1"]);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("unable to handle the request"),
+        "{err}"
+    );
+
+    // A backend that takes connections and never says a word.
+    let silent = server.apply_file(
+        "silent.yaml",
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1.silent.example.com}\nspec: {group: silent.example.com, version: v1, groupPriorityMinimum: 1000, versionPriority: 15, insecureSkipTLSVerify: true, service: {name: silent, namespace: ext, port: 9443}}\n",
+    );
+    server.ok(&["apply", "-f", common::path_str(&silent)]);
+    let status = wait_for(
+        &server,
+        "silent backend reported",
+        &[
+            "get",
+            "apiservice",
+            "v1.silent.example.com",
+            "-o",
+            "jsonpath={.status.conditions[0].reason}: {.status.conditions[0].message}",
+        ],
+        |out| out.starts_with("FailedDiscoveryCheck"),
+    );
+    assert!(status.contains("timed out"), "{status}");
+    // Discovery and the other groups are not held up by it.
+    let groups = server.ok(&["--request-timeout=20s", "get", "--raw", "/apis"]);
+    assert!(groups.contains("example.com"), "{groups}");
+    let err = server.fails(&[
+        "--request-timeout=30s",
+        "get",
+        "--raw",
+        "/apis/silent.example.com/v1/things",
+    ]);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("unable to handle the request"),
+        "{err}"
+    );
+    assert!(server.ok(&["get", "services", "-A"]).contains("kubernetes"));
+}
+
 /// The extension API server itself: runs only when the test above starts it (inside the
 /// network namespace) with its address and certificate in the environment.
 #[test]
@@ -300,7 +428,11 @@ fn extension_api_server() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(extension::serve(&addr, &cert, &key));
+    if let Ok(silent) = std::env::var("CAPSTAN_EXTENSION_SILENT_ADDR") {
+        runtime.spawn(extension::silent(silent));
+    }
+    let client_ca = std::env::var("CAPSTAN_EXTENSION_CLIENT_CA").ok();
+    runtime.block_on(extension::serve(&addr, &cert, &key, client_ca.as_deref()));
 }
 
 mod extension {
@@ -325,6 +457,7 @@ mod extension {
 
     async fn handle(
         request: http::Request<hyper::body::Incoming>,
+        client_certificate: bool,
     ) -> Result<http::Response<Body>, Infallible> {
         let path = request.uri().path().to_string();
         let query = request.uri().query().unwrap_or("").to_string();
@@ -348,6 +481,7 @@ mod extension {
                     {"name": "widgets", "singularName": "widget", "namespaced": false, "kind": "Widget", "verbs": ["get", "list", "watch"]},
                     {"name": "widgets/status", "singularName": "", "namespaced": false, "kind": "Widget", "verbs": ["get"]}]}))
             }
+            "/apis/example.com/v1alpha1/hang" => std::future::pending().await,
             "/apis/example.com/v1alpha1/widgets" if query.contains("watch=1") => {
                 let events = futures_util::stream::iter(1..=3).then(|i| async move {
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -369,6 +503,7 @@ mod extension {
                 "groups": header("x-remote-group"),
                 "authorization": header("authorization").join(","),
                 "query": query,
+                "clientCertificate": client_certificate,
             }]})),
             _ => http::Response::builder()
                 .status(404)
@@ -379,20 +514,42 @@ mod extension {
         })
     }
 
-    pub async fn serve(addr: &str, cert: &str, key: &str) {
+    /// Accepts connections and never answers (held until the peer gives up).
+    pub async fn silent(addr: String) {
+        let listener = tokio::net::TcpListener::bind(&addr).await.expect("listen");
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    }
+
+    pub async fn serve(addr: &str, cert: &str, key: &str, client_ca: Option<&str>) {
         let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert)
             .expect("cert file")
             .map(|c| c.expect("cert"))
             .collect();
         let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).expect("key");
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .expect("server config");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions");
+        let builder = match client_ca {
+            Some(path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in rustls::pki_types::CertificateDer::pem_file_iter(path).expect("CA") {
+                    roots.add(cert.expect("CA cert")).expect("root");
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .expect("client verifier");
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder.with_single_cert(chain, key).expect("server config");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind(addr).await.expect("listen");
         loop {
@@ -404,10 +561,13 @@ mod extension {
                 let Ok(tls) = acceptor.accept(stream).await else {
                     return;
                 };
+                let client_certificate = tls.get_ref().1.peer_certificates().is_some();
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(
                         hyper_util::rt::TokioIo::new(tls),
-                        hyper::service::service_fn(handle),
+                        hyper::service::service_fn(move |request| {
+                            handle(request, client_certificate)
+                        }),
                     )
                     .await;
             });

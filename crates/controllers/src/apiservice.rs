@@ -28,6 +28,46 @@ const REPROBE: Duration = Duration::from_secs(5);
 const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The discovery probe's timeout per attempt.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting to a backend may take (upstream's proxy dialer: 30 s).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the TLS handshake with a backend may take (upstream's transport: 10 s).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of a probe's response body that is read (the status is what counts).
+const PROBE_BODY_LIMIT: usize = 1024 * 1024;
+
+/// The client certificate the aggregator presents to backends (upstream's
+/// `--proxy-client-cert-file` / `--proxy-client-key-file`), so a backend can tell requests
+/// from the aggregator — whose `X-Remote-User` and `X-Remote-Group` it may then trust — from
+/// anyone else's.
+pub struct ProxyClient {
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+}
+
+impl ProxyClient {
+    /// Loads the certificate chain and key (PEM files).
+    pub fn load(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, String> {
+        use rustls::pki_types::pem::PemObject;
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{}: {e}", cert.display()))?;
+        if chain.is_empty() {
+            return Err(format!("{}: no certificate found", cert.display()));
+        }
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| format!("{}: {e}", key.display()))?;
+        let client = ProxyClient { chain, key };
+        // Refuse a mismatched pair at start, not at the first proxied request.
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_client_auth_cert(client.chain.clone(), client.key.clone_key())
+            .map_err(|e| format!("the proxy client certificate and key: {e}"))?;
+        Ok(client)
+    }
+}
 
 /// The Service an APIService names: `(namespace, name, port)`.
 pub fn service_ref(apiservice: &Value) -> Option<(String, String, i64)> {
@@ -168,9 +208,22 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 }
 
 /// The TLS client configuration for an APIService's backend (§10.2): its `caBundle` as the
-/// only trust anchors, or no verification at all when `verify` is false (the availability
-/// probe) or the APIService says `insecureSkipTLSVerify`.
-pub fn tls_config(apiservice: &Value, verify: bool) -> Result<Arc<rustls::ClientConfig>, String> {
+/// only trust anchors, or no verification at all when `verify` is false or the APIService
+/// says `insecureSkipTLSVerify`; presenting the proxy client certificate when there is one.
+pub fn tls_config(
+    apiservice: &Value,
+    verify: bool,
+    client: Option<&ProxyClient>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let authenticate = |builder: rustls::ConfigBuilder<
+        rustls::ClientConfig,
+        rustls::client::WantsClientCert,
+    >| match client {
+        Some(client) => builder
+            .with_client_auth_cert(client.chain.clone(), client.key.clone_key())
+            .map_err(|e| e.to_string()),
+        None => Ok(builder.with_no_client_auth()),
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -180,10 +233,11 @@ pub fn tls_config(apiservice: &Value, verify: bool) -> Result<Arc<rustls::Client
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let mut config = if !verify || insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
-            .with_no_client_auth()
+        authenticate(
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerification(provider))),
+        )?
     } else {
         let mut roots = rustls::RootCertStore::empty();
         let bundle = apiservice
@@ -210,7 +264,7 @@ pub fn tls_config(apiservice: &Value, verify: bool) -> Result<Arc<rustls::Client
                 "unable to load root certificates: no certificates found in caBundle".into(),
             );
         }
-        builder.with_root_certificates(roots).with_no_client_auth()
+        authenticate(builder.with_root_certificates(roots))?
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
@@ -223,18 +277,22 @@ pub async fn connect(
     server_name: &str,
     config: Arc<rustls::ClientConfig>,
 ) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, String> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
-        format!(
-            "dial tcp {addr}: connect: {}",
-            e.kind().to_string().to_lowercase()
-        )
-    })?;
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
+        .map_err(|e| {
+            format!(
+                "dial tcp {addr}: connect: {}",
+                e.kind().to_string().to_lowercase()
+            )
+        })?;
     let _ = stream.set_nodelay(true);
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
         .map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, stream)
+    let handshake = tokio_rustls::TlsConnector::from(config).connect(name, stream);
+    let tls = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake)
         .await
+        .map_err(|_| "net/http: TLS handshake timeout".to_string())?
         .map_err(|e| format!("tls: {e}"))?;
     let (sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
@@ -251,6 +309,7 @@ pub struct AvailabilityController {
     apiservices: Arc<Registry>,
     services: Arc<Registry>,
     endpoints: Arc<Registry>,
+    client: Option<Arc<ProxyClient>>,
 }
 
 /// The outcome of one check: status, reason, message.
@@ -267,7 +326,14 @@ impl AvailabilityController {
             apiservices,
             services,
             endpoints,
+            client: None,
         }
+    }
+
+    /// Probes present this client certificate, as the proxy does.
+    pub fn with_proxy_client(mut self, client: Option<Arc<ProxyClient>>) -> Self {
+        self.client = client;
+        self
     }
 
     /// Runs in background tasks for the life of the process.
@@ -523,7 +589,7 @@ impl AvailabilityController {
         } else {
             format!("/apis/{group}/{version}")
         };
-        let config = tls_config(apiservice, true)?;
+        let config = tls_config(apiservice, true, self.client.as_deref())?;
         let server_name = format!("{name}.{namespace}.svc");
         let mut attempts = tokio::task::JoinSet::new();
         for _ in 0..5 {
@@ -546,7 +612,9 @@ impl AvailabilityController {
                         .await
                         .map_err(|e| format!("Get {url:?}: {e}"))?;
                     let status = response.status();
-                    let _ = response.into_body().collect().await;
+                    let _ = http_body_util::Limited::new(response.into_body(), PROBE_BODY_LIMIT)
+                        .collect()
+                        .await;
                     if status.is_success() {
                         Ok(())
                     } else {
