@@ -1002,6 +1002,50 @@ mod tests {
     }
 
     #[test]
+    fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
+        use capstan_storage::{EventKind, KeyValue};
+        let (_global, receiver) = tokio::sync::watch::channel(0);
+        let cache = super::WatchCache::new(
+            "/k/".into(),
+            projection(),
+            receiver,
+            super::HistoryLimits {
+                events: 100_000,
+                bytes: 1024 * 1024,
+            },
+        );
+        let subscription = cache.subscribe(false, 0).expect("subscribes");
+        let mut receiver = subscription.receiver;
+        let big = "x".repeat(100 * 1024);
+        for revision in 1..=100 {
+            let object = json!({"metadata": {"name": "a", "annotations": {"a": big}}});
+            let kv = KeyValue {
+                key: "/k/a".into(),
+                value: Bytes::from(serde_json::to_vec(&object).expect("encodes")),
+                create_revision: 1,
+                mod_revision: revision,
+                version: revision,
+            };
+            cache.apply(EventKind::Put, &kv, None);
+        }
+        let state = cache.read();
+        // 100 changes of ~100 KiB each would be 10 MiB (twice that with their watch lines).
+        assert!(
+            state.history_bytes <= 1024 * 1024,
+            "{}",
+            state.history_bytes
+        );
+        assert!(state.history.len() < 10, "{}", state.history.len());
+        assert!(state.oldest > 90);
+        drop(state);
+        // The channel holds no object alive: the first changes are gone for a slow watcher.
+        match receiver.try_recv() {
+            Ok(super::CacheMessage::Event(event)) => assert!(event.upgrade().is_none()),
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn stored_values_are_served_without_reencoding() {
         same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1",
             "metadata": {"name": "a", "namespace": "n", "annotations": {"x": "{\"y\":[1,\"}\"]}"}},

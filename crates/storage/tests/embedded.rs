@@ -103,6 +103,49 @@ async fn compaction_cleans_superseded_history_and_survives_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_clean_up_keeps_up_under_a_constant_write_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    for round in 0..20 {
+        let mut txn = Txn::new();
+        for n in 0..500 {
+            txn = txn.then(Op::Put(format!("k/{n}"), Bytes::from(format!("r{round}"))));
+        }
+        store.txn(txn).await.unwrap();
+    }
+    let compact_at = store.stats().revision;
+    // 512 writers that never let the queue run empty, on keys of their own.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..512 {
+        let (store, stop) = (store.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                store
+                    .txn(put(&format!("w/{w}"), &i.to_string()))
+                    .await
+                    .unwrap();
+                i += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.compact(compact_at).await.unwrap();
+    // 10,000 superseded changes below the compaction point go while the writers keep going
+    // (clean-up once ran only when no request was queued).
+    let cleaned = |s: &EmbeddedStore| {
+        let stats = s.stats();
+        stats.changes < 2_000 + (stats.revision - compact_at) as usize
+    };
+    wait_for(|| cleaned(&store)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_compactor_keeps_one_interval_of_history() {
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();

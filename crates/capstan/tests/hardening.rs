@@ -1,0 +1,646 @@
+//! Hostile and clumsy clients against the real binary: every limit is bounded, answered with
+//! upstream's status, and loses nothing (the issue "Hardening", items 1–6, 8–10).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Server, raw};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// Where a raw client connects: the server's port, CA and token.
+#[derive(Clone)]
+struct Target {
+    port: u16,
+    data_dir: std::path::PathBuf,
+    token: String,
+}
+
+fn target(server: &Server) -> Target {
+    Target {
+        port: server.port,
+        data_dir: server.data_dir(),
+        token: server.token(),
+    }
+}
+
+/// A TLS connection to the server, trusting its CA, speaking HTTP/1.1.
+async fn tls(server: &Target) -> std::io::Result<Tls> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(server.data_dir.join("ca.crt"))
+        .expect("ca.crt")
+    {
+        roots.add(cert.expect("CA")).expect("root");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.port)).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+}
+
+/// Reads an HTTP/1.1 response to its end (the request said `Connection: close`).
+async fn read_response(stream: &mut Tls) -> (u16, String, String) {
+    let mut bytes = Vec::new();
+    let _ = stream.read_to_end(&mut bytes).await;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// One request on its own connection (no client-side retries: kube's client retries 429s).
+async fn request(server: &Target, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut stream = tls(server).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        server.token,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    read_response(&mut stream).await
+}
+
+/// Sends the head of a request with a body of `length` bytes, then the body one byte at a
+/// time every `pace`, until the connection ends; returns the response.
+async fn trickle(
+    server: &Target,
+    method: &str,
+    path: &str,
+    length: usize,
+    pace: Duration,
+) -> (u16, String, String) {
+    let mut stream = tls(server).await.expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n",
+        server.token
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let sender = tokio::spawn(async move {
+        for _ in 0..length {
+            tokio::time::sleep(pace).await;
+            if writer.write_all(b" ").await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut bytes = Vec::new();
+    let _ = reader.read_to_end(&mut bytes).await;
+    sender.abort();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, head.to_ascii_lowercase(), body.to_string())
+}
+
+fn no_panic(server: &Server) {
+    let log = server.log();
+    assert!(!log.contains("panicked"), "the server panicked:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
+    let server = Server::start();
+    let client = server.client().await;
+    server.ok(&["create", "service", "clusterip", "a", "--tcp=80"]);
+    // A multi-byte character in a field selector once panicked a worker.
+    for selector in [
+        "%C3%A9",
+        "a%C3%A9%3Db",
+        "%5C%C3%A9",
+        "metadata.name%3D%5C%C3%A9",
+    ] {
+        let (code, body, _) = raw(
+            &client,
+            "GET",
+            &format!("/api/v1/services?fieldSelector={selector}"),
+            None,
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(code, 400, "fieldSelector={selector}: {body}");
+        assert_eq!(body["reason"], "BadRequest");
+    }
+    let (_, body, _) = raw(
+        &client,
+        "GET",
+        "/api/v1/services?fieldSelector=%C3%A9",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        body["message"],
+        "invalid selector: 'é'; can't understand 'é'"
+    );
+    // Cluster-wide collections of namespaced kinds serve list and watch only.
+    for resource in ["services", "endpoints", "pods"] {
+        for method in ["DELETE", "POST"] {
+            let (code, body, _) = raw(
+                &client,
+                method,
+                &format!("/api/v1/{resource}"),
+                Some("application/json"),
+                b"{}".to_vec(),
+            )
+            .await;
+            assert_eq!(code, 405, "{method} /api/v1/{resource}: {body}");
+            assert_eq!(body["reason"], "MethodNotAllowed");
+            assert_eq!(
+                body["message"],
+                "the server does not allow this method on the requested resource"
+            );
+        }
+    }
+    let listed = server.ok(&["get", "services", "-A", "-o", "name"]);
+    assert!(
+        listed.contains("service/a") && listed.contains("service/kubernetes"),
+        "{listed}"
+    );
+    // A malformed `timeout` parameter is a 400 before anything else.
+    let (code, body, _) = raw(&client, "GET", "/api/v1/services?timeout=abc", None, vec![]).await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        body["message"],
+        "invalid timeout specified in the request URL - time: invalid duration \"abc\""
+    );
+    // The bearer scheme in any case, as upstream's authenticator reads it.
+    let mut stream = tls(&target(&server)).await.expect("connect");
+    let request = format!(
+        "GET /api/v1/namespaces/default/services/a HTTP/1.1\r\nHost: localhost\r\nAuthorization: bearer {}\r\nConnection: close\r\n\r\n",
+        server.token()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let (code, _, _) = read_response(&mut stream).await;
+    assert_eq!(code, 200);
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_patch_that_copies_a_map_into_itself_is_refused_at_the_copy_limit() {
+    let server = Server::start();
+    let client = server.client().await;
+    server.ok(&["create", "service", "clusterip", "b", "--tcp=80"]);
+    let mut ops =
+        vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"x": "a".repeat(80)}})];
+    for i in 0..22 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/k{i}")}));
+    }
+    let before = server.rss_kib().expect("rss");
+    let (code, body, _) = raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/default/services/b",
+        Some("application/json-patch+json"),
+        serde_json::to_vec(&ops).expect("encode"),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["reason"], "Invalid");
+    assert_eq!(
+        body["message"],
+        "the server rejected our request due to an error in our request"
+    );
+    let after = server.rss_kib().expect("rss");
+    // Before the copy limit this took 2.4 GB; 3 MiB of copies now cost tens of MB at most.
+    assert!(after < before + 300 * 1024, "RSS {before} → {after} KiB");
+    let annotations = server.ok(&[
+        "get",
+        "service",
+        "b",
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    assert_eq!(annotations, "", "nothing was stored");
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_larger_than_the_store_takes_are_refused_as_etcd_refuses_them() {
+    let server = Server::start_with(&["--max-request-bytes", "65536"]);
+    let client = server.client().await;
+    server.ok(&["create", "service", "clusterip", "big", "--tcp=80"]);
+    // Annotations have their own bound (256 KiB in all).
+    let (code, body, _) = raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/default/services/big",
+        Some("application/merge-patch+json"),
+        serde_json::to_vec(&json!({"metadata": {"annotations": {"big": "x".repeat(300_000)}}}))
+            .expect("encode"),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(
+            |m| m.contains("metadata.annotations: Too long: may not be more than 262144 bytes")
+        ),
+        "{body}"
+    );
+    // An object over --max-request-bytes, through each patch type and through update.
+    let finalizers: Vec<String> = (0..4000).map(|i| format!("example.com/f-{i:06}")).collect();
+    let bodies = [
+        (
+            "application/merge-patch+json",
+            json!({"metadata": {"finalizers": finalizers}}),
+        ),
+        (
+            "application/strategic-merge-patch+json",
+            json!({"metadata": {"finalizers": finalizers}}),
+        ),
+        (
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/metadata/finalizers", "value": finalizers}]),
+        ),
+    ];
+    for (content_type, patch) in bodies {
+        let (code, body, _) = raw(
+            &client,
+            "PATCH",
+            "/api/v1/namespaces/default/services/big",
+            Some(content_type),
+            serde_json::to_vec(&patch).expect("encode"),
+        )
+        .await;
+        assert_eq!(code, 500, "{content_type}: {body}");
+        assert_eq!(
+            body["message"], "etcdserver: request is too large",
+            "{content_type}"
+        );
+        assert!(body.get("reason").is_none(), "{body}");
+    }
+    let stored = server.ok(&[
+        "get",
+        "service",
+        "big",
+        "-o",
+        "jsonpath={.metadata.finalizers}",
+    ]);
+    assert_eq!(stored, "", "nothing was stored");
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lists_in_strategic_merge_and_apply_are_merged_off_the_runtime() {
+    let server = Server::start();
+    let client = server.client().await;
+    server.ok(&["create", "service", "clusterip", "long", "--tcp=80"]);
+    // ~1.2 MB of labels-like data in a list the strategic merge unions by value.
+    let finalizers: Vec<String> = (0..50_000).map(|i| format!("x.io/{i:07}")).collect();
+    let patch =
+        serde_json::to_vec(&json!({"metadata": {"finalizers": finalizers}})).expect("encode");
+    let patching = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            raw(
+                &client,
+                "PATCH",
+                "/api/v1/namespaces/default/services/long",
+                Some("application/strategic-merge-patch+json"),
+                patch,
+            )
+            .await
+        })
+    };
+    // The server keeps answering others meanwhile.
+    let (code, _, _) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/services/long",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, body, _) = patching.await.expect("patch");
+    assert!(
+        code == 200 || body["message"] == "etcdserver: request is too large",
+        "{code} {body}"
+    );
+    // Apply of a long set by one manager, then half of it: what it stopped applying goes.
+    let config = |n: usize| {
+        let finalizers: Vec<String> = (0..n).map(|i| format!("x.io/{i:07}")).collect();
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "applied", "finalizers": finalizers},
+            "spec": {"ports": [{"port": 80}]}}))
+        .expect("encode")
+    };
+    for n in [20_000, 10_000] {
+        let (code, body, _) = raw(
+            &client,
+            "PATCH",
+            "/api/v1/namespaces/default/services/applied?fieldManager=tester",
+            Some("application/apply-patch+yaml"),
+            config(n),
+        )
+        .await;
+        assert!(code == 200 || code == 201, "{code} {body}");
+        assert_eq!(
+            body["metadata"]["finalizers"].as_array().map(Vec::len),
+            Some(n)
+        );
+    }
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_at_the_request_timeout_and_the_header_deadline() {
+    let server = Server::start_with(&["--request-timeout", "2s"]);
+    // Headers never finished: closed at the header read deadline (32 s).
+    let unfinished = {
+        let mut stream = tls(&target(&server)).await.expect("connect");
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let _ = stream
+                .write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .await;
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if started.elapsed() > Duration::from_secs(60) {
+                    return None;
+                }
+                if stream.write_all(b"a").await.is_err() {
+                    return Some(started.elapsed());
+                }
+                let mut byte = [0u8; 1];
+                match tokio::time::timeout(Duration::from_millis(10), stream.read(&mut byte)).await
+                {
+                    Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+                    _ => {}
+                }
+            }
+        })
+    };
+    // A body that arrives a byte every half second: 504 at the request timeout.
+    let (code, head, body) = trickle(
+        &target(&server),
+        "POST",
+        "/api/v1/namespaces/default/services",
+        200,
+        Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(code, 504, "{head}{body}");
+    let status: Value = serde_json::from_str(body.trim()).expect("Status");
+    assert_eq!(status["reason"], "Timeout");
+    assert_eq!(
+        status["message"],
+        "Timeout: request did not complete within the allotted timeout"
+    );
+    // A shorter `timeout` parameter is honoured too, and the server still answers.
+    let client = server.client().await;
+    let (code, _, _) = raw(&client, "GET", "/api/v1/services?timeout=1s", None, vec![]).await;
+    assert_eq!(code, 200);
+    let closed = unfinished.await.expect("task");
+    assert!(closed.is_some(), "unfinished headers were never cut off");
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_wait_until_one_ends() {
+    let server = Server::start_with(&["--max-connections", "2"]);
+    let first = tls(&target(&server)).await.expect("first");
+    let second = tls(&target(&server)).await.expect("second");
+    // The third is queued by the kernel, not handshaken while two are open.
+    let third = tokio::spawn({
+        let to = target(&server);
+        async move { tls(&to).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served past the cap"
+    );
+    drop(first);
+    let third = tokio::time::timeout(Duration::from_secs(20), third)
+        .await
+        .expect("served once a slot freed")
+        .expect("task");
+    assert!(third.is_ok());
+    drop(second);
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_with_429_and_watches_are_not_counted() {
+    let server = Server::start_with(&[
+        "--max-requests-inflight",
+        "1",
+        "--max-mutating-requests-inflight",
+        "1",
+    ]);
+    let client = server.client().await;
+    // Two watches open: long-running requests take no slot.
+    let mut watches = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tls(&target(&server)).await.expect("connect");
+        let request = format!(
+            "GET /api/v1/services?watch=true HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\r\n",
+            server.token()
+        );
+        stream.write_all(request.as_bytes()).await.expect("watch");
+        watches.push(stream);
+    }
+    let (code, _, _) = raw(&client, "GET", "/api/v1/services", None, vec![]).await;
+    assert_eq!(code, 200, "a list while watches run");
+    // A write whose body trickles in holds the one mutating slot …
+    let started = Instant::now();
+    let slow = tokio::spawn({
+        let to = target(&server);
+        async move {
+            let answer = trickle(
+                &to,
+                "POST",
+                "/api/v1/namespaces/default/services",
+                40,
+                Duration::from_millis(100),
+            )
+            .await;
+            (answer, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    // … so another is refused as upstream refuses it: plain text, Retry-After: 1. (kube's
+    // client would retry it until the slot frees.)
+    let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"x"},"spec":{"ports":[{"port":80}]}}"#;
+    let (code, head, body) = request(
+        &target(&server),
+        "POST",
+        "/api/v1/namespaces/default/services",
+        service,
+    )
+    .await;
+    if code != 429 {
+        slow.abort();
+        panic!(
+            "expected 429, got {code} {body}; the slow write: {:?}",
+            slow.await
+        );
+    }
+    assert_eq!(body, "Too many requests, please try again later.\n");
+    assert!(head.contains("retry-after: 1\r\n"), "{head}");
+    assert!(
+        head.contains("content-type: text/plain; charset=utf-8"),
+        "{head}"
+    );
+    // Reads have their own pool; probes are never refused.
+    let (code, _, _) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/services",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        server
+            .kubectl(&["get", "--raw", "/readyz"])
+            .status
+            .success()
+    );
+    let (_, elapsed) = slow.await.expect("slow write");
+    assert!(
+        elapsed > Duration::from_secs(2),
+        "the slow write held its slot throughout"
+    );
+    let (code, _, body) = request(
+        &target(&server),
+        "POST",
+        "/api/v1/namespaces/default/services",
+        service,
+    )
+    .await;
+    assert_eq!(code, 201, "the slot is free again: {body}");
+    no_panic(&server);
+}
+
+#[test]
+fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
+    let server = Server::start();
+    let pods = server.apply_file(
+        "pods.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: good, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n",
+    );
+    server.ok(&["apply", "-f", common::path_str(&pods)]);
+    let status = |ip: &str| {
+        format!(
+            "{{\"status\":{{\"podIP\":\"{ip}\",\"podIPs\":[{{\"ip\":\"{ip}\"}}],\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\"}}]}}}}"
+        )
+    };
+    server.ok(&[
+        "patch",
+        "pod",
+        "good",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status("10.244.9.1"),
+    ]);
+    // Loopback is a valid pod IP upstream; Endpoints may not hold it.
+    server.ok(&[
+        "patch",
+        "pod",
+        "bad",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status("127.0.0.1"),
+    ]);
+    server.ok(&["create", "service", "clusterip", "pz", "--tcp=80"]);
+    server.ok(&["set", "selector", "service", "pz", "app=pz"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ips = String::new();
+    while Instant::now() < deadline {
+        ips = server.ok(&[
+            "get",
+            "endpoints",
+            "pz",
+            "-o",
+            "jsonpath={.subsets[*].addresses[*].ip}",
+        ]);
+        if !ips.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(ips, "10.244.9.1");
+    // Pod IPs are validated as upstream validates them.
+    let err = server.fails(&[
+        "patch",
+        "pod",
+        "good",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status("10.244.09.1"),
+    ]);
+    assert!(
+        err.contains("status.podIPs[0]: Invalid value: \"10.244.09.1\": must not have leading 0s"),
+        "{err}"
+    );
+    let err = server.fails(&[
+        "patch", "pod", "good", "--subresource=status", "--type=merge", "-p",
+        "{\"status\":{\"podIP\":\"10.244.9.1\",\"podIPs\":[{\"ip\":\"10.244.9.1\"},{\"ip\":\"10.244.9.2\"}]}}",
+    ]);
+    assert!(
+        err.contains("may specify no more than one IP for each IP family"),
+        "{err}"
+    );
+    no_panic(&server);
+}
+
+#[test]
+fn credentials_and_the_store_are_private_and_tightened_on_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut server = Server::start();
+    let mode = |path: std::path::PathBuf| {
+        std::fs::metadata(&path)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let dir = server.data_dir();
+    let check = |dir: &std::path::Path| {
+        assert_eq!(mode(dir.to_path_buf()), 0o700, "data directory");
+        for secret in ["ca.key", "admin.token", "kubeconfig", "store.redb"] {
+            assert_eq!(mode(dir.join(secret)), 0o600, "{secret}");
+        }
+        assert_eq!(mode(dir.join("ca.crt")), 0o644, "ca.crt");
+    };
+    check(&dir);
+    server.stop();
+    // Files left readable by an older version are tightened at the next start.
+    for (path, loose) in [
+        (dir.clone(), 0o755),
+        (dir.join("ca.key"), 0o644),
+        (dir.join("admin.token"), 0o644),
+        (dir.join("store.redb"), 0o644),
+    ] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(loose)).expect("chmod");
+    }
+    server.launch();
+    check(&dir);
+}
