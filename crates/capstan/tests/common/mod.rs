@@ -129,6 +129,15 @@ impl Server {
         child.wait().ok().and_then(|s| s.code())
     }
 
+    /// Kills the server with SIGKILL (no shutdown of any kind) and waits for it; the data
+    /// directory stays for [`Server::launch`].
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     pub fn restart(&mut self) {
         self.stop();
         self.launch();
