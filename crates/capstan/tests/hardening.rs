@@ -179,6 +179,22 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
         listed.contains("service/a") && listed.contains("service/kubernetes"),
         "{listed}"
     );
+    // The built-in namespaces cannot be deleted (upstream's namespace lifecycle admission).
+    for namespace in ["default", "kube-system", "kube-public"] {
+        let (code, body, _) = raw(
+            &client,
+            "DELETE",
+            &format!("/api/v1/namespaces/{namespace}"),
+            None,
+            vec![],
+        )
+        .await;
+        assert_eq!(code, 403, "{body}");
+        assert_eq!(
+            body["message"],
+            format!("namespaces \"{namespace}\" is forbidden: this namespace may not be deleted")
+        );
+    }
     // A malformed `timeout` parameter is a 400 before anything else.
     let (code, body, _) = raw(&client, "GET", "/api/v1/services?timeout=abc", None, vec![]).await;
     assert_eq!(code, 400);

@@ -980,6 +980,23 @@ impl Registry {
     ) -> Result<DeleteResult, ApiError> {
         let info = self.strategy.info();
         let key = info.key(namespace, name);
+        if let Some(why) = self.strategy.undeletable(name) {
+            let gr = info.group_resource();
+            return Err(ApiError::new(
+                403,
+                capstan_machinery::Reason::Forbidden,
+                format!(
+                    "{gr} {} is forbidden: {why}",
+                    capstan_machinery::status::quote(name)
+                ),
+            )
+            .with_details(capstan_machinery::Details {
+                name: name.to_string(),
+                group: gr.group.to_string(),
+                kind: gr.resource.to_string(),
+                ..Default::default()
+            }));
+        }
         for _ in 0..WRITE_ATTEMPTS {
             let response = self.storage.get(&key, None).await.map_err(storage_error)?;
             let Some(kv) = response.kv else {

@@ -228,6 +228,12 @@ pub trait Strategy: Send + Sync + 'static {
         None
     }
 
+    /// Why this object may never be deleted (upstream's admission refuses it with 403
+    /// `<resource> "<name>" is forbidden: <why>`), if it may not.
+    fn undeletable(&self, _name: &str) -> Option<&'static str> {
+        None
+    }
+
     /// What to release when an object is removed.
     fn release(&self, _object: &Value) -> WriteExtras {
         WriteExtras::default()

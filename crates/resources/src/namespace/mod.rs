@@ -40,6 +40,12 @@ pub const NAMESPACE_PREFIX: &str = "namespaces/";
 pub struct NamespaceStrategy;
 
 impl Strategy for NamespaceStrategy {
+    /// The namespace lifecycle admission plugin's immortal namespaces.
+    fn undeletable(&self, name: &str) -> Option<&'static str> {
+        matches!(name, "default" | "kube-system" | "kube-public")
+            .then_some("this namespace may not be deleted")
+    }
+
     fn info(&self) -> &ResourceInfo {
         &NAMESPACE_INFO
     }
