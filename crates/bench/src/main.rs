@@ -5,6 +5,7 @@
 //! [--updates M] [--json FILE] [--server-pid PID]…`. Every scenario works in its own namespace
 //! and deletes what it created; each prints a table and can write a JSON report.
 
+mod abuse;
 mod churn;
 mod process;
 mod proxy;
@@ -43,6 +44,7 @@ enum ScenarioName {
     Mixed,
     EndpointsChurn,
     ApiserviceProxy,
+    Abuse,
 }
 
 #[derive(Subcommand)]
@@ -67,6 +69,10 @@ enum Scenario {
     /// What the aggregation proxy adds: a backend run by the bench, registered with an
     /// APIService; the same GETs at a fixed rate straight to it and through the server.
     ApiserviceProxy(Args),
+    /// A fuzzing campaign: --count generated requests (mutated paths, parameters, headers,
+    /// media types and bodies of every kind and patch type, some malformed HTTP), every answer
+    /// classified; undocumented 5xx and dropped connections are findings.
+    Abuse(Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -129,6 +135,12 @@ struct Args {
     /// Keep what the scenario created (no clean-up).
     #[arg(long)]
     keep: bool,
+    /// Seed of the generated requests (abuse); each connection uses seed + its index.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The server's log, searched for panics afterwards (abuse).
+    #[arg(long)]
+    server_log: Option<std::path::PathBuf>,
 }
 
 fn latency_json(histogram: &Histogram<u64>) -> Value {
@@ -477,6 +489,9 @@ impl Bench {
             ScenarioName::ApiserviceProxy => {
                 report.insert("apiservice_proxy".into(), self.apiservice_proxy().await?);
             }
+            ScenarioName::Abuse => {
+                report.insert("abuse".into(), self.abuse().await?);
+            }
         }
         Ok(Value::Object(report))
     }
@@ -636,6 +651,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Mixed(a) => (ScenarioName::Mixed, a),
         Scenario::EndpointsChurn(a) => (ScenarioName::EndpointsChurn, a),
         Scenario::ApiserviceProxy(a) => (ScenarioName::ApiserviceProxy, a),
+        Scenario::Abuse(a) => (ScenarioName::Abuse, a),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -69,6 +69,29 @@ impl Dialer {
         })
     }
 
+    /// A connection to the server (TLS when the server URL is https).
+    pub async fn connect(&self) -> anyhow::Result<Box<dyn crate::abuse::Io>> {
+        let tcp = tokio::net::TcpStream::connect(&self.address)
+            .await
+            .with_context(|| format!("connecting to {}", self.address))?;
+        tcp.set_nodelay(true)?;
+        Ok(match &self.tls {
+            Some((connector, name)) => Box::new(connector.connect(name.clone(), tcp).await?),
+            None => Box::new(tcp),
+        })
+    }
+
+    /// The headers that carry the kubeconfig's credentials (and `Host`).
+    pub async fn credentials(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let request = self.request("/").await?;
+        Ok(request
+            .headers()
+            .iter()
+            .filter(|(name, _)| *name != http::header::ACCEPT && *name != http::header::USER_AGENT)
+            .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+            .collect())
+    }
+
     /// A GET of `path` with the kubeconfig's credentials.
     async fn request(&self, path: &str) -> anyhow::Result<Request> {
         crate::REQUESTS.fetch_add(1, Ordering::Relaxed);
@@ -208,7 +231,7 @@ where
 
 /// A decoder of HTTP/1.1 chunked transfer coding.
 #[derive(Default)]
-struct Chunked {
+pub(crate) struct Chunked {
     /// Bytes left in the current chunk's data.
     remaining: usize,
     /// The CRLF after the current chunk's data is still to be read.
@@ -217,9 +240,14 @@ struct Chunked {
 }
 
 impl Chunked {
+    /// Whether the last chunk has been read.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// The next piece of body data in `input`, consuming it; `None` when more input is needed
     /// or the body ended (`done`).
-    fn next(&mut self, input: &mut BytesMut) -> anyhow::Result<Option<Bytes>> {
+    pub(crate) fn next(&mut self, input: &mut BytesMut) -> anyhow::Result<Option<Bytes>> {
         loop {
             if self.done {
                 return Ok(None);
