@@ -465,7 +465,12 @@ impl Generator {
                     }
                     nested
                 }
-                2 => Value::Array(vec![value.clone(); self.rng.usize(2..2000)]),
+                2 => {
+                    // Copies of the node, at most ~1 MB of them (repeated mutations multiply).
+                    let size = serde_json::to_vec(value).map_or(1, |b| b.len().max(1));
+                    let copies = self.rng.usize(2..2000).min(1_000_000 / size).max(1);
+                    Value::Array(vec![value.clone(); copies])
+                }
                 _ => self.value(1),
             };
             return;
@@ -516,6 +521,9 @@ impl Generator {
         if self.chance(60) {
             for _ in 0..self.rng.usize(1..4) {
                 self.mutate(&mut document, 0);
+                if serde_json::to_vec(&document).map_or(0, |b| b.len()) > 4_000_000 {
+                    break;
+                }
             }
         }
         let mut bytes = match content_type {
@@ -764,8 +772,14 @@ async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only: bool) -> 
     }
     let Some(length) = length else {
         // No length: the body runs to the end of the connection.
-        let _ = conn.read_to_end(&mut buffer.to_vec()).await;
-        return Outcome::Answered(code, buffer.to_vec());
+        let mut rest = Vec::new();
+        let _ = (&mut *conn)
+            .take(BODY_LIMIT as u64)
+            .read_to_end(&mut rest)
+            .await;
+        body.extend_from_slice(&buffer);
+        body.extend_from_slice(&rest);
+        return Outcome::Answered(code, body);
     };
     while buffer.len() < length {
         match conn.read_buf(&mut buffer).await {
