@@ -99,6 +99,11 @@ pub async fn serve(
                     let (server, busy) = (server.clone(), activity.begin());
                     async move {
                         let response = server.handle(request).await;
+                        if let Some(crate::limits::SendBy(deadline)) =
+                            response.extensions().get::<crate::limits::SendBy>()
+                        {
+                            busy.send_by(*deadline);
+                        }
                         Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
                             response, busy,
                         ))
@@ -112,7 +117,12 @@ pub async fn serve(
             let mut shutting_down = server.shutdown_signal();
             let idle = tokio::time::sleep(IDLE_TIMEOUT);
             tokio::pin!(idle);
+            // Armed for the earliest response deadline; far off while there is none.
+            let far = || Instant::now() + Duration::from_secs(86_400);
+            let overdue = tokio::time::sleep_until(far());
+            tokio::pin!(overdue);
             let mut closing = false;
+            let mut forcing = false;
             loop {
                 tokio::select! {
                     result = connection.as_mut() => {
@@ -125,15 +135,35 @@ pub async fn serve(
                         closing = true;
                         connection.as_mut().graceful_shutdown();
                     }
-                    _ = &mut idle, if !closing => match activity.idle_until(IDLE_TIMEOUT) {
+                    _ = activity.deadline_added.notified() => {
+                        overdue.as_mut().reset(activity.send_deadline().unwrap_or_else(far));
+                    }
+                    _ = &mut overdue => match activity.send_deadline() {
                         Some(deadline) if deadline <= Instant::now() => {
-                            tracing::debug!(%peer, "closing an idle connection");
-                            closing = true;
-                            connection.as_mut().graceful_shutdown();
+                            tracing::debug!(%peer, "a response was not taken within its request deadline; closing");
+                            break;
                         }
-                        Some(deadline) => idle.as_mut().reset(deadline),
-                        None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
+                        Some(deadline) => overdue.as_mut().reset(deadline),
+                        None => overdue.as_mut().reset(far()),
                     },
+                    _ = &mut idle, if !closing || forcing => {
+                        if forcing {
+                            // Still not closed: a peer that does not read what was sent.
+                            tracing::debug!(%peer, "an idle connection did not close; dropping it");
+                            break;
+                        }
+                        match activity.idle_until(IDLE_TIMEOUT) {
+                            Some(deadline) if deadline <= Instant::now() => {
+                                tracing::debug!(%peer, "closing an idle connection");
+                                closing = true;
+                                forcing = true;
+                                connection.as_mut().graceful_shutdown();
+                                idle.as_mut().reset(Instant::now() + CLOSE_GRACE);
+                            }
+                            Some(deadline) => idle.as_mut().reset(deadline),
+                            None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
+                        }
+                    }
                 }
             }
         });
@@ -144,6 +174,12 @@ pub async fn serve(
         tracing::warn!("some connections did not finish within the drain period");
     }
 }
+
+/// How long an idle connection told to close may take to finish (a response still in its
+/// buffers) before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Time past a request's deadline for its response to be sent.
+const SEND_GRACE: Duration = Duration::from_secs(5);
 
 /// Counts open connections, so shutdown can wait for them to finish.
 #[derive(Default)]
@@ -178,40 +214,91 @@ impl OpenConnections {
     }
 }
 
-/// Which requests of one connection are in progress, and since when none is.
+/// Which requests of one connection are in progress, since when none is, and by when the
+/// responses still being sent must be done.
 struct Activity {
-    state: std::sync::Mutex<(usize, Instant)>,
+    state: std::sync::Mutex<ActivityState>,
+    /// Signalled when a send deadline is registered.
+    deadline_added: tokio::sync::Notify,
+}
+
+struct ActivityState {
+    active: usize,
+    idle_since: Instant,
+    next_id: u64,
+    /// Responses of requests that are not long-running, by id: their request deadline.
+    deadlines: Vec<(u64, Instant)>,
 }
 
 /// Marks a request in progress until dropped (with its response body).
-struct Busy(Arc<Activity>);
+struct Busy {
+    activity: Arc<Activity>,
+    id: u64,
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0 = state.0.saturating_sub(1);
-        if state.0 == 0 {
-            state.1 = Instant::now();
+        let mut state = self.activity.lock();
+        state.active = state.active.saturating_sub(1);
+        if state.active == 0 {
+            state.idle_since = Instant::now();
         }
+        let id = self.id;
+        state.deadlines.retain(|(other, _)| *other != id);
+    }
+}
+
+impl Busy {
+    /// The response must be sent by `deadline` (the request's), or the connection is closed:
+    /// a client that stops reading a response cannot hold its in-flight slot, or the
+    /// connection, past the request timeout (upstream's timeout handler aborts it too).
+    fn send_by(&self, deadline: Instant) {
+        self.activity.lock().deadlines.push((self.id, deadline));
+        self.activity.deadline_added.notify_one();
     }
 }
 
 impl Activity {
     fn new() -> Self {
         Activity {
-            state: std::sync::Mutex::new((0, Instant::now())),
+            state: std::sync::Mutex::new(ActivityState {
+                active: 0,
+                idle_since: Instant::now(),
+                next_id: 0,
+                deadlines: Vec::new(),
+            }),
+            deadline_added: tokio::sync::Notify::new(),
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn begin(self: &Arc<Self>) -> Busy {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-        Busy(self.clone())
+        let mut state = self.lock();
+        state.active += 1;
+        state.next_id += 1;
+        Busy {
+            activity: self.clone(),
+            id: state.next_id,
+        }
     }
 
     /// When the connection will have been idle for `limit`, or `None` while a request is
     /// in progress.
     fn idle_until(&self, limit: Duration) -> Option<Instant> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (state.0 == 0).then(|| state.1 + limit)
+        let state = self.lock();
+        (state.active == 0).then(|| state.idle_since + limit)
+    }
+
+    /// The earliest deadline of a response still being sent, with [`SEND_GRACE`] to send the
+    /// answer made at the deadline itself (a 504).
+    fn send_deadline(&self) -> Option<Instant> {
+        self.lock()
+            .deadlines
+            .iter()
+            .map(|(_, d)| *d + SEND_GRACE)
+            .min()
     }
 }

@@ -47,8 +47,8 @@ pub struct Call {
     pub body: Option<hyper::body::Incoming>,
     /// Ends watches when the server shuts down.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    /// When the request runs out (none for watches).
-    pub deadline: Option<tokio::time::Instant>,
+    /// The request's deadline and in-flight slot (none for watches).
+    pub admission: crate::limits::Admission,
     /// `--min-request-timeout`: the default watch lasts between this and twice this.
     pub min_request_timeout: Duration,
 }
@@ -63,11 +63,12 @@ impl Call {
         work: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     ) -> Result<T, ApiError> {
         let deadline = crate::limits::write_deadline(
-            self.deadline
+            self.admission
+                .deadline
                 .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT),
         );
         let heavy = body_len > crate::limits::HEAVY_BODY_BYTES;
-        crate::limits::finish(deadline, heavy, work).await
+        crate::limits::finish(deadline, heavy, self.admission.slot.clone(), work).await
     }
 }
 
@@ -92,6 +93,10 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
     // only, as upstream routes it: no create, and no deletecollection across namespaces.
     if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
+        return error_response(&ApiError::method_not_allowed(), encoding);
+    }
+    // The legacy `/watch/` paths are routed for GET only.
+    if request.watch_path && call.method != Method::GET {
         return error_response(&ApiError::method_not_allowed(), encoding);
     }
     let result = match (&call.method, request.name.as_deref(), is_watch) {
@@ -1347,9 +1352,10 @@ async fn delete_collection(
     // Not bound by the write timeout (as upstream), only by the request's own deadline.
     let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
     let deadline = call
+        .admission
         .deadline
         .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT);
-    let result = crate::limits::finish(deadline, false, async move {
+    let result = crate::limits::finish(deadline, false, call.admission.slot.clone(), async move {
         registry
             .delete_collection(&namespace, &list, &options)
             .await

@@ -48,7 +48,12 @@ impl ApiServer {
     ) -> Self {
         let (shutdown, _) = tokio::sync::watch::channel(false);
         ApiServer {
-            aggregator: aggregator::Aggregator::new(&registries, limits.request_timeout),
+            // A second past the request deadline: a plain request gets the deadline's 504, a
+            // proxied watch (which has no deadline) this one's 503.
+            aggregator: aggregator::Aggregator::new(
+                &registries,
+                limits.request_timeout + std::time::Duration::from_secs(1),
+            ),
             registries,
             token,
             server_address,
@@ -117,11 +122,13 @@ impl ApiServer {
                         Some((class, deadline)),
                     ))
                     .catch_unwind();
-                    match tokio::time::timeout_at(deadline, routed).await {
+                    let mut response = match tokio::time::timeout_at(deadline, routed).await {
                         Ok(Ok(response)) => response,
                         Ok(Err(_)) => panicked(),
                         Err(_) => limits::timed_out(),
-                    }
+                    };
+                    response.extensions_mut().insert(limits::SendBy(deadline));
+                    response
                 }
             }
         };
@@ -156,10 +163,14 @@ impl ApiServer {
             Some(Ok(permit)) => permit,
             None => None,
         };
-        let deadline = admission.map(|(_, deadline)| deadline);
+        let permit = permit.map(Arc::new);
+        let admitted = limits::Admission {
+            deadline: admission.map(|(_, deadline)| deadline),
+            slot: permit.clone(),
+        };
         let response = self
             .clone()
-            .serve_route(request, path, query, deadline)
+            .serve_route(request, path, query, admitted)
             .await;
         match permit {
             Some(permit) => request::hold_until_sent(response, permit),
@@ -172,7 +183,7 @@ impl ApiServer {
         request: Request<Incoming>,
         path: String,
         query: Query,
-        deadline: Option<tokio::time::Instant>,
+        admission: limits::Admission,
     ) -> Response<Body> {
         if let Some(response) = self.health(&path, &query).await {
             return response;
@@ -223,12 +234,12 @@ impl ApiServer {
         }
         if let Some(rest) = path.strip_prefix("/apis/") {
             return self
-                .group_request(rest, request, query, pretty, deadline)
+                .group_request(rest, request, query, pretty, admission)
                 .await;
         }
         if let Some(rest) = path.strip_prefix("/api/v1/") {
             return self
-                .resource("", "v1", rest, request, query, deadline)
+                .resource("", "v1", rest, request, query, admission)
                 .await;
         }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
@@ -242,7 +253,7 @@ impl ApiServer {
         request: Request<Incoming>,
         query: Query,
         pretty: bool,
-        deadline: Option<tokio::time::Instant>,
+        admission: limits::Admission,
     ) -> Response<Body> {
         let not_found = || text_response(StatusCode::NOT_FOUND, "404 page not found\n");
         let mut segments = rest.splitn(3, '/');
@@ -276,7 +287,7 @@ impl ApiServer {
                 pretty,
             );
         }
-        self.resource(group, version, tail, request, query, deadline)
+        self.resource(group, version, tail, request, query, admission)
             .await
     }
 
@@ -289,7 +300,7 @@ impl ApiServer {
         rest: &str,
         request: Request<Incoming>,
         query: Query,
-        deadline: Option<tokio::time::Instant>,
+        admission: limits::Admission,
     ) -> Response<Body> {
         let Some(resource) = self.resource_request(group, version, rest) else {
             return error_response(&ApiError::resource_not_found(), Encoding::json());
@@ -301,7 +312,7 @@ impl ApiServer {
             query,
             body: Some(body),
             shutdown: self.shutdown.subscribe(),
-            deadline,
+            admission,
             min_request_timeout: self.limits.min_request_timeout,
         };
         handlers::handle(resource, call).await

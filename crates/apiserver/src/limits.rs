@@ -93,11 +93,21 @@ pub fn classify(method: &Method, path: &str, query: &Query) -> RequestClass {
 
 /// The verb of a resource request, from the path after the group version.
 fn resource_verb(method: &Method, parts: &[&str], query: &Query) -> String {
-    if matches!(parts.first(), Some(&("watch" | "proxy"))) && parts.len() >= 2 {
-        return parts[0].to_string();
+    // `/watch/…` is served for GET only (anything else there is a 405, answered at once).
+    if parts.first() == Some(&"watch") && parts.len() >= 2 {
+        return if matches!(*method, Method::GET | Method::HEAD) {
+            "watch".into()
+        } else {
+            "get".into()
+        };
+    }
+    if parts.first() == Some(&"proxy") && parts.len() >= 2 {
+        return "proxy".into();
     }
     // `namespaces/<ns>/<resource>[/<name>[/<subresource>]]`, or `<resource>[/<name>[/…]]`.
     let rest = match parts {
+        // A Namespace's own subresources, not a namespaced collection.
+        ["namespaces", _, "status" | "finalize"] => parts,
         ["namespaces", _namespace, rest @ ..] if !rest.is_empty() => rest,
         _ => parts,
     };
@@ -117,6 +127,21 @@ fn resource_verb(method: &Method, parts: &[&str], query: &Query) -> String {
         _ => String::new(),
     }
 }
+
+/// What admission gave a request that is not long-running: its deadline, and its in-flight
+/// slot — shared, so that a write still finishing after its client was answered keeps it.
+#[derive(Debug, Clone, Default)]
+pub struct Admission {
+    /// When the request runs out.
+    pub deadline: Option<tokio::time::Instant>,
+    /// Its in-flight slot, if its pool is limited.
+    pub slot: Option<Arc<OwnedSemaphorePermit>>,
+}
+
+/// A response extension: the deadline by which the response must have been sent (the
+/// request's deadline); the connection is closed when it has not been.
+#[derive(Debug, Clone, Copy)]
+pub struct SendBy(pub tokio::time::Instant);
 
 /// The two in-flight pools.
 pub struct InFlight {
@@ -228,8 +253,16 @@ pub const HEAVY_BODY_BYTES: usize = 64 * 1024;
 pub async fn finish<T: Send + 'static>(
     deadline: tokio::time::Instant,
     heavy: bool,
+    slot: Option<Arc<OwnedSemaphorePermit>>,
     work: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
 ) -> Result<T, ApiError> {
+    // The work keeps the request's in-flight slot until it is done, answered or not: a client
+    // cannot pile up writes beyond the limit by giving them short deadlines.
+    let work = async move {
+        let result = work.await;
+        drop(slot);
+        result
+    };
     let task = if heavy {
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || runtime.block_on(work))
@@ -258,6 +291,8 @@ mod tests {
     fn watches_are_long_running_and_writes_mutating() {
         assert!(class(Method::GET, "/api/v1/services?watch=true").long_running);
         assert!(class(Method::GET, "/api/v1/watch/namespaces/a/services").long_running);
+        assert!(!class(Method::PUT, "/api/v1/watch/namespaces/a/services/x").long_running);
+        assert!(!class(Method::GET, "/api/v1/namespaces/x/status?watch=1").long_running);
         assert!(class(Method::GET, "/apis/metrics.k8s.io/v1beta1/pods?watch=1").long_running);
         assert!(!class(Method::GET, "/api/v1/services?watch=false").long_running);
         assert!(!class(Method::GET, "/api/v1/namespaces/a/services/b?watch=true").long_running);

@@ -30,6 +30,12 @@ fn target(server: &Server) -> Target {
 
 /// A TLS connection to the server, trusting its CA, speaking HTTP/1.1.
 async fn tls(server: &Target) -> std::io::Result<Tls> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.port)).await?;
+    tls_over(server, stream).await
+}
+
+/// TLS over an open TCP connection to the server.
+async fn tls_over(server: &Target, stream: tokio::net::TcpStream) -> std::io::Result<Tls> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_file_iter(server.data_dir.join("ca.crt"))
@@ -45,7 +51,6 @@ async fn tls(server: &Target) -> std::io::Result<Tls> {
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.port)).await?;
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, stream)
@@ -173,6 +178,18 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
                 "the server does not allow this method on the requested resource"
             );
         }
+    }
+    // The legacy watch paths serve GET only.
+    for method in ["PUT", "POST", "PATCH", "DELETE"] {
+        let (code, body, _) = raw(
+            &client,
+            method,
+            "/api/v1/watch/namespaces/default/services/a",
+            Some("application/merge-patch+json"),
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(code, 405, "{method} on a watch path: {body}");
     }
     let listed = server.ok(&["get", "services", "-A", "-o", "name"]);
     assert!(
@@ -551,6 +568,60 @@ async fn overload_is_refused_with_429_and_watches_are_not_counted() {
     )
     .await;
     assert_eq!(code, 201, "the slot is free again: {body}");
+    no_panic(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_response_loses_its_slot_at_the_request_deadline() {
+    let server = Server::start_with(&["--request-timeout", "2s", "--max-requests-inflight", "1"]);
+    let to = target(&server);
+    // ~6 MB of pods: more than the kernel's socket buffers hold for a client that reads nothing.
+    for i in 0..25 {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("big{i}"), "annotations": {"a": "x".repeat(250_000)}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        let (code, _, body) = request(
+            &to,
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            &pod.to_string(),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("small buffer");
+    let tcp = socket
+        .connect(([127, 0, 0, 1], server.port).into())
+        .await
+        .expect("connect");
+    let mut stalled = tls_over(&to, tcp).await.expect("tls");
+    let list = format!(
+        "GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\r\n",
+        to.token
+    );
+    stalled.write_all(list.as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The one read slot is held by the unread list …
+    let (code, _, _) = request(&to, "GET", "/api/v1/namespaces/default/services", "").await;
+    assert_eq!(code, 429);
+    // … until the request deadline (2 s, and 5 s to send) closes that connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, _, _) = request(&to, "GET", "/api/v1/namespaces/default/services", "").await;
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut rest)).await;
+    assert!(
+        rest.len() < 6_000_000,
+        "the whole list arrived ({} bytes)",
+        rest.len()
+    );
     no_panic(&server);
 }
 

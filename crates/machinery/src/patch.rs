@@ -13,6 +13,12 @@ pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 /// with every operation.
 pub const MAX_JSON_PATCH_COPY_BYTES: u64 = 3 * 1024 * 1024;
 
+/// The deepest nesting a JSON patch may produce. Request bodies cannot nest deeper than the
+/// JSON decoder's limit (128), but copying a value into its own deepest leaf doubles its depth
+/// with every operation; past this the result could neither be decoded again from storage nor
+/// be freed without exhausting the stack.
+pub const MAX_PATCHED_DEPTH: usize = 100;
+
 /// The patch formats kube-apiserver accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -79,6 +85,25 @@ pub fn json_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
     // One operation at a time on the copy: a failure leaves `target` untouched anyway, and a
     // copy is measured before it runs, so no operation can blow the document up first.
     for operation in &patch.0 {
+        // Where a value lands, and the value: too deep a result is refused before it exists.
+        let placed = match operation {
+            json_patch::PatchOperation::Add(op) => Some((&op.path, Some(&op.value))),
+            json_patch::PatchOperation::Replace(op) => Some((&op.path, Some(&op.value))),
+            json_patch::PatchOperation::Copy(op) => {
+                Some((&op.path, result.pointer(op.from.as_str())))
+            }
+            json_patch::PatchOperation::Move(op) => {
+                Some((&op.path, result.pointer(op.from.as_str())))
+            }
+            _ => None,
+        };
+        if let Some((path, value)) = placed {
+            let at = path.as_str().matches('/').count();
+            if at + value.map_or(0, |v| depth_within(v, MAX_PATCHED_DEPTH + 1)) > MAX_PATCHED_DEPTH
+            {
+                return Err(unprocessable());
+            }
+        }
         if let json_patch::PatchOperation::Copy(copy) = operation {
             let size = result.pointer(copy.from.as_str()).map_or(0, serialized_len);
             copied = copied.saturating_add(size);
@@ -90,6 +115,27 @@ pub fn json_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
             .map_err(|_| unprocessable())?;
     }
     Ok(result)
+}
+
+/// How deep a value nests (a scalar is 0), counted without recursion and no further than
+/// `limit`.
+fn depth_within(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((node, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match node {
+            Value::Object(map) => Box::new(map.values()),
+            Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        let depth = depth + 1;
+        deepest = deepest.max(depth);
+        if deepest >= limit {
+            return deepest;
+        }
+        stack.extend(children.map(|child| (child, depth)));
+    }
+    deepest
 }
 
 /// The length of a value's compact JSON encoding, without building it.
@@ -160,6 +206,24 @@ mod tests {
         let small = serde_json::to_vec(&ops[..4]).expect("encodes");
         let patched = json_patch(&json!({}), &small).expect("applies");
         assert!(patched["a"]["k2"]["k1"]["k0"]["x"].is_string());
+    }
+
+    #[test]
+    fn copies_into_their_own_deepest_leaf_stop_at_the_depth_limit() {
+        // Each copy of /a into its deepest leaf doubles its depth.
+        let copies = |n: u32| {
+            let mut ops = vec![json!({"op": "add", "path": "/a", "value": {"": 1}})];
+            for i in 0..n {
+                let leaf = format!("/a{}", "/".repeat(1 << i));
+                ops.push(json!({"op": "copy", "from": "/a", "path": leaf}));
+            }
+            serde_json::to_vec(&ops).expect("encodes")
+        };
+        let shallow = json_patch(&json!({}), &copies(5)).expect("32 deep is fine");
+        assert_eq!(depth_within(&shallow, 1000), 33);
+        let err = json_patch(&json!({}), &copies(12)).expect_err("too deep");
+        assert_eq!(err.code, 422);
+        assert_eq!(depth_within(&json!({"a": [[1]]}), 10), 3);
     }
 
     #[test]

@@ -806,7 +806,8 @@ impl WatchCache {
         state.history_bytes += event.footprint();
         state.history.push_back(event);
         while state.history.len() > self.history_limit.events
-            || state.history_bytes > self.history_limit.bytes
+            // The newest change always stays: live watchers are still to receive it.
+            || (state.history_bytes > self.history_limit.bytes && state.history.len() > 1)
             || (state.history.len() > HISTORY_MINIMUM
                 && state
                     .history

@@ -255,7 +255,13 @@ enum WriteRequest {
 }
 
 fn db_err(error: impl Into<redb::Error>) -> StorageError {
-    StorageError::Embedded(error.into().to_string())
+    match error.into() {
+        redb::Error::Io(error) => StorageError::Io(error.to_string()),
+        redb::Error::PreviousIo => {
+            StorageError::Io("a previous I/O error left the database unusable".into())
+        }
+        other => StorageError::Embedded(other.to_string()),
+    }
 }
 
 fn read_index(index: &RwLock<Index>) -> RwLockReadGuard<'_, Index> {
@@ -780,35 +786,44 @@ impl Writer {
             let db = Arc::new(open_database(&self.path, self.cache_bytes)?);
             let on_disk = Snapshot::begin(&db)?.revision;
             let in_memory = read_index(&self.index).revision;
+            if on_disk < in_memory {
+                // Acknowledged writes are not on the disk: nothing to resume from. The store
+                // stays unready (and unlive) so that it is restarted and seen to.
+                return Err(StorageError::Corrupt(format!(
+                    "the disk holds revisions up to {on_disk} but {in_memory} were acknowledged; the store will not take writes again"
+                )));
+            }
+            // A batch whose commit reported an error may have reached the disk all the same
+            // (so may a clean-up chunk, or a compaction): the index is rebuilt from the disk,
+            // and changes the watchers have not seen are published to them.
+            let mut events: Vec<Event> = Vec::new();
+            let mut through = in_memory;
+            while through < on_disk {
+                let (chunk, reached) = Snapshot::begin(&db)?.changes_after("", through.max(0))?;
+                events.extend(chunk);
+                if reached <= through {
+                    break;
+                }
+                through = reached;
+            }
+            let index = load(&db)?;
+            *self.index.write().unwrap_or_else(PoisonError::into_inner) = index;
             if on_disk != in_memory {
                 tracing::warn!(
                     on_disk,
                     in_memory,
-                    "the store reopened at another revision; reloading its index"
+                    "a failed commit reached the disk; publishing it"
                 );
-                let mut events: Vec<Event> = Vec::new();
-                let mut through = in_memory;
-                while on_disk > in_memory && through < on_disk {
-                    let (chunk, reached) =
-                        Snapshot::begin(&db)?.changes_after("", through.max(0))?;
-                    events.extend(chunk);
-                    if reached <= through {
-                        break;
-                    }
-                    through = reached;
-                }
-                let index = load(&db)?;
-                *self.index.write().unwrap_or_else(PoisonError::into_inner) = index;
-                let mut start = 0;
-                while start < events.len() {
-                    let revision = events[start].revision();
-                    let end = events[start..]
-                        .iter()
-                        .position(|e| e.revision() != revision)
-                        .map_or(events.len(), |n| start + n);
-                    self.hub.publish(revision, &events[start..end]);
-                    start = end;
-                }
+            }
+            let mut start = 0;
+            while start < events.len() {
+                let revision = events[start].revision();
+                let end = events[start..]
+                    .iter()
+                    .position(|e| e.revision() != revision)
+                    .map_or(events.len(), |n| start + n);
+                self.hub.publish(revision, &events[start..end]);
+                start = end;
             }
             let wt = db.begin_write().map_err(db_err)?;
             {
@@ -961,7 +976,9 @@ impl Writer {
             Err(error) => {
                 tracing::error!(%error, "compaction clean-up failed");
                 self.cleanup_pending = false;
-                if matches!(error, StorageError::Embedded(_)) {
+                // An I/O error leaves redb refusing everything until it is reopened; anything
+                // else only stops this clean-up.
+                if matches!(error, StorageError::Io(_)) {
                     self.fail(&error);
                 }
             }
@@ -972,7 +989,9 @@ impl Writer {
 /// What went wrong, without the variant's own prefix (for [`StorageError::Unavailable`]).
 fn describe(error: &StorageError) -> String {
     match error {
-        StorageError::Unavailable(why) | StorageError::Embedded(why) => why.clone(),
+        StorageError::Unavailable(why) | StorageError::Embedded(why) | StorageError::Io(why) => {
+            why.clone()
+        }
         other => other.to_string(),
     }
 }

@@ -59,7 +59,13 @@ pub struct EtcdStore {
     lag_grace: Duration,
     /// The highest compaction point this process has seen (etcd reports it only on watches).
     known_compacted: Arc<AtomicI64>,
+    /// The last health check and when it ran: probes (public, never refused) reuse it for a
+    /// second instead of reading etcd each time.
+    last_health: Arc<std::sync::Mutex<Option<HealthCheck>>>,
 }
+
+/// A health check's result and when it was made.
+type HealthCheck = (std::time::Instant, Result<()>);
 
 /// How an etcd error maps onto the contract.
 enum Failure {
@@ -98,6 +104,7 @@ impl EtcdStore {
             watch_buffer: options.watch_buffer,
             lag_grace: options.lag_grace,
             known_compacted: Arc::new(AtomicI64::new(0)),
+            last_health: Arc::default(),
         };
         // Fail now, not on the first request, when etcd is not there.
         store.current_revision().await?;
@@ -373,15 +380,23 @@ impl Storage for EtcdStore {
     /// kube-apiserver's etcd check: a read of `<prefix>health` answered within 2 s
     /// (`--etcd-healthcheck-timeout`).
     async fn health(&self) -> Result<()> {
+        if let Some((at, result)) = &*self.last_health.lock().unwrap_or_else(|e| e.into_inner())
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return result.clone();
+        }
         let mut kv = self.kv();
         let read = kv.get(self.full_key("health"), None);
-        match tokio::time::timeout(Duration::from_secs(2), read).await {
+        let result = match tokio::time::timeout(Duration::from_secs(2), read).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(other(error)),
             Err(_) => Err(StorageError::Unavailable(
                 "etcd did not answer the health check within 2s".into(),
             )),
-        }
+        };
+        *self.last_health.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::Instant::now(), result.clone()));
+        result
     }
 }
 

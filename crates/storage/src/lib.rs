@@ -292,6 +292,10 @@ pub enum StorageError {
     /// The etcd cluster failed or could not be reached.
     #[error("etcd error: {0}")]
     Etcd(String),
+    /// The embedded database's file could not be read or written (a full disk, a failed
+    /// device).
+    #[error("I/O error: {0}")]
+    Io(String),
     /// The store cannot take writes now (a disk that filled up, a failed device); it keeps
     /// trying to recover and reports it through [`Storage::health`].
     #[error("the store cannot take writes: {0}")]

@@ -53,7 +53,7 @@ fn pod_ips(pod: &Value) -> Vec<&str> {
 /// the pod already had may stay), and two IPs are one of each family.
 fn validate_pod_ips(new: &Value, old: &Value) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let existing = pod_ips(old);
+    let existing: std::collections::HashSet<&str> = pod_ips(old).into_iter().collect();
     let ips = pod_ips(new);
     for (i, ip) in ips.iter().enumerate() {
         if existing.contains(ip) {
