@@ -266,22 +266,24 @@ pub fn record_update(
 ) {
     let now = meta::now_rfc3339();
     let status = subresource == Some("status");
-    let (new_fields, changed) = {
-        let new_index = fields(new, schema, status);
-        let changed: BTreeSet<Path> = match old {
-            None => new_index.set.clone(),
-            Some(old) => {
-                let old_index = fields(old, schema, status);
-                new_index
-                    .set
-                    .iter()
-                    .filter(|p| new_index.differs(&old_index, p))
-                    .chain(old_index.set.iter().filter(|p| !new_index.set.contains(*p)))
-                    .cloned()
-                    .collect()
-            }
-        };
-        (new_index.set, changed)
+    let (new_fields, changed) = match old {
+        // A create: everything it sets changed; nothing to compare with.
+        None => {
+            let set = field_set(new, schema, status);
+            (set.clone(), set)
+        }
+        Some(old) => {
+            let new_index = fields(new, schema, status);
+            let old_index = fields(old, schema, status);
+            let changed: BTreeSet<Path> = new_index
+                .set
+                .iter()
+                .filter(|p| new_index.differs(&old_index, p))
+                .chain(old_index.set.iter().filter(|p| !new_index.set.contains(*p)))
+                .cloned()
+                .collect();
+            (new_index.set, changed)
+        }
     };
     let mut entries: Vec<Value> = old
         .and_then(meta::metadata)
