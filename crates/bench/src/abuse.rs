@@ -816,6 +816,8 @@ fn serialize(plan: &Planned, credentials: &[(String, Vec<u8>)]) -> Vec<u8> {
 struct Tally {
     codes: BTreeMap<u16, u64>,
     documented_5xx: BTreeMap<String, u64>,
+    /// The messages of the documented 5xx (their first 60 characters).
+    documented_messages: BTreeMap<String, u64>,
     findings: Vec<String>,
     dropped: u64,
     timed_out: u64,
@@ -900,6 +902,20 @@ impl Bench {
                                 if documented(code, &body, &plan.target) {
                                     *t.documented_5xx
                                         .entry(format!("{code} {}", plan.what))
+                                        .or_default() += 1;
+                                    let message = serde_json::from_slice::<Value>(&body)
+                                        .ok()
+                                        .and_then(|v| {
+                                            v.get("message")
+                                                .and_then(Value::as_str)
+                                                .map(str::to_string)
+                                        })
+                                        .unwrap_or_else(|| {
+                                            String::from_utf8_lossy(&body).into_owned()
+                                        });
+                                    let message: String = message.chars().take(60).collect();
+                                    *t.documented_messages
+                                        .entry(format!("{code} {message}"))
                                         .or_default() += 1;
                                 } else if t.findings.len() < 50 {
                                     let text: String =
@@ -996,6 +1012,7 @@ impl Bench {
         );
         println!("  status codes: {:?}", t.codes);
         println!("  documented 5xx: {:?}", t.documented_5xx);
+        println!("  their messages: {:?}", t.documented_messages);
         println!(
             "  dropped connections: {}, client timeouts (watches, slow lists): {}",
             t.dropped, t.timed_out
@@ -1021,6 +1038,7 @@ impl Bench {
             "malformed_http": t.garbage,
             "status_codes": t.codes,
             "documented_5xx": t.documented_5xx,
+            "documented_5xx_messages": t.documented_messages,
             "dropped_connections": t.dropped,
             "client_timeouts": t.timed_out,
             "findings": t.findings,
