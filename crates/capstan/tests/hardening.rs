@@ -58,7 +58,7 @@ async fn tls_over(server: &Target, stream: tokio::net::TcpStream) -> std::io::Re
 }
 
 /// Reads an HTTP/1.1 response to its end (the request said `Connection: close`).
-async fn read_response(stream: &mut Tls) -> (u16, String, String) {
+async fn read_response(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> (u16, String, String) {
     let mut bytes = Vec::new();
     let _ = stream.read_to_end(&mut bytes).await;
     let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -107,17 +107,9 @@ async fn trickle(
             }
         }
     });
-    let mut bytes = Vec::new();
-    let _ = reader.read_to_end(&mut bytes).await;
+    let response = read_response(&mut reader).await;
     sender.abort();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, head.to_ascii_lowercase(), body.to_string())
+    response
 }
 
 fn no_panic(server: &Server) {
