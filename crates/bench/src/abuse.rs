@@ -980,16 +980,7 @@ impl Bench {
                     .body(kube::client::Body::empty())?;
             let _ = self.client.send(request).await;
         }
-        let apiservices: Api<kube::api::DynamicObject> = Api::all_with(
-            self.client.clone(),
-            &kube::api::ApiResource {
-                group: "apiregistration.k8s.io".into(),
-                version: "v1".into(),
-                api_version: "apiregistration.k8s.io/v1".into(),
-                kind: "APIService".into(),
-                plural: "apiservices".into(),
-            },
-        );
+        let apiservices = self.apiservices();
         if let Ok(list) = apiservices.list(&ListParams::default()).await {
             for item in list.items {
                 let name = item.metadata.name.unwrap_or_default();

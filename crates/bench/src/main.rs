@@ -305,6 +305,20 @@ impl Bench {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// APIServices, untyped (k8s-openapi has no apiregistration types).
+    fn apiservices(&self) -> Api<kube::api::DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &kube::api::ApiResource {
+                group: "apiregistration.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "apiregistration.k8s.io/v1".into(),
+                kind: "APIService".into(),
+                plural: "apiservices".into(),
+            },
+        )
+    }
+
     async fn prepare(&self) -> anyhow::Result<()> {
         if self.owns_namespace {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());

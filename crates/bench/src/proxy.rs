@@ -195,16 +195,7 @@ impl Bench {
                     "subsets": [{"addresses": [{"ip": backend.ip().to_string()}], "ports": [{"port": backend.port()}]}]}))?,
             )
             .await?;
-        let apiservices: Api<kube::api::DynamicObject> = Api::all_with(
-            self.client.clone(),
-            &kube::api::ApiResource {
-                group: "apiregistration.k8s.io".into(),
-                version: "v1".into(),
-                api_version: "apiregistration.k8s.io/v1".into(),
-                kind: "APIService".into(),
-                plural: "apiservices".into(),
-            },
-        );
+        let apiservices = self.apiservices();
         let registration: kube::api::DynamicObject = serde_json::from_value(json!({
             "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
             "metadata": {"name": apiservice_name()},

@@ -14,11 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Server;
-use futures_util::StreamExt;
+use common::{Server, watch_service_names as start_watcher};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 /// What an acknowledged create was given.
@@ -95,32 +93,6 @@ fn start_writers(
             })
         })
         .collect()
-}
-
-/// A watcher (kube's, with its relists and re-watches) recording every Service name it is told
-/// about.
-fn start_watcher(api: Api<Service>) -> (Arc<Mutex<HashSet<String>>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(HashSet::new()));
-    let task = tokio::spawn({
-        let seen = seen.clone();
-        async move {
-            let mut stream = kube::runtime::watcher(api, Default::default())
-                .default_backoff()
-                .boxed();
-            while let Some(event) = stream.next().await {
-                if let Ok(
-                    kube::runtime::watcher::Event::Apply(s)
-                    | kube::runtime::watcher::Event::InitApply(s),
-                ) = event
-                {
-                    seen.lock()
-                        .expect("lock")
-                        .insert(s.metadata.name.unwrap_or_default());
-                }
-            }
-        }
-    });
-    (seen, task)
 }
 
 /// `/readyz` answers, polled every 100 ms: (seen false, latest).
@@ -204,6 +176,79 @@ async fn verify(
         },
     )
     .await;
+}
+
+/// Writers, a watcher and a readiness probe against one server: the load a fault is injected
+/// under, and the checks after it.
+struct Load {
+    api: Api<Service>,
+    acknowledged: Acknowledged,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    writers: Vec<tokio::task::JoinHandle<usize>>,
+    seen: Arc<Mutex<HashSet<String>>>,
+    watcher: tokio::task::JoinHandle<()>,
+    readiness: Arc<Mutex<(bool, bool)>>,
+    probe: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    /// Starts once the server is ready: 8 writers creating `<prefix>-…` Services.
+    async fn start(client: kube::Client, prefix: &str) -> Load {
+        let api: Api<Service> = Api::namespaced(client.clone(), "default");
+        let (seen, watcher) = start_watcher(api.clone());
+        let (readiness, probe) = start_readiness(client);
+        wait_until("ready at start", Duration::from_secs(20), || {
+            readiness.lock().expect("lock").1
+        })
+        .await;
+        readiness.lock().expect("lock").0 = false;
+        let acknowledged = Acknowledged::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers = start_writers(api.clone(), prefix, 8, acknowledged.clone(), stop.clone());
+        Load {
+            api,
+            acknowledged,
+            stop,
+            writers,
+            seen,
+            watcher,
+            readiness,
+            probe,
+        }
+    }
+
+    fn acknowledged(&self) -> usize {
+        self.acknowledged.lock().expect("lock").len()
+    }
+
+    /// Waits for readiness to have failed.
+    async fn unready(&self, what: &str) {
+        wait_until(what, Duration::from_secs(30), || {
+            self.readiness.lock().expect("lock").0
+        })
+        .await;
+    }
+
+    /// Waits for readiness to be back and writes to be acknowledged again.
+    async fn recovered(&self, what: &str, within: Duration) {
+        wait_until(what, within, || self.readiness.lock().expect("lock").1).await;
+        let resumed = self.acknowledged();
+        wait_until("writes succeed again", within, || {
+            self.acknowledged() > resumed + 10
+        })
+        .await;
+    }
+
+    /// Stops the writers and checks what the fault left.
+    async fn finish(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in self.writers {
+            let _ = writer.await;
+        }
+        verify(&self.api, &self.acknowledged, &self.seen).await;
+        self.watcher.abort();
+        self.probe.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,54 +374,24 @@ async fn a_full_disk_refuses_writes_fails_readiness_and_recovers_when_space_retu
     let Some(server) = Confined::start() else {
         panic!("the confined server did not start");
     };
-    let client = server.client().await;
-    let api: Api<Service> = Api::namespaced(client.clone(), "default");
-    let (seen, watcher) = start_watcher(api.clone());
-    let (readiness, probe) = start_readiness(client.clone());
-    wait_until("ready at start", Duration::from_secs(20), || {
-        readiness.lock().expect("lock").1
-    })
-    .await;
-    readiness.lock().expect("lock").0 = false;
-    let acknowledged = Acknowledged::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers = start_writers(api.clone(), "df", 8, acknowledged.clone(), stop.clone());
+    let load = Load::start(server.client().await, "df").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let filler = fill(&server.data());
-    wait_until(
-        "readiness fails while the disk is full",
-        Duration::from_secs(30),
-        || readiness.lock().expect("lock").0,
-    )
-    .await;
+    load.unready("readiness fails while the disk is full").await;
     // Reads still work from memory while writes are refused.
-    assert!(api.list(&ListParams::default()).await.is_ok());
+    assert!(load.api.list(&ListParams::default()).await.is_ok());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let stalled = acknowledged.lock().expect("lock").len();
+    let stalled = load.acknowledged();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        acknowledged.lock().expect("lock").len(),
+        load.acknowledged(),
         stalled,
         "writes were acknowledged on a full disk"
     );
     std::fs::remove_file(&filler).expect("space returns");
-    wait_until(
-        "ready again once space returns",
-        Duration::from_secs(30),
-        || readiness.lock().expect("lock").1,
-    )
-    .await;
-    wait_until("writes succeed again", Duration::from_secs(30), || {
-        acknowledged.lock().expect("lock").len() > stalled + 10
-    })
-    .await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for writer in writers {
-        let _ = writer.await;
-    }
-    verify(&api, &acknowledged, &seen).await;
-    watcher.abort();
-    probe.abort();
+    load.recovered("ready again once space returns", Duration::from_secs(30))
+        .await;
+    load.finish().await;
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
@@ -469,45 +484,14 @@ async fn etcd_stopped_and_restarted_under_load_loses_nothing() {
         return;
     };
     let server = Server::start_with(&["--storage", "etcd", "--etcd-servers", &etcd.url()]);
-    let client = server.client().await;
-    let api: Api<Service> = Api::namespaced(client.clone(), "default");
-    let (seen, watcher) = start_watcher(api.clone());
-    let (readiness, probe) = start_readiness(client.clone());
-    wait_until("ready at start", Duration::from_secs(20), || {
-        readiness.lock().expect("lock").1
-    })
-    .await;
-    readiness.lock().expect("lock").0 = false;
-    let acknowledged = Acknowledged::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers = start_writers(api.clone(), "etcd", 8, acknowledged.clone(), stop.clone());
+    let load = Load::start(server.client().await, "etcd").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     etcd.stop();
-    wait_until(
-        "readiness fails while etcd is down",
-        Duration::from_secs(30),
-        || readiness.lock().expect("lock").0,
-    )
-    .await;
+    load.unready("readiness fails while etcd is down").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(etcd.launch(), "etcd restarts");
-    wait_until(
-        "ready again once etcd is back",
-        Duration::from_secs(60),
-        || readiness.lock().expect("lock").1,
-    )
-    .await;
-    let resumed = acknowledged.lock().expect("lock").len();
-    wait_until("writes succeed again", Duration::from_secs(60), || {
-        acknowledged.lock().expect("lock").len() > resumed + 10
-    })
-    .await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for writer in writers {
-        let _ = writer.await;
-    }
-    verify(&api, &acknowledged, &seen).await;
-    watcher.abort();
-    probe.abort();
+    load.recovered("ready again once etcd is back", Duration::from_secs(60))
+        .await;
+    load.finish().await;
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }

@@ -7,7 +7,6 @@ use common::{Server, raw};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 fn service(name: &str) -> Service {
@@ -78,17 +77,15 @@ async fn kube_api_create_list_replace_delete() {
     assert!(matches!(gone, kube::Error::Api(s) if s.code == 404 && s.reason == "NotFound"));
 }
 
-async fn wait_for(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, name: &str) {
-    let seen = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        while let Some(seen) = rx.recv().await {
-            if seen == name {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(seen.ok(), Some(true), "the watcher never saw {name}");
+async fn wait_for(seen: &std::sync::Mutex<std::collections::HashSet<String>>, name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !seen.lock().expect("lock").contains(name) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watcher never saw {name}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
@@ -96,26 +93,12 @@ async fn kube_watcher_survives_a_restart() {
     let mut server = Server::start();
     let client = server.client().await;
     let api: Api<Service> = Api::namespaced(client, "default");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watcher = tokio::spawn(async move {
-        let mut stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(event) = stream.next().await {
-            if let Ok(
-                kube::runtime::watcher::Event::Apply(s)
-                | kube::runtime::watcher::Event::InitApply(s),
-            ) = event
-            {
-                let _ = tx.send(s.metadata.name.unwrap_or_default());
-            }
-        }
-    });
+    let (seen, watcher) = common::watch_service_names(api);
     server.ok(&["create", "service", "clusterip", "before", "--tcp=80:80"]);
-    wait_for(&mut rx, "before").await;
+    wait_for(&seen, "before").await;
     server.restart();
     server.ok(&["create", "service", "clusterip", "after", "--tcp=80:80"]);
-    wait_for(&mut rx, "after").await;
+    wait_for(&seen, "after").await;
     watcher.abort();
 }
 

@@ -111,13 +111,6 @@ impl Server {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
-    /// Whether the server process is still running.
-    pub fn running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
-    }
-
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
     }
@@ -271,4 +264,37 @@ pub fn warnings(headers: &http::HeaderMap) -> Vec<String> {
                 .replace("\\\"", "\"")
         })
         .collect()
+}
+
+/// A watcher (kube's, with its relists and re-watches) recording the name of every Service it is
+/// told about.
+pub fn watch_service_names(
+    api: kube::Api<k8s_openapi::api::core::v1::Service>,
+) -> (
+    std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures_util::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut stream = kube::runtime::watcher(api, Default::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                if let Ok(
+                    kube::runtime::watcher::Event::Apply(s)
+                    | kube::runtime::watcher::Event::InitApply(s),
+                ) = event
+                {
+                    seen.lock()
+                        .expect("lock")
+                        .insert(s.metadata.name.unwrap_or_default());
+                }
+            }
+        }
+    });
+    (seen, task)
 }
