@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use capstan_machinery::media::{self, Negotiated, Output};
 use capstan_machinery::{ApiError, meta, table, yaml};
-use capstan_registry::Strategy;
+use capstan_registry::DynStrategy;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
@@ -306,7 +306,7 @@ impl IncludeObject {
 
 /// Builds the Table for objects of one kind.
 pub fn to_table(
-    strategy: &dyn Strategy,
+    strategy: &dyn DynStrategy,
     version: &'static str,
     objects: &[&Value],
     list_meta: Map<String, Value>,
@@ -339,7 +339,7 @@ pub fn to_table(
 /// Encodes one object (from a get or a write) for the client.
 pub fn object_response(
     status: StatusCode,
-    strategy: &dyn Strategy,
+    strategy: &dyn DynStrategy,
     object: &Value,
     encoding: Encoding,
     query: &Query,
@@ -391,7 +391,7 @@ pub fn object_response(
 /// Writes a list's Table row by row, decoding one object at a time, so a large list never
 /// holds every object decoded at once.
 pub fn table_bytes(
-    strategy: &dyn Strategy,
+    strategy: &dyn DynStrategy,
     version: &'static str,
     objects: impl Iterator<Item = Value>,
     list_meta: Map<String, Value>,

@@ -199,7 +199,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _compactor = (!args.etcd_compaction_interval.is_zero())
         .then(|| Compactor::start(store.clone(), args.etcd_compaction_interval));
     let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
-    let strategies: Vec<Arc<dyn Strategy>> = vec![
+    let strategies: Vec<Arc<dyn DynStrategy>> = vec![
         Arc::new(NamespaceStrategy),
         service_strategy.clone(),
         Arc::new(capstan_resources::endpoints::EndpointsStrategy),

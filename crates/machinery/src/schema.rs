@@ -143,6 +143,14 @@ pub enum Shape<'a> {
     Atomic,
 }
 
+/// The schema of a served definition (`io.k8s.api.core.v1.Service`); `None` for `""`.
+pub fn definition(name: &str) -> Option<&'static Value> {
+    if name.is_empty() {
+        return None;
+    }
+    core_schema(name)
+}
+
 /// The core/v1 schema of a definition (e.g. `io.k8s.api.core.v1.Service`).
 pub fn core_schema(name: &str) -> Option<&'static Value> {
     CORE_V1.pointer(&format!("/components/schemas/{name}"))

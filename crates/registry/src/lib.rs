@@ -15,4 +15,4 @@ pub use store::{
     DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
     WriteOptions,
 };
-pub use strategy::{ResourceInfo, Strategy, WriteExtras};
+pub use strategy::{DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};

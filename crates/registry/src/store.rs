@@ -16,7 +16,7 @@ use capstan_storage::{
 use serde_json::{Value, json};
 
 use crate::cache::{CachedObject, WatchCache};
-use crate::strategy::{Strategy, WriteExtras};
+use crate::strategy::{DynStrategy, WriteExtras};
 
 /// How long a read waits for the cache to reach a requested revision.
 const RESOURCE_VERSION_WAIT: Duration = Duration::from_secs(3);
@@ -118,7 +118,7 @@ pub const MAX_OBJECT_BYTES: usize = 1_572_864;
 
 /// The verbs of one kind.
 pub struct Registry {
-    strategy: Arc<dyn Strategy>,
+    strategy: Arc<dyn DynStrategy>,
     storage: Arc<dyn Storage>,
     cache: Arc<WatchCache>,
     namespace_prefix: Option<String>,
@@ -133,7 +133,7 @@ impl Registry {
     /// A registry for `strategy` over `storage`, serving reads from `cache`. Creates of
     /// namespaced objects check that the namespace exists under `namespace_prefix`.
     pub fn new(
-        strategy: Arc<dyn Strategy>,
+        strategy: Arc<dyn DynStrategy>,
         storage: Arc<dyn Storage>,
         cache: Arc<WatchCache>,
         namespace_prefix: Option<String>,
@@ -154,7 +154,7 @@ impl Registry {
     }
 
     /// The kind's strategy.
-    pub fn strategy(&self) -> &Arc<dyn Strategy> {
+    pub fn strategy(&self) -> &Arc<dyn DynStrategy> {
         &self.strategy
     }
 

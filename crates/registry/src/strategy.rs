@@ -6,9 +6,41 @@ use capstan_machinery::status::GroupResource;
 use capstan_machinery::table::Column;
 use capstan_machinery::{ApiError, meta};
 use capstan_storage::{Compare, Op, Storage};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::{Metadata, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// A kind's identity as discovery, URLs, storage and error messages name it.
+/// Whether a `k8s_openapi` scope is namespaced.
+pub trait Scope {
+    /// `true` for `NamespaceResourceScope`.
+    const NAMESPACED: bool;
+}
+
+impl Scope for k8s_openapi::NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+}
+
+impl Scope for k8s_openapi::ClusterResourceScope {
+    const NAMESPACED: bool = false;
+}
+
+/// The verbs of a kind with every verb (create … watch, deletecollection), sorted.
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A kind's identity as discovery, URLs, storage and error messages name it. The group,
+/// version, kind, resource and scope come from the kind's `k8s_openapi::Resource`
+/// ([`ResourceInfo::of`]); the rest is what upstream's REST storage for the kind declares.
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
     /// API group; empty for core.
@@ -17,12 +49,8 @@ pub struct ResourceInfo {
     pub version: &'static str,
     /// Kind (`Service`).
     pub kind: &'static str,
-    /// List kind (`ServiceList`).
-    pub list_kind: &'static str,
     /// Plural resource (`services`).
     pub plural: &'static str,
-    /// Singular resource (`service`).
-    pub singular: &'static str,
     /// Whether objects live in namespaces.
     pub namespaced: bool,
     /// kubectl short names.
@@ -43,9 +71,115 @@ pub struct ResourceInfo {
     pub allow_unconditional_update: bool,
     /// DELETE answers with the object (Services) instead of a Success `Status`.
     pub delete_returns_object: bool,
+    /// The OpenAPI definition of the kind (`io.k8s.api.core.v1.Service`).
+    pub definition: &'static str,
+    /// The `/openapi/v3` document of its group version: path (`api/v1`) and bytes.
+    pub openapi: (&'static str, &'static [u8]),
+    /// Aggregated discovery's group and version priorities (upstream's
+    /// `groupVersionPriority` for the kube-apiserver's own groups).
+    pub priority: (i64, i64),
 }
 
 impl ResourceInfo {
+    /// The identity of `T`'s kind, with upstream's defaults: every verb, no status, no short
+    /// names or categories, stored under its resource name, the core/v1 OpenAPI document.
+    pub const fn of<T>() -> Self
+    where
+        T: k8s_openapi::Resource,
+        T::Scope: Scope,
+    {
+        ResourceInfo {
+            group: T::GROUP,
+            version: T::VERSION,
+            kind: T::KIND,
+            plural: T::URL_PATH_SEGMENT,
+            namespaced: <T::Scope as Scope>::NAMESPACED,
+            short_names: &[],
+            categories: &[],
+            verbs: ALL_VERBS,
+            has_status: false,
+            storage_version_hash: "",
+            storage_prefix: T::URL_PATH_SEGMENT,
+            allow_create_on_update: false,
+            allow_unconditional_update: false,
+            delete_returns_object: false,
+            definition: "",
+            openapi: ("api/v1", capstan_machinery::schema::CORE_V1_OPENAPI),
+            priority: (0, 0),
+        }
+    }
+
+    /// With kubectl short names.
+    pub const fn short_names(mut self, names: &'static [&'static str]) -> Self {
+        self.short_names = names;
+        self
+    }
+
+    /// In these categories.
+    pub const fn categories(mut self, categories: &'static [&'static str]) -> Self {
+        self.categories = categories;
+        self
+    }
+
+    /// With a `/status` subresource.
+    pub const fn with_status(mut self) -> Self {
+        self.has_status = true;
+        self
+    }
+
+    /// Discovery's `storageVersionHash`.
+    pub const fn storage_version_hash(mut self, hash: &'static str) -> Self {
+        self.storage_version_hash = hash;
+        self
+    }
+
+    /// Stored under this key prefix (upstream's etcd layout).
+    pub const fn storage_prefix(mut self, prefix: &'static str) -> Self {
+        self.storage_prefix = prefix;
+        self
+    }
+
+    /// PUT creates a missing object, and needs no `resourceVersion`.
+    pub const fn create_on_update(mut self) -> Self {
+        self.allow_create_on_update = true;
+        self.allow_unconditional_update = true;
+        self
+    }
+
+    /// DELETE answers with the deleted object.
+    pub const fn delete_returns_object(mut self) -> Self {
+        self.delete_returns_object = true;
+        self
+    }
+
+    /// Its OpenAPI definition, in the `/openapi/v3` document at `path`.
+    pub const fn openapi(
+        mut self,
+        definition: &'static str,
+        path: &'static str,
+        document: &'static [u8],
+    ) -> Self {
+        self.definition = definition;
+        self.openapi = (path, document);
+        self
+    }
+
+    /// Aggregated discovery's group and version priorities.
+    pub const fn priority(mut self, group: i64, version: i64) -> Self {
+        self.priority = (group, version);
+        self
+    }
+
+    /// `<Kind>List`.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// The singular resource: the kind in lower case.
+    pub fn singular(&self) -> String {
+        self.kind.to_ascii_lowercase()
+    }
+
     /// `group/version`, or `version` for core.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -101,55 +235,47 @@ pub struct WriteExtras {
     pub ops: Vec<Op>,
 }
 
-/// The rules of one kind (upstream's `RESTCreateStrategy`/`RESTUpdateStrategy`/table printer).
+/// What every kind's typed object is: a `k8s_openapi` resource with standard object metadata.
+pub trait Object:
+    k8s_openapi::Resource<Scope: Scope>
+    + k8s_openapi::Metadata<Ty = ObjectMeta>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Object for T where
+    T: k8s_openapi::Resource<Scope: Scope>
+        + k8s_openapi::Metadata<Ty = ObjectMeta>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The rules of one kind (upstream's `RESTCreateStrategy`/`RESTUpdateStrategy`/table printer),
+/// on the kind's typed object. The registry calls them through [`DynStrategy`], which every
+/// `Strategy` is: it decodes the stored JSON into [`Strategy::Object`], runs the rule, and
+/// writes back what the rule changed.
 #[async_trait]
 pub trait Strategy: Send + Sync + 'static {
+    /// The kind's object (`k8s_openapi::api::core::v1::Service`).
+    type Object: Object;
+
     /// Identity.
     fn info(&self) -> &ResourceInfo;
-
-    /// Checks `metadata.name` (or a `generateName` prefix when `prefix` is true); returns
-    /// the messages for `Invalid value: "<name>": <message>`.
-    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix {
-            name.trim_end_matches('-')
-        } else {
-            name
-        };
-        if prefix && name.is_empty() {
-            return Vec::new();
-        }
-        (self.name_rule())(name)
-    }
 
     /// The rule names of this kind follow: a DNS-1123 subdomain unless the kind says otherwise
     /// (Services and Namespaces use a DNS-1123 label).
     fn name_rule(&self) -> fn(&str) -> Vec<String> {
         capstan_machinery::validation::dns1123_subdomain
-    }
-
-    /// Decodes a request body into the kind's schema: unknown fields dropped, wrong types
-    /// refused (the error text follows "cannot be handled as a <Kind>: ").
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        Ok(object)
-    }
-
-    /// The kind's OpenAPI definition (drives managedFields and `fieldValidation`): for core/v1
-    /// kinds, `io.k8s.api.core.v1.<Kind>`.
-    fn schema(&self) -> Option<&'static Value> {
-        let info = self.info();
-        if info.group.is_empty() && info.version == "v1" {
-            capstan_machinery::schema::core_schema(&format!("io.k8s.api.core.v1.{}", info.kind))
-        } else {
-            None
-        }
-    }
-
-    /// `unknown field "spec.foo"` problems of a request body (with `kind`/`apiVersion`),
-    /// judged against the kind's OpenAPI schema.
-    fn unknown_fields(&self, object: &Value) -> Vec<String> {
-        self.schema()
-            .map(|schema| capstan_machinery::schema::unknown_fields(schema, object))
-            .unwrap_or_default()
     }
 
     /// `Warning` header texts sent with every request on this kind (deprecations).
@@ -158,53 +284,27 @@ pub trait Strategy: Send + Sync + 'static {
     }
 
     /// `Warning` header texts for a written object (upstream's WarningsOnCreate/Update).
-    fn warnings(&self, _object: &Value) -> Vec<String> {
+    fn warnings(&self, _object: &Self::Object) -> Vec<String> {
         Vec::new()
     }
 
     /// Defaults applied when an object is decoded (what upstream's scheme defaulting does).
-    fn default(&self, _object: &mut Value) {}
+    fn default(&self, _object: &mut Self::Object) {}
 
-    /// Clears what a create may not set (status) before validation.
-    fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object
-            && self.info().has_status
-        {
-            map.shift_remove("status");
-        }
-    }
+    /// What a create may not set, cleared before validation (status is already gone).
+    fn prepare_for_create(&self, _object: &mut Self::Object) {}
 
-    /// Keeps what an update of the main resource may not change (status).
-    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
-        if self.info().has_status {
-            copy_field(new, old, "status");
-        }
-    }
-
-    /// Keeps what a `/status` update may not change (everything but status and metadata).
-    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
-        let keys: Vec<String> = old
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        for key in keys {
-            if key != "status" && key != "metadata" {
-                copy_field(new, old, &key);
-            }
-        }
-        if let Value::Object(map) = new {
-            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
-        }
-    }
+    /// What an update of the main resource may not change, kept (status is already kept).
+    fn prepare_for_update(&self, _new: &mut Self::Object, _old: &Self::Object) {}
 
     /// Kind-specific validation of a new object.
-    fn validate_create(&self, object: &Value) -> FieldErrors;
+    fn validate_create(&self, object: &Self::Object) -> FieldErrors;
 
     /// Kind-specific validation of an update.
-    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors;
+    fn validate_update(&self, new: &Self::Object, old: &Self::Object) -> FieldErrors;
 
     /// Kind-specific validation of a `/status` update.
-    fn validate_status_update(&self, _new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_status_update(&self, _new: &Self::Object, _old: &Self::Object) -> FieldErrors {
         FieldErrors::new()
     }
 
@@ -214,8 +314,8 @@ pub trait Strategy: Send + Sync + 'static {
     async fn allocate(
         &self,
         _storage: &dyn Storage,
-        _object: &mut Value,
-        _old: Option<&Value>,
+        _object: &mut Self::Object,
+        _old: Option<&Self::Object>,
         _dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
         Ok(WriteExtras::default())
@@ -224,7 +324,7 @@ pub trait Strategy: Send + Sync + 'static {
     /// Graceful deletion: the grace period a DELETE of `object` gets (`requested` is the
     /// request's `gracePeriodSeconds`), or `None`/`Some(0)` for an immediate delete. Only Pods
     /// delete gracefully.
-    fn grace_period(&self, _object: &Value, _requested: Option<i64>) -> Option<i64> {
+    fn grace_period(&self, _object: &Self::Object, _requested: Option<i64>) -> Option<i64> {
         None
     }
 
@@ -235,7 +335,7 @@ pub trait Strategy: Send + Sync + 'static {
     }
 
     /// What to release when an object is removed.
-    fn release(&self, _object: &Value) -> WriteExtras {
+    fn release(&self, _object: &Self::Object) -> WriteExtras {
         WriteExtras::default()
     }
 
@@ -246,24 +346,10 @@ pub trait Strategy: Send + Sync + 'static {
         &[]
     }
 
-    /// What label and field selectors read of an object: the watch cache keeps only this
-    /// beside the object's JSON.
-    fn selectable(&self, object: &Value) -> crate::cache::Selectable {
-        crate::cache::Selectable::new(
-            object,
-            self.selectable_fields()
-                .iter()
-                .map(|field| (*field, self.field_value(object, field).unwrap_or_default())),
-        )
-    }
-
-    /// The value of a field for field selectors; `None` when the field is not supported.
-    fn field_value(&self, object: &Value, field: &str) -> Option<String> {
-        match field {
-            "metadata.name" => Some(meta::name(object).to_string()),
-            "metadata.namespace" => Some(meta::namespace(object).to_string()),
-            _ => None,
-        }
+    /// The value of one of [`Strategy::selectable_fields`] (the object may hold only its
+    /// metadata's name, namespace and labels, its spec and its status).
+    fn field_value(&self, _object: &Self::Object, _field: &str) -> Option<String> {
+        None
     }
 
     /// The 400 message for an unsupported field selector field.
@@ -288,11 +374,323 @@ pub trait Strategy: Send + Sync + 'static {
     }
 
     /// One Table row's cells, matching [`Strategy::columns`].
-    fn cells(&self, object: &Value) -> Vec<Value> {
+    fn cells(&self, object: &Self::Object) -> Vec<Value> {
+        let meta = object.metadata();
         vec![
-            Value::String(meta::name(object).to_string()),
-            Value::String(meta::meta_str(object, "creationTimestamp").to_string()),
+            Value::String(meta.name.clone().unwrap_or_default()),
+            meta.creation_timestamp
+                .as_ref()
+                .and_then(|t| serde_json::to_value(t).ok())
+                .unwrap_or(Value::Null),
         ]
+    }
+}
+
+/// A kind's rules as the registry calls them: on stored JSON, object-safe. Implemented for
+/// every [`Strategy`]; the generic work (metadata, status, managedFields, selectors) stays on
+/// JSON, and each rule sees the typed object.
+#[async_trait]
+pub trait DynStrategy: Send + Sync + 'static {
+    /// Identity.
+    fn info(&self) -> &ResourceInfo;
+
+    /// Checks `metadata.name` (or a `generateName` prefix when `prefix` is true); returns
+    /// the messages for `Invalid value: "<name>": <message>`.
+    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String>;
+
+    /// Decodes a request body into the kind's schema: unknown fields dropped, wrong types
+    /// refused (the error text follows "cannot be handled as a <Kind>: ").
+    fn decode(&self, object: Value) -> Result<Value, String>;
+
+    /// The kind's OpenAPI definition (drives managedFields and `fieldValidation`).
+    fn schema(&self) -> Option<&'static Value>;
+
+    /// `unknown field "spec.foo"` problems of a request body (with `kind`/`apiVersion`),
+    /// judged against the kind's OpenAPI schema.
+    fn unknown_fields(&self, object: &Value) -> Vec<String> {
+        self.schema()
+            .map(|schema| capstan_machinery::schema::unknown_fields(schema, object))
+            .unwrap_or_default()
+    }
+
+    /// See [`Strategy::request_warnings`].
+    fn request_warnings(&self) -> Vec<String>;
+    /// See [`Strategy::warnings`].
+    fn warnings(&self, object: &Value) -> Vec<String>;
+    /// See [`Strategy::default`].
+    fn default(&self, object: &mut Value);
+    /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`].
+    fn prepare_for_create(&self, object: &mut Value);
+    /// Keeps status (where the kind has one), then [`Strategy::prepare_for_update`].
+    fn prepare_for_update(&self, new: &mut Value, old: &Value);
+    /// Keeps what a `/status` update may not change (everything but status and metadata).
+    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
+        let keys: Vec<String> = old
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        for key in keys {
+            if key != "status" && key != "metadata" {
+                copy_field(new, old, &key);
+            }
+        }
+        if let Value::Object(map) = new {
+            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
+        }
+    }
+    /// See [`Strategy::validate_create`].
+    fn validate_create(&self, object: &Value) -> FieldErrors;
+    /// See [`Strategy::validate_update`].
+    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors;
+    /// See [`Strategy::validate_status_update`].
+    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors;
+    /// See [`Strategy::allocate`].
+    async fn allocate(
+        &self,
+        storage: &dyn Storage,
+        object: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+    ) -> Result<WriteExtras, ApiError>;
+    /// See [`Strategy::grace_period`].
+    fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64>;
+    /// See [`Strategy::undeletable`].
+    fn undeletable(&self, name: &str) -> Option<&'static str>;
+    /// See [`Strategy::release`].
+    fn release(&self, object: &Value) -> WriteExtras;
+    /// See [`Strategy::selectable_fields`].
+    fn selectable_fields(&self) -> &'static [&'static str];
+    /// What label and field selectors read of an object: the watch cache keeps only this
+    /// beside the object's JSON.
+    fn selectable(&self, object: &Value) -> crate::cache::Selectable;
+    /// The value of a field for field selectors; `None` when the field is not supported.
+    fn field_value(&self, object: &Value, field: &str) -> Option<String>;
+    /// See [`Strategy::unsupported_field_message`].
+    fn unsupported_field_message(&self, field: &str) -> String;
+    /// See [`Strategy::columns`].
+    fn columns(&self) -> Vec<Column>;
+    /// See [`Strategy::cells`].
+    fn cells(&self, object: &Value) -> Vec<Value>;
+}
+
+/// Decodes stored or request JSON into a kind's object.
+pub fn to_typed<T: Object>(object: &Value) -> Result<T, String> {
+    T::deserialize(object).map_err(|e| e.to_string())
+}
+
+/// Encodes a kind's object as Capstan keeps it: no `apiVersion`/`kind`, no empty lists (Go's
+/// `omitempty`, which every list field of these kinds has).
+pub fn from_typed<T: Object>(object: &T) -> Value {
+    let mut out = serde_json::to_value(object).unwrap_or(Value::Null);
+    meta::strip_type_meta(&mut out);
+    drop_empty_lists(&mut out);
+    out
+}
+
+/// Go's `omitempty` on lists: an empty list is never written.
+fn drop_empty_lists(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+            map.values_mut().for_each(drop_empty_lists);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
+        _ => {}
+    }
+}
+
+/// Runs a typed rule that changes `object`, writing back what changed: every top-level field
+/// but `metadata`, and `metadata` only when the rule changed it (so the stored metadata's
+/// form, managedFields included, is kept byte for byte otherwise).
+fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) -> Option<R> {
+    let mut typed: T = to_typed(object).ok()?;
+    let before = typed.metadata().clone();
+    let result = rule(&mut typed);
+    let metadata_changed = *typed.metadata() != before;
+    let out = from_typed(&typed);
+    if let (Value::Object(target), Value::Object(fields)) = (object, out) {
+        let keep_metadata = target.get("metadata").cloned();
+        target.clear();
+        for (key, value) in fields {
+            if key == "metadata" && !metadata_changed {
+                if let Some(metadata) = &keep_metadata {
+                    target.insert(key, metadata.clone());
+                }
+                continue;
+            }
+            target.insert(key, value);
+        }
+    }
+    Some(result)
+}
+
+/// Runs a typed rule that reads `object`; `None` when the object does not decode.
+fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<R> {
+    to_typed(object).ok().map(|typed| rule(&typed))
+}
+
+/// A decode failure as validation reports it (stored or patched JSON that the kind's types
+/// refuse: it cannot be validated, so it cannot be written).
+fn undecodable(error: &str) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    errors.push(capstan_machinery::field::FieldError::internal("", error));
+    errors
+}
+
+#[async_trait]
+impl<S: Strategy> DynStrategy for S {
+    fn info(&self) -> &ResourceInfo {
+        Strategy::info(self)
+    }
+
+    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
+        let name = if prefix {
+            name.trim_end_matches('-')
+        } else {
+            name
+        };
+        if prefix && name.is_empty() {
+            return Vec::new();
+        }
+        (self.name_rule())(name)
+    }
+
+    fn decode(&self, mut object: Value) -> Result<Value, String> {
+        if let Value::Object(map) = &mut object {
+            map.insert("apiVersion".into(), S::Object::API_VERSION.into());
+            map.insert("kind".into(), S::Object::KIND.into());
+        }
+        let typed: S::Object = serde_json::from_value(object).map_err(|e| e.to_string())?;
+        Ok(from_typed(&typed))
+    }
+
+    fn schema(&self) -> Option<&'static Value> {
+        let info = Strategy::info(self);
+        capstan_machinery::schema::definition(info.definition)
+    }
+
+    fn request_warnings(&self) -> Vec<String> {
+        Strategy::request_warnings(self)
+    }
+
+    fn warnings(&self, object: &Value) -> Vec<String> {
+        read(object, |o| Strategy::warnings(self, o)).unwrap_or_default()
+    }
+
+    fn default(&self, object: &mut Value) {
+        mutate(object, |o| Strategy::default(self, o));
+    }
+
+    fn prepare_for_create(&self, object: &mut Value) {
+        if let Value::Object(map) = object
+            && Strategy::info(self).has_status
+        {
+            map.shift_remove("status");
+        }
+        mutate(object, |o| Strategy::prepare_for_create(self, o));
+    }
+
+    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
+        if Strategy::info(self).has_status {
+            copy_field(new, old, "status");
+        }
+        if let Ok(old) = to_typed::<S::Object>(old) {
+            mutate(new, |n| Strategy::prepare_for_update(self, n, &old));
+        }
+    }
+
+    fn validate_create(&self, object: &Value) -> FieldErrors {
+        match to_typed::<S::Object>(object) {
+            Ok(object) => Strategy::validate_create(self, &object),
+            Err(error) => undecodable(&error),
+        }
+    }
+
+    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors {
+        match (to_typed::<S::Object>(new), to_typed::<S::Object>(old)) {
+            (Ok(new), Ok(old)) => Strategy::validate_update(self, &new, &old),
+            (Err(error), _) | (_, Err(error)) => undecodable(&error),
+        }
+    }
+
+    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors {
+        match (to_typed::<S::Object>(new), to_typed::<S::Object>(old)) {
+            (Ok(new), Ok(old)) => Strategy::validate_status_update(self, &new, &old),
+            (Err(error), _) | (_, Err(error)) => undecodable(&error),
+        }
+    }
+
+    async fn allocate(
+        &self,
+        storage: &dyn Storage,
+        object: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+    ) -> Result<WriteExtras, ApiError> {
+        let mut typed: S::Object = to_typed(object).map_err(ApiError::internal)?;
+        let old = old.map(to_typed::<S::Object>).transpose().map_err(ApiError::internal)?;
+        let extras = Strategy::allocate(self, storage, &mut typed, old.as_ref(), dry_run).await?;
+        mutate(object, |o: &mut S::Object| *o = typed);
+        Ok(extras)
+    }
+
+    fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64> {
+        read(object, |o| Strategy::grace_period(self, o, requested)).flatten()
+    }
+
+    fn undeletable(&self, name: &str) -> Option<&'static str> {
+        Strategy::undeletable(self, name)
+    }
+
+    fn release(&self, object: &Value) -> WriteExtras {
+        read(object, |o| Strategy::release(self, o)).unwrap_or_default()
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        Strategy::selectable_fields(self)
+    }
+
+    fn selectable(&self, object: &Value) -> crate::cache::Selectable {
+        let fields = Strategy::selectable_fields(self);
+        let typed: Option<S::Object> = if fields.is_empty() {
+            None
+        } else {
+            to_typed(object).ok()
+        };
+        crate::cache::Selectable::new(
+            object,
+            fields.iter().map(|field| {
+                let value = typed
+                    .as_ref()
+                    .and_then(|o| Strategy::field_value(self, o, field));
+                (*field, value.unwrap_or_default())
+            }),
+        )
+    }
+
+    fn field_value(&self, object: &Value, field: &str) -> Option<String> {
+        match field {
+            "metadata.name" => Some(meta::name(object).to_string()),
+            "metadata.namespace" => Some(meta::namespace(object).to_string()),
+            _ if Strategy::selectable_fields(self).contains(&field) => Some(
+                read(object, |o| Strategy::field_value(self, o, field))
+                    .flatten()
+                    .unwrap_or_default(),
+            ),
+            _ => None,
+        }
+    }
+
+    fn unsupported_field_message(&self, field: &str) -> String {
+        Strategy::unsupported_field_message(self, field)
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        Strategy::columns(self)
+    }
+
+    fn cells(&self, object: &Value) -> Vec<Value> {
+        read(object, |o| Strategy::cells(self, o)).unwrap_or_default()
     }
 }
 
