@@ -6,6 +6,7 @@
 //! from the [`cache::WatchCache`].
 
 pub mod cache;
+mod info;
 pub mod managed;
 mod store;
 pub mod strategy;

@@ -1,0 +1,194 @@
+//! A cached object's JSON: stored bytes served without re-encoding, and the scanner that
+//! finds their parts.
+
+use bytes::Bytes;
+use capstan_storage::Revision;
+
+/// An object's JSON as the cache keeps it.
+pub(super) enum Json {
+    /// The stored value itself, shared with the storage engine.
+    Stored(Stored),
+    /// The object as a list item (re-encoded: a stored value of another shape, or a
+    /// deletion stamped with its own revision).
+    Item(Bytes),
+}
+
+/// A stored value (`{"kind":…,"apiVersion":…,…,"metadata":{…},…}`, no `resourceVersion`) and
+/// where its parts are, so it is served without re-encoding: a list item skips `kind` and
+/// `apiVersion`, and `resourceVersion` goes in at the end of `metadata`.
+pub(super) struct Stored {
+    pub(super) bytes: Bytes,
+    /// Where the members after `kind` and `apiVersion` start.
+    pub(super) members: usize,
+    /// Where `metadata`'s closing brace is.
+    pub(super) metadata_end: usize,
+    pub(super) metadata_empty: bool,
+}
+
+impl Stored {
+    /// Finds the parts of a stored value (valid JSON); `None` when it has another shape.
+    pub(super) fn locate(bytes: Bytes) -> Option<Self> {
+        let mut scan = Scanner {
+            bytes: &bytes,
+            at: 0,
+        };
+        scan.expect(b'{')?;
+        let mut index = 0;
+        let mut members = None;
+        let mut metadata = None;
+        loop {
+            scan.whitespace();
+            if index == 2 {
+                members = Some(scan.at);
+            }
+            let key = scan.string()?;
+            scan.whitespace();
+            scan.expect(b':')?;
+            scan.whitespace();
+            let value = scan.at;
+            scan.value()?;
+            match (index, key) {
+                (0, b"kind") | (1, b"apiVersion") => {}
+                (0 | 1, _) => return None,
+                (_, b"metadata") => metadata = Some((value, scan.at)),
+                _ => {}
+            }
+            index += 1;
+            scan.whitespace();
+            match scan.next()? {
+                b',' => {}
+                b'}' => break,
+                _ => return None,
+            }
+        }
+        let (start, end) = metadata?;
+        if scan.at != bytes.len() || bytes.get(start) != Some(&b'{') {
+            return None;
+        }
+        let metadata_end = end - 1;
+        let metadata_empty = bytes[start + 1..metadata_end]
+            .iter()
+            .all(u8::is_ascii_whitespace);
+        Some(Stored {
+            members: members?,
+            metadata_end,
+            metadata_empty,
+            bytes,
+        })
+    }
+}
+
+/// Steps over the members and values of JSON already known to be valid.
+struct Scanner<'a> {
+    pub(super) bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn next(&mut self) -> Option<u8> {
+        let byte = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(byte)
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.next()? == byte).then_some(())
+    }
+
+    fn whitespace(&mut self) {
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    /// A string; returns its raw contents (escapes not decoded).
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.expect(b'"')?;
+        let start = self.at;
+        loop {
+            match self.next()? {
+                b'\\' => {
+                    self.next()?;
+                }
+                b'"' => return Some(&self.bytes[start..self.at - 1]),
+                _ => {}
+            }
+        }
+    }
+
+    fn value(&mut self) -> Option<()> {
+        match *self.bytes.get(self.at)? {
+            b'"' => self.string().map(drop),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match *self.bytes.get(self.at)? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.at += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.at += 1;
+                }
+            }
+            _ => {
+                while self
+                    .bytes
+                    .get(self.at)
+                    .is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !b.is_ascii_whitespace())
+                {
+                    self.at += 1;
+                }
+                Some(())
+            }
+        }
+    }
+}
+
+/// `head` (`{"kind":…,"apiVersion":…,`) and the members of the JSON object `item`.
+pub(super) fn with_type(head: &[u8], item: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len() + item.len());
+    out.extend_from_slice(head);
+    if item.len() > 2 {
+        out.extend_from_slice(&item[1..]);
+    } else {
+        // `{}`: no members, so no comma after the type either.
+        out.pop();
+        out.push(b'}');
+    }
+    out
+}
+
+/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member; written
+/// without allocating (list bodies write one per item).
+pub(super) struct ResourceVersionMember {
+    pub(super) bytes: [u8; 48],
+    len: usize,
+}
+
+impl ResourceVersionMember {
+    pub(super) fn new(metadata_empty: bool, revision: Revision) -> Self {
+        use std::io::Write;
+        let mut bytes = [0u8; 48];
+        let mut cursor = std::io::Cursor::new(&mut bytes[..]);
+        let comma = if metadata_empty { "" } else { "," };
+        // 48 bytes hold the longest i64: the write cannot fail.
+        let _ = write!(cursor, "{comma}\"resourceVersion\":\"{revision}\"");
+        let len = cursor.position() as usize;
+        Self { bytes, len }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+

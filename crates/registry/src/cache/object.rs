@@ -1,0 +1,232 @@
+//! One object as the watch cache holds it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use capstan_machinery::meta;
+use capstan_storage::Revision;
+use serde_json::Value;
+
+use super::json::{Json, ResourceVersionMember, Stored, with_type};
+use super::{EventType, Projection, Selectable};
+
+/// What a kind's projection reads of a stored object ([`DynStrategy::selectable`]: the name,
+/// namespace and labels, and field values from `spec` and `status`); the rest is skipped.
+///
+/// [`DynStrategy::selectable`]: crate::DynStrategy::selectable
+#[derive(serde::Deserialize)]
+struct Projected {
+    metadata: Option<ProjectedMeta>,
+    spec: Option<Value>,
+    status: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ProjectedMeta {
+    name: Option<Value>,
+    namespace: Option<Value>,
+    labels: Option<Value>,
+    /// Whether the key is there at all (`null` included).
+    #[serde(rename = "resourceVersion", default, deserialize_with = "present")]
+    resource_version: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<bool, D::Error> {
+    <serde::de::IgnoredAny as serde::Deserialize>::deserialize(value).map(|_| true)
+}
+
+impl Projected {
+    fn into_value(self) -> Value {
+        let mut object = serde_json::Map::new();
+        if let Some(meta) = self.metadata {
+            let mut metadata = serde_json::Map::new();
+            for (field, value) in [
+                ("name", meta.name),
+                ("namespace", meta.namespace),
+                ("labels", meta.labels),
+            ] {
+                if let Some(value) = value {
+                    metadata.insert(field.into(), value);
+                }
+            }
+            object.insert("metadata".into(), Value::Object(metadata));
+        }
+        for (field, value) in [("spec", self.spec), ("status", self.status)] {
+            if let Some(value) = value {
+                object.insert(field.into(), value);
+            }
+        }
+        Value::Object(object)
+    }
+}
+
+/// One object as the cache holds it: serialized once, plus what selectors read.
+pub struct CachedObject {
+    /// Its storage key.
+    pub key: Arc<str>,
+    /// The revision of its last write (its `resourceVersion`).
+    pub revision: Revision,
+    /// Its JSON.
+    json: Json,
+    /// What label and field selectors look at.
+    pub selectable: Selectable,
+    /// Encoded JSON watch lines (ADDED, MODIFIED, DELETED), built once and shared by every
+    /// watcher that sends this object.
+    lines: [std::sync::OnceLock<Bytes>; 3],
+}
+
+impl std::fmt::Debug for CachedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedObject")
+            .field("key", &self.key)
+            .field("revision", &self.revision)
+            .finish()
+    }
+}
+
+impl CachedObject {
+    /// Decodes a stored value; `revision` becomes its `resourceVersion`. The stored bytes
+    /// themselves are kept (shared with the storage engine's copy, not duplicated) when they
+    /// have the shape Capstan writes: `kind` and `apiVersion` first, then a `metadata` object
+    /// without `resourceVersion`.
+    pub fn decode(
+        key: Arc<str>,
+        value: &Bytes,
+        revision: Revision,
+        project: &Projection,
+    ) -> Option<Self> {
+        // Only what the projection reads is decoded (not managedFields, not the rest).
+        if let Ok(projected) = serde_json::from_slice::<Projected>(value)
+            && projected
+                .metadata
+                .as_ref()
+                .is_some_and(|m| !m.resource_version)
+            // The partial decode skips what it does not read without checking its text.
+            && std::str::from_utf8(value).is_ok()
+            && let Some(stored) = Stored::locate(value.clone())
+        {
+            return Some(CachedObject {
+                selectable: project(&projected.into_value()),
+                key,
+                revision,
+                json: Json::Stored(stored),
+                lines: Default::default(),
+            });
+        }
+        let mut object: Value = match serde_json::from_slice(value) {
+            Ok(object) => object,
+            Err(error) => {
+                tracing::warn!(%key, %error, "skipping an undecodable stored object");
+                return None;
+            }
+        };
+        Some(Self::from_object(key, &mut object, revision, project))
+    }
+
+    /// Wraps an object, stamping `revision` as its `resourceVersion`.
+    pub fn from_object(
+        key: Arc<str>,
+        object: &mut Value,
+        revision: Revision,
+        project: &Projection,
+    ) -> Self {
+        meta::strip_type_meta(object);
+        meta::set_meta_str(object, "resourceVersion", &revision.to_string());
+        let json = Json::Item(Bytes::from(
+            serde_json::to_vec(&*object).unwrap_or_default(),
+        ));
+        CachedObject {
+            key,
+            revision,
+            json,
+            selectable: project(object),
+            lines: Default::default(),
+        }
+    }
+
+    /// The watch line for this object as a `kind` event, built by `encode` the first time.
+    pub fn watch_line(&self, kind: EventType, encode: impl FnOnce() -> Bytes) -> Bytes {
+        let slot = match kind {
+            EventType::Added => &self.lines[0],
+            EventType::Modified => &self.lines[1],
+            EventType::Deleted => &self.lines[2],
+        };
+        slot.get_or_init(encode).clone()
+    }
+
+    /// The object itself (decoded from its JSON).
+    pub fn object(&self) -> Value {
+        let mut item = Vec::with_capacity(self.item_len());
+        self.write_item(&mut item);
+        serde_json::from_slice(&item).unwrap_or(Value::Null)
+    }
+
+    /// The object's JSON as held: with or without `kind` and `apiVersion`, and without
+    /// `metadata.resourceVersion` when stored bytes are held. For reading a few fields with a
+    /// partial decode; [`CachedObject::object`] is the object itself.
+    pub fn raw_json(&self) -> &[u8] {
+        match &self.json {
+            Json::Item(json) => json,
+            Json::Stored(stored) => &stored.bytes,
+        }
+    }
+
+    /// The length of [`CachedObject::write_item`]'s output.
+    pub fn item_len(&self) -> usize {
+        match &self.json {
+            Json::Item(json) => json.len(),
+            Json::Stored(stored) => {
+                1 + (stored.bytes.len() - stored.members)
+                    + ResourceVersionMember::new(stored.metadata_empty, self.revision)
+                        .as_bytes()
+                        .len()
+            }
+        }
+    }
+
+    /// Writes the object as a list item: without `kind` and `apiVersion`, with
+    /// `metadata.resourceVersion`.
+    pub fn write_item(&self, out: &mut Vec<u8>) {
+        match &self.json {
+            Json::Item(json) => out.extend_from_slice(json),
+            Json::Stored(stored) => {
+                out.push(b'{');
+                out.extend_from_slice(&stored.bytes[stored.members..stored.metadata_end]);
+                out.extend_from_slice(
+                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
+                );
+                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+            }
+        }
+    }
+
+    /// The object with `kind` and `apiVersion` (as served alone or in a watch event).
+    pub fn typed_json(&self, kind: &str, api_version: &str) -> Vec<u8> {
+        let mut head = meta::type_head(kind, api_version);
+        head.push(b',');
+        match &self.json {
+            // Stored with another type: served as the item with this one.
+            Json::Stored(stored) if !stored.bytes.starts_with(&head) => {
+                let mut item = Vec::with_capacity(self.item_len());
+                self.write_item(&mut item);
+                with_type(&head, &item)
+            }
+            Json::Item(json) => with_type(&head, json),
+            Json::Stored(stored) => {
+                let rv = ResourceVersionMember::new(stored.metadata_empty, self.revision);
+                let mut out = Vec::with_capacity(stored.bytes.len() + rv.as_bytes().len());
+                out.extend_from_slice(&stored.bytes[..stored.metadata_end]);
+                out.extend_from_slice(rv.as_bytes());
+                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+                out
+            }
+        }
+    }
+
+    /// The same object stamped with another revision (a deletion's).
+    pub fn at_revision(&self, revision: Revision, project: &Projection) -> Self {
+        let mut object = self.object();
+        Self::from_object(self.key.clone(), &mut object, revision, project)
+    }
+}
+

@@ -1,0 +1,217 @@
+//! A kind's identity: what discovery, URLs, storage keys and error messages call it.
+
+use capstan_machinery::status::GroupResource;
+
+/// Whether a `k8s_openapi` scope is namespaced.
+pub trait Scope {
+    /// `true` for `NamespaceResourceScope`.
+    const NAMESPACED: bool;
+}
+
+impl Scope for k8s_openapi::NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+}
+
+impl Scope for k8s_openapi::ClusterResourceScope {
+    const NAMESPACED: bool = false;
+}
+
+/// The verbs of a kind with every verb (create … watch, deletecollection), sorted.
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A kind's identity as discovery, URLs, storage and error messages name it. The group,
+/// version, kind, resource and scope come from the kind's `k8s_openapi::Resource`
+/// ([`ResourceInfo::of`]); the rest is what upstream's REST storage for the kind declares.
+#[derive(Debug, Clone)]
+pub struct ResourceInfo {
+    /// API group; empty for core.
+    pub group: &'static str,
+    /// API version.
+    pub version: &'static str,
+    /// Kind (`Service`).
+    pub kind: &'static str,
+    /// Plural resource (`services`).
+    pub plural: &'static str,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+    /// kubectl short names.
+    pub short_names: &'static [&'static str],
+    /// Categories (`all`).
+    pub categories: &'static [&'static str],
+    /// Verbs served on the main resource, sorted.
+    pub verbs: &'static [&'static str],
+    /// Whether a `/status` subresource exists.
+    pub has_status: bool,
+    /// Discovery's `storageVersionHash`.
+    pub storage_version_hash: &'static str,
+    /// Storage key prefix, without a trailing slash (`services/specs`).
+    pub storage_prefix: &'static str,
+    /// PUT on a missing object creates it.
+    pub allow_create_on_update: bool,
+    /// PUT without `metadata.resourceVersion` is accepted (last write wins).
+    pub allow_unconditional_update: bool,
+    /// DELETE answers with the object (Services) instead of a Success `Status`.
+    pub delete_returns_object: bool,
+    /// The OpenAPI definition of the kind (`io.k8s.api.core.v1.Service`).
+    pub definition: &'static str,
+    /// The `/openapi/v3` document of its group version: path (`api/v1`) and bytes.
+    pub openapi: (&'static str, &'static [u8]),
+    /// Aggregated discovery's group and version priorities (upstream's
+    /// `groupVersionPriority` for the kube-apiserver's own groups).
+    pub priority: (i64, i64),
+}
+
+impl ResourceInfo {
+    /// The identity of `T`'s kind, with upstream's defaults: every verb, no status, no short
+    /// names or categories, stored under its resource name, the core/v1 OpenAPI document.
+    pub const fn of<T>() -> Self
+    where
+        T: k8s_openapi::Resource,
+        T::Scope: Scope,
+    {
+        ResourceInfo {
+            group: T::GROUP,
+            version: T::VERSION,
+            kind: T::KIND,
+            plural: T::URL_PATH_SEGMENT,
+            namespaced: <T::Scope as Scope>::NAMESPACED,
+            short_names: &[],
+            categories: &[],
+            verbs: ALL_VERBS,
+            has_status: false,
+            storage_version_hash: "",
+            storage_prefix: T::URL_PATH_SEGMENT,
+            allow_create_on_update: false,
+            allow_unconditional_update: false,
+            delete_returns_object: false,
+            definition: "",
+            openapi: ("api/v1", capstan_machinery::schema::CORE_V1_OPENAPI),
+            priority: (0, 0),
+        }
+    }
+
+    /// With kubectl short names.
+    pub const fn short_names(mut self, names: &'static [&'static str]) -> Self {
+        self.short_names = names;
+        self
+    }
+
+    /// In these categories.
+    pub const fn categories(mut self, categories: &'static [&'static str]) -> Self {
+        self.categories = categories;
+        self
+    }
+
+    /// With a `/status` subresource.
+    pub const fn with_status(mut self) -> Self {
+        self.has_status = true;
+        self
+    }
+
+    /// Discovery's `storageVersionHash`.
+    pub const fn storage_version_hash(mut self, hash: &'static str) -> Self {
+        self.storage_version_hash = hash;
+        self
+    }
+
+    /// Stored under this key prefix (upstream's etcd layout).
+    pub const fn storage_prefix(mut self, prefix: &'static str) -> Self {
+        self.storage_prefix = prefix;
+        self
+    }
+
+    /// PUT creates a missing object, and needs no `resourceVersion`.
+    pub const fn create_on_update(mut self) -> Self {
+        self.allow_create_on_update = true;
+        self.allow_unconditional_update = true;
+        self
+    }
+
+    /// DELETE answers with the deleted object.
+    pub const fn delete_returns_object(mut self) -> Self {
+        self.delete_returns_object = true;
+        self
+    }
+
+    /// Its OpenAPI definition, in the `/openapi/v3` document at `path`.
+    pub const fn openapi(
+        mut self,
+        definition: &'static str,
+        path: &'static str,
+        document: &'static [u8],
+    ) -> Self {
+        self.definition = definition;
+        self.openapi = (path, document);
+        self
+    }
+
+    /// Aggregated discovery's group and version priorities.
+    pub const fn priority(mut self, group: i64, version: i64) -> Self {
+        self.priority = (group, version);
+        self
+    }
+
+    /// `<Kind>List`.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// The singular resource: the kind in lower case.
+    pub fn singular(&self) -> String {
+        self.kind.to_ascii_lowercase()
+    }
+
+    /// `group/version`, or `version` for core.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The resource as error messages name it.
+    pub fn group_resource(&self) -> GroupResource<'static> {
+        GroupResource {
+            group: self.group,
+            resource: self.plural,
+        }
+    }
+
+    /// `Kind` or `Kind.group`, as `Invalid` messages name it.
+    pub fn group_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.to_string()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
+
+    /// The storage key of one object.
+    pub fn key(&self, namespace: &str, name: &str) -> String {
+        if self.namespaced {
+            format!("{}/{namespace}/{name}", self.storage_prefix)
+        } else {
+            format!("{}/{name}", self.storage_prefix)
+        }
+    }
+
+    /// The storage prefix of a list: one namespace, or everything when `namespace` is empty.
+    pub fn list_prefix(&self, namespace: &str) -> String {
+        if self.namespaced && !namespace.is_empty() {
+            format!("{}/{namespace}/", self.storage_prefix)
+        } else {
+            format!("{}/", self.storage_prefix)
+        }
+    }
+}
+

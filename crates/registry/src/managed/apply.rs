@@ -1,0 +1,389 @@
+//! Server-side apply: merging an applied configuration by the kind's schema, and the
+//! conflicts between managers.
+
+use super::*;
+
+/// A field another manager owns that an apply would change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The manager as upstream names it: `"name"`, then ` with subresource "status"` for
+    /// writes through /status, then ` using <apiVersion>` for Update-operation managers.
+    pub manager: String,
+    /// The field in upstream's path syntax, e.g. `.spec.ports[port=80,protocol="TCP"].targetPort`.
+    pub field: String,
+}
+
+/// Server-side apply (`spec/api-machinery.md` §10.5), modelled on structured-merge-diff:
+/// merges the applied configuration `config` into `live` (None: the object is created) as
+/// `manager`, following the kind's schema (list-map keys, sets, atomic values), removes the
+/// fields the manager applied before and no longer applies (unless another manager owns them),
+/// and returns the new object with its managedFields. Fields another manager owns with a
+/// different value are conflicts; with `force` they change hands instead.
+pub fn apply(
+    live: Option<&Value>,
+    config: &Value,
+    manager: &str,
+    api_version: &str,
+    subresource: Option<&str>,
+    schema: Option<&'static Value>,
+    force: bool,
+) -> Result<Value, Vec<Conflict>> {
+    let status = subresource == Some("status");
+    let applied = field_set(config, schema, status);
+    let mut config = config.clone();
+    default_list_keys(&mut config, schema);
+    let empty = json!({});
+    let live_object = live.unwrap_or(&empty);
+    let mut entries: Vec<(Value, BTreeSet<Path>)> = live
+        .and_then(meta::metadata)
+        .and_then(|m| m.get("managedFields"))
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|entry| {
+                    let mut owned = BTreeSet::new();
+                    if let Some(fields) = entry.get("fieldsV1") {
+                        from_fields_v1(fields, &mut Vec::new(), &mut owned);
+                    }
+                    (entry.clone(), owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // An object that has never recorded managers (created with managedFields cleared) gets its
+    // existing fields attributed to `before-first-apply`, so the first apply can conflict
+    // with them and does not silently take them over.
+    if let Some(live) = live
+        && entries.is_empty()
+    {
+        let existing = field_set(live, schema, status);
+        if !existing.is_empty() {
+            let first = entry(
+                "before-first-apply",
+                "Update",
+                api_version,
+                &meta::now_rfc3339(),
+                subresource,
+                &existing,
+            );
+            entries.push((first, existing));
+        }
+    }
+    let is_mine = |entry: &Value| {
+        entry.get("manager").and_then(Value::as_str) == Some(manager)
+            && entry.get("operation").and_then(Value::as_str) == Some("Apply")
+            && entry.get("subresource").and_then(Value::as_str) == subresource
+    };
+    let previously: BTreeSet<Path> = entries
+        .iter()
+        .find(|(entry, _)| is_mine(entry))
+        .map(|(_, owned)| owned.clone())
+        .unwrap_or_default();
+
+    // Conflicts: fields this apply sets to a value other than the live one, owned by others.
+    let mut conflicts = Vec::new();
+    let config_index = fields(&config, schema, status);
+    let live_index = fields(live_object, schema, status);
+    for path in applied
+        .iter()
+        .filter(|p| p.last().map(String::as_str) != Some("."))
+    {
+        if !config_index.differs(&live_index, path) {
+            continue;
+        }
+        for (entry, owned) in entries.iter_mut() {
+            if is_mine(entry) || !owned.contains(path) {
+                continue;
+            }
+            if force {
+                owned.remove(path);
+            } else {
+                conflicts.push(Conflict {
+                    manager: manager_text(entry),
+                    field: render_path(path),
+                });
+            }
+        }
+    }
+    if !conflicts.is_empty() {
+        conflicts.sort_by(|a, b| (&a.manager, &a.field).cmp(&(&b.manager, &b.field)));
+        return Err(conflicts);
+    }
+
+    drop((config_index, live_index));
+    // Fields this manager applied before and no longer does go, unless someone else owns them.
+    let mut object = live_object.clone();
+    let others: Vec<&BTreeSet<Path>> = entries
+        .iter()
+        .filter(|(entry, _)| !is_mine(entry))
+        .map(|(_, owned)| owned)
+        .collect();
+    let gone: BTreeSet<Path> = previously
+        .difference(&applied)
+        .map(|path| match path.split_last() {
+            Some((last, parent)) if last == "." => parent.to_vec(),
+            _ => path.clone(),
+        })
+        .filter(|node| !node.is_empty() && !others.iter().any(|owned| owns_under(owned, node)))
+        .collect();
+    prune(&mut object, schema, &mut Vec::new(), &gone);
+    merge_into(&mut object, &config, schema, 0, status);
+
+    // managedFields: this manager owns exactly what it applied; fields no longer in the
+    // object leave every set.
+    let present = field_set(&object, schema, status);
+    let now = meta::now_rfc3339();
+    let mut found = false;
+    let mut out = Vec::new();
+    for (mut entry, mut owned) in entries {
+        let before = entry
+            .get("fieldsV1")
+            .map(|f| {
+                let mut set = BTreeSet::new();
+                from_fields_v1(f, &mut Vec::new(), &mut set);
+                set
+            })
+            .unwrap_or_default();
+        if is_mine(&entry) {
+            found = true;
+            owned = applied.clone();
+        }
+        owned.retain(|p| !in_scope(p, status) || present.contains(p));
+        if owned.is_empty() {
+            continue;
+        }
+        if owned != before {
+            entry["fieldsV1"] = to_fields_v1(&owned);
+            if is_mine(&entry) {
+                entry["time"] = json!(now);
+                entry["apiVersion"] = json!(api_version);
+            }
+        }
+        out.push(entry);
+    }
+    let owned: BTreeSet<Path> = applied
+        .into_iter()
+        .filter(|p| present.contains(p))
+        .collect();
+    if !found && !owned.is_empty() {
+        out.push(entry(
+            manager,
+            "Apply",
+            api_version,
+            &now,
+            subresource,
+            &owned,
+        ));
+    }
+    let metadata = meta::metadata_mut(&mut object);
+    if out.is_empty() {
+        metadata.shift_remove("managedFields");
+    } else {
+        metadata.insert("managedFields".into(), Value::Array(out));
+    }
+    Ok(object)
+}
+
+/// Upstream's name for a manager in conflict messages.
+fn manager_text(entry: &Value) -> String {
+    let name = entry.get("manager").and_then(Value::as_str).unwrap_or("");
+    let mut text = format!("\"{name}\"");
+    if let Some(sub) = entry.get("subresource").and_then(Value::as_str) {
+        text.push_str(&format!(" with subresource \"{sub}\""));
+    }
+    if entry.get("operation").and_then(Value::as_str) == Some("Update") {
+        let version = entry
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        text.push_str(&format!(" using {version}"));
+    }
+    text
+}
+
+/// A fieldsV1 path in upstream's message syntax: `.spec.ports[port=80,protocol="TCP"].name`.
+pub(super) fn render_path(path: &Path) -> String {
+    let mut out = String::new();
+    for step in path {
+        if let Some(field) = step.strip_prefix("f:") {
+            out.push('.');
+            out.push_str(field);
+        } else if let Some(key) = step.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(key).unwrap_or_default();
+            let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("[{}]", parts.join(",")));
+        } else if let Some(value) = step.strip_prefix("v:") {
+            out.push_str(&format!("[={value}]"));
+        } else if let Some(index) = step.strip_prefix("i:") {
+            out.push_str(&format!("[{index}]"));
+        }
+    }
+    out
+}
+
+/// List-map keys left out of an applied object take their schema default (ServicePort's
+/// `protocol: TCP`), as upstream does before merging, so `port: 80` names the same entry as
+/// the stored `port: 80, protocol: TCP`.
+fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
+    let Some(schema) = schema else { return };
+    match (core_shape(schema), value) {
+        (Shape::Struct(properties), Value::Object(map)) => {
+            for (key, child) in map.iter_mut() {
+                default_list_keys(child, properties.get(key));
+            }
+        }
+        (Shape::Map(Some(values)), Value::Object(map)) => {
+            for child in map.values_mut() {
+                default_list_keys(child, Some(values));
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(list)) => {
+            let properties = match core_shape(items) {
+                Shape::Struct(properties) => Some(properties),
+                _ => None,
+            };
+            for element in list.iter_mut() {
+                if let (Some(properties), Value::Object(map)) = (properties, &mut *element) {
+                    for key in keys.iter().filter_map(Value::as_str) {
+                        if !map.contains_key(key)
+                            && let Some(default) = properties
+                                .get(key)
+                                .map(|p| capstan_machinery::schema::core_resolve(p))
+                                .and_then(|p| p.get("default"))
+                        {
+                            map.insert(key.to_string(), default.clone());
+                        }
+                    }
+                }
+                default_list_keys(element, Some(items));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Removes the nodes `remove` names (fields, list-map entries, set values) in one walk of the
+/// object, visiting only the branches that hold one.
+fn prune(
+    value: &mut Value,
+    schema: Option<&'static Value>,
+    path: &mut Path,
+    remove: &BTreeSet<Path>,
+) {
+    if !owns_under(remove, path) {
+        return;
+    }
+    let visit = |step: String, child: &mut Value, child_schema, path: &mut Path| {
+        path.push(step);
+        let gone = remove.contains(path);
+        if !gone {
+            prune(child, child_schema, path, remove);
+        }
+        path.pop();
+        !gone
+    };
+    match (shape_of(value, schema), value) {
+        (Shape::Struct(properties), Value::Object(map)) => {
+            map.retain(|key, child| visit(format!("f:{key}"), child, properties.get(key), path));
+        }
+        (Shape::Map(values), Value::Object(map)) => {
+            map.retain(|key, child| visit(format!("f:{key}"), child, values, path));
+        }
+        (Shape::ListMap(items, keys), Value::Array(list)) => {
+            list.retain_mut(|element| {
+                let step = entry_step(element, items, keys);
+                visit(step, element, Some(items), path)
+            });
+        }
+        (Shape::Set, Value::Array(list)) => {
+            list.retain_mut(|element| visit(format!("v:{element}"), element, None, path));
+        }
+        _ => {}
+    }
+}
+
+/// Merges an applied value into a live one by the schema: structs and granular maps field by
+/// field, list-maps entry by entry (matched on their keys; new entries appended), sets by
+/// value, anything atomic replaced whole. `status` is never taken from an apply to the main
+/// resource (the strategy keeps the stored one).
+fn merge_into(
+    live: &mut Value,
+    applied: &Value,
+    schema: Option<&'static Value>,
+    depth: usize,
+    status: bool,
+) {
+    let shape = schema.map(core_shape).unwrap_or(match applied {
+        Value::Object(_) => Shape::Map(None),
+        _ => Shape::Atomic,
+    });
+    match (shape, applied) {
+        (Shape::Struct(properties), Value::Object(fields)) if live.is_object() => {
+            for (key, value) in fields {
+                if depth == 0 && (key == "status") != status && key != "metadata" {
+                    continue;
+                }
+                if let Some(map) = live.as_object_mut() {
+                    match map.get_mut(key) {
+                        Some(existing) => {
+                            merge_into(existing, value, properties.get(key), depth + 1, status)
+                        }
+                        None => {
+                            map.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (Shape::Map(values), Value::Object(fields)) if live.is_object() => {
+            for (key, value) in fields {
+                if let Some(map) = live.as_object_mut() {
+                    match map.get_mut(key) {
+                        Some(existing) => merge_into(existing, value, values, depth + 1, status),
+                        None => {
+                            map.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(elements)) if live.is_array() => {
+            let keys: Vec<&str> = keys.iter().filter_map(Value::as_str).collect();
+            let identity = |e: &Value| {
+                let parts: Vec<Value> = keys
+                    .iter()
+                    .map(|k| e.get(*k).cloned().unwrap_or(Value::Null))
+                    .collect();
+                value_key(&Value::Array(parts))
+            };
+            let Some(list) = live.as_array_mut() else {
+                return;
+            };
+            let mut positions: HashMap<String, usize> = HashMap::new();
+            for (i, e) in list.iter().enumerate() {
+                positions.entry(identity(e)).or_insert(i);
+            }
+            for element in elements {
+                match positions.get(&identity(element)) {
+                    Some(&i) => merge_into(&mut list[i], element, Some(items), depth + 1, status),
+                    None => {
+                        positions.insert(identity(element), list.len());
+                        list.push(element.clone());
+                    }
+                }
+            }
+        }
+        (Shape::Set, Value::Array(elements)) if live.is_array() => {
+            if let Some(list) = live.as_array_mut() {
+                let mut present: HashSet<String> = list.iter().map(value_key).collect();
+                for element in elements {
+                    if present.insert(value_key(element)) {
+                        list.push(element.clone());
+                    }
+                }
+            }
+        }
+        _ => *live = applied.clone(),
+    }
+}
+

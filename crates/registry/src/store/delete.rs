@@ -1,0 +1,188 @@
+//! DELETE of one object (graceful where the kind says so, finalizers honoured) and of a
+//! collection.
+
+use super::*;
+
+impl Registry {
+    /// DELETE one object.
+    pub async fn delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> Result<DeleteResult, ApiError> {
+        let info = self.strategy.info();
+        let key = info.key(namespace, name);
+        if let Some(why) = self.strategy.undeletable(name) {
+            let gr = info.group_resource();
+            return Err(ApiError::new(
+                403,
+                capstan_machinery::Reason::Forbidden,
+                format!(
+                    "{gr} {} is forbidden: {why}",
+                    capstan_machinery::status::quote(name)
+                ),
+            )
+            .with_details(capstan_machinery::Details {
+                name: name.to_string(),
+                group: gr.group.to_string(),
+                kind: gr.resource.to_string(),
+                ..Default::default()
+            }));
+        }
+        for _ in 0..WRITE_ATTEMPTS {
+            let response = self.storage.get(&key, None).await.map_err(storage_error)?;
+            let Some(kv) = response.kv else {
+                return Err(self.not_found(name));
+            };
+            let old = self.decode(&kv)?;
+            let kind_conflict = |why: String| {
+                let mut err = ApiError::conflict(info.group_resource(), name, &why);
+                err.message = format!(
+                    "Operation cannot be fulfilled on {} {}: {why}",
+                    info.kind,
+                    capstan_machinery::status::quote(name)
+                );
+                if let Some(details) = err.details.as_mut() {
+                    details.kind = info.kind.to_string();
+                }
+                err
+            };
+            if let Some(uid) = &options.uid {
+                let stored = meta::meta_str(&old, "uid");
+                if uid != stored {
+                    return Err(kind_conflict(format!(
+                        "the UID in the precondition ({uid}) does not match the UID in record ({stored}). The object might have been deleted and then recreated"
+                    )));
+                }
+            }
+            if let Some(rv) = &options.resource_version {
+                let stored = kv.mod_revision.to_string();
+                if *rv != stored {
+                    return Err(kind_conflict(format!(
+                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({stored}). The object might have been modified"
+                    )));
+                }
+            }
+            // An object that stays is marked instead: graceful deletion (Pods) with a deadline
+            // and grace period until deleted again with a shorter (zero) one; finalizers with
+            // the time now and grace 0, once.
+            let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
+            let requested = options
+                .grace_period_seconds
+                .map(|g| if g < 0 { 1 } else { g });
+            let mark = match self
+                .strategy
+                .grace_period(&old, requested)
+                .filter(|g| *g > 0)
+            {
+                Some(grace) => {
+                    let current = meta::metadata(&old)
+                        .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                        .and_then(Value::as_i64);
+                    // A shorter grace period moves the existing deadline closer by the
+                    // difference, as upstream does; a first graceful delete counts from now.
+                    match current.filter(|_| terminating) {
+                        Some(current) if current <= grace => Marking::Keep,
+                        Some(current) => Marking::Mark(
+                            meta::shift_rfc3339(
+                                meta::meta_str(&old, "deletionTimestamp"),
+                                grace - current,
+                            )
+                            .unwrap_or_else(|| meta::rfc3339_in(grace)),
+                            grace,
+                        ),
+                        None => Marking::Mark(meta::rfc3339_in(grace), grace),
+                    }
+                }
+                None if !meta::finalizers(&old).is_empty() => {
+                    if terminating {
+                        Marking::Keep
+                    } else {
+                        Marking::Mark(meta::now_rfc3339(), 0)
+                    }
+                }
+                None => Marking::Remove,
+            };
+            if let Marking::Keep = mark {
+                return Ok(DeleteResult {
+                    object: old,
+                    removed: false,
+                });
+            }
+            if let Marking::Mark(deadline, grace) = mark {
+                let mut marked = old.clone();
+                meta::set_meta_str(&mut marked, "deletionTimestamp", &deadline);
+                meta::metadata_mut(&mut marked)
+                    .insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if options.dry_run {
+                    return Ok(DeleteResult {
+                        object: marked,
+                        removed: false,
+                    });
+                }
+                let txn = Txn::new()
+                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                    .then(Op::Put(
+                        key.clone(),
+                        self.encode_bounded(&mut marked, true)?,
+                    ));
+                match self.storage.txn(txn).await.map_err(storage_error)? {
+                    TxnOutcome::Committed { revision, .. } => {
+                        meta::set_meta_str(&mut marked, "resourceVersion", &revision.to_string());
+                        return Ok(DeleteResult {
+                            object: marked,
+                            removed: false,
+                        });
+                    }
+                    TxnOutcome::Failed { .. } => continue,
+                }
+            }
+            if options.dry_run {
+                return Ok(DeleteResult {
+                    object: old,
+                    removed: true,
+                });
+            }
+            let WriteExtras { compares, ops } = self.strategy.release(&old);
+            let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision));
+            txn.compares.extend(compares);
+            txn = txn.then(Op::Delete(key.clone()));
+            txn.ops.extend(ops);
+            match self.storage.txn(txn).await.map_err(storage_error)? {
+                TxnOutcome::Committed { revision, .. } => {
+                    let mut object = old;
+                    meta::set_meta_str(&mut object, "resourceVersion", &revision.to_string());
+                    return Ok(DeleteResult {
+                        object,
+                        removed: true,
+                    });
+                }
+                TxnOutcome::Failed { .. } => continue,
+            }
+        }
+        Err(ApiError::modified(info.group_resource(), name))
+    }
+
+    /// DELETE on a collection: deletes what the list selects; returns the objects as listed.
+    pub async fn delete_collection(
+        &self,
+        namespace: &str,
+        list: &ListOptions,
+        options: &DeleteOptions,
+    ) -> Result<ListResult, ApiError> {
+        let mut listed = self.list(namespace, list).await?;
+        for object in &listed.items {
+            let ns = object.selectable.namespace().to_string();
+            let name = object.selectable.name().to_string();
+            match self.delete(&ns, &name, options).await {
+                Ok(_) => {}
+                Err(err) if err.code == 404 => {}
+                Err(err) => return Err(err),
+            }
+        }
+        listed.continue_token = None;
+        listed.remaining = None;
+        Ok(listed)
+    }
+}

@@ -1,0 +1,437 @@
+//! `Registry`: the verbs (get, list, watch, create, update, patch, delete) for one kind, generic
+//! over its [`Strategy`], on top of storage and the watch cache.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use capstan_machinery::continue_token::ContinueToken;
+use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::fields::FieldSelector;
+use capstan_machinery::labels::LabelSelector;
+use capstan_machinery::{ApiError, meta, validation};
+use capstan_storage::{
+    Compare, KeyValue, Op, RangeRequest, Revision, Storage, StorageError, Txn, TxnOutcome,
+};
+use serde_json::{Value, json};
+
+use crate::cache::{CachedObject, WatchCache};
+use crate::strategy::{DynStrategy, WriteExtras};
+
+mod delete;
+mod write;
+
+/// How long a read waits for the cache to reach a requested revision.
+const RESOURCE_VERSION_WAIT: Duration = Duration::from_secs(3);
+/// How often a write re-runs after losing a race it can safely retry.
+const WRITE_ATTEMPTS: usize = 16;
+/// generateName attempts before giving up.
+const GENERATE_NAME_ATTEMPTS: usize = 8;
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// Options of create, update and patch.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `dryRun=All`: run everything, persist nothing.
+    pub dry_run: bool,
+    /// The `fieldManager` (or the one derived from the User-Agent).
+    pub field_manager: String,
+    /// The object's managedFields were computed by server-side apply: record no `Update`.
+    pub applied: bool,
+}
+
+/// What a delete does to an object that exists.
+enum Marking {
+    /// Removed now.
+    Remove,
+    /// Already marked, and this delete shortens nothing: kept as it is.
+    Keep,
+    /// Kept, marked with this deletion time and grace period.
+    Mark(String, i64),
+}
+
+/// Options of delete.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    /// `dryRun=All`.
+    pub dry_run: bool,
+    /// `preconditions.uid`.
+    pub uid: Option<String>,
+    /// `preconditions.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `propagationPolicy` (`Orphan`, `Background`, `Foreground`).
+    pub propagation: Option<String>,
+    /// `gracePeriodSeconds` (negative values are treated as 1, as upstream does).
+    pub grace_period_seconds: Option<i64>,
+}
+
+/// How a read may be served (`resourceVersion` + `resourceVersionMatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadAt {
+    /// Unset: the latest state.
+    #[default]
+    Latest,
+    /// `"0"`: any recent state.
+    Any,
+    /// Not older than this revision.
+    NotOlderThan(Revision),
+    /// Exactly this revision.
+    Exact(Revision),
+}
+
+/// Options of list (and deletecollection).
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    /// `labelSelector`.
+    pub labels: LabelSelector,
+    /// `fieldSelector`.
+    pub fields: FieldSelector,
+    /// `limit` (0: everything).
+    pub limit: usize,
+    /// `continue`.
+    pub continue_token: Option<ContinueToken>,
+    /// `resourceVersion` + `resourceVersionMatch`.
+    pub read_at: ReadAt,
+}
+
+/// A page of a list.
+#[derive(Debug)]
+pub struct ListResult {
+    /// Matching objects, in key order.
+    pub items: Vec<Arc<CachedObject>>,
+    /// The revision the list was read at.
+    pub revision: Revision,
+    /// The token for the next page.
+    pub continue_token: Option<String>,
+    /// How many objects follow (only without selectors).
+    pub remaining: Option<i64>,
+}
+
+/// What a delete did.
+#[derive(Debug)]
+pub struct DeleteResult {
+    /// The object: its final state, or its state while finalizers keep it.
+    pub object: Value,
+    /// Whether it is gone.
+    pub removed: bool,
+}
+
+/// The largest object the store takes by default: etcd's `--max-request-bytes` (1.5 MiB).
+pub const MAX_OBJECT_BYTES: usize = 1_572_864;
+
+/// The verbs of one kind.
+pub struct Registry {
+    strategy: Arc<dyn DynStrategy>,
+    storage: Arc<dyn Storage>,
+    cache: Arc<WatchCache>,
+    namespace_prefix: Option<String>,
+    max_object_bytes: usize,
+}
+
+fn storage_error(error: StorageError) -> ApiError {
+    ApiError::internal(error)
+}
+
+impl Registry {
+    /// A registry for `strategy` over `storage`, serving reads from `cache`. Creates of
+    /// namespaced objects check that the namespace exists under `namespace_prefix`.
+    pub fn new(
+        strategy: Arc<dyn DynStrategy>,
+        storage: Arc<dyn Storage>,
+        cache: Arc<WatchCache>,
+        namespace_prefix: Option<String>,
+    ) -> Self {
+        Registry {
+            strategy,
+            storage,
+            cache,
+            namespace_prefix,
+            max_object_bytes: MAX_OBJECT_BYTES,
+        }
+    }
+
+    /// The same registry refusing stored objects larger than `bytes`.
+    pub fn with_max_object_bytes(mut self, bytes: usize) -> Self {
+        self.max_object_bytes = bytes;
+        self
+    }
+
+    /// The kind's strategy.
+    pub fn strategy(&self) -> &Arc<dyn DynStrategy> {
+        &self.strategy
+    }
+
+    /// The kind's watch cache.
+    pub fn cache(&self) -> &Arc<WatchCache> {
+        &self.cache
+    }
+
+    /// Whether the storage under the registry can serve and take writes (readiness).
+    pub async fn storage_health(&self) -> Result<(), String> {
+        self.storage.health().await.map_err(|e| e.to_string())
+    }
+
+    fn not_found(&self, name: &str) -> ApiError {
+        ApiError::not_found(self.strategy.info().group_resource(), name)
+    }
+
+    fn decode(&self, kv: &KeyValue) -> Result<Value, ApiError> {
+        let mut object: Value = serde_json::from_slice(&kv.value)
+            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+        meta::strip_type_meta(&mut object);
+        meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
+        Ok(object)
+    }
+
+    fn encode(&self, object: &Value) -> Bytes {
+        let info = self.strategy.info();
+        Bytes::from(meta::typed_json_bytes(
+            object,
+            &info.api_version(),
+            info.kind,
+            true,
+        ))
+    }
+
+    /// Encodes an object for storage within the size bound. As upstream, an object too large
+    /// with its managedFields is stored without them, unless they were just applied (server-side
+    /// apply owns what it records); one too large even so is refused with etcd's error.
+    fn encode_bounded(&self, object: &mut Value, applied: bool) -> Result<Bytes, ApiError> {
+        let encoded = self.encode(object);
+        if encoded.len() <= self.max_object_bytes {
+            return Ok(encoded);
+        }
+        if !applied
+            && meta::metadata_mut(object)
+                .shift_remove("managedFields")
+                .is_some()
+        {
+            let encoded = self.encode(object);
+            if encoded.len() <= self.max_object_bytes {
+                return Ok(encoded);
+            }
+        }
+        Err(ApiError::request_too_large_for_storage())
+    }
+
+    async fn wait_for_cache(&self, revision: Revision) -> Result<(), ApiError> {
+        if self.cache.revision() >= revision
+            || self.cache.wait_for(revision, RESOURCE_VERSION_WAIT).await
+        {
+            return Ok(());
+        }
+        Err(ApiError::too_large_resource_version(
+            revision,
+            self.cache.revision(),
+        ))
+    }
+
+    /// GET one object.
+    pub async fn get(&self, namespace: &str, name: &str, at: ReadAt) -> Result<Value, ApiError> {
+        let key = self.strategy.info().key(namespace, name);
+        match at {
+            ReadAt::Latest | ReadAt::Exact(_) => {
+                let response = self.storage.get(&key, None).await.map_err(storage_error)?;
+                match response.kv {
+                    Some(kv) => self.decode(&kv),
+                    None => Err(self.not_found(name)),
+                }
+            }
+            ReadAt::Any | ReadAt::NotOlderThan(_) => {
+                if let ReadAt::NotOlderThan(revision) = at {
+                    self.wait_for_cache(revision).await?;
+                }
+                self.cache
+                    .get(&key)
+                    .map(|o| o.object())
+                    .ok_or_else(|| self.not_found(name))
+            }
+        }
+    }
+
+    /// Checks that every field selector field is supported.
+    pub fn check_field_selector(&self, selector: &FieldSelector) -> Result<(), ApiError> {
+        let probe = json!({"metadata": {}});
+        for requirement in &selector.requirements {
+            if self
+                .strategy
+                .field_value(&probe, &requirement.field)
+                .is_none()
+            {
+                return Err(ApiError::bad_request(
+                    self.strategy.unsupported_field_message(&requirement.field),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// LIST.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        options: &ListOptions,
+    ) -> Result<ListResult, ApiError> {
+        let prefix = self.strategy.info().list_prefix(namespace);
+        if let Some(token) = &options.continue_token {
+            let revision = (token.revision > 0).then_some(token.revision);
+            let start = format!("{prefix}{}", token.resume_after());
+            return self
+                .list_from_storage(&prefix, Some(start), revision, options)
+                .await;
+        }
+        match options.read_at {
+            ReadAt::Exact(revision) => {
+                self.list_from_storage(&prefix, None, Some(revision), options)
+                    .await
+            }
+            ReadAt::NotOlderThan(revision) if options.limit > 0 => {
+                // The legacy rule: a resourceVersion with a limit is an exact read.
+                self.list_from_storage(&prefix, None, Some(revision), options)
+                    .await
+            }
+            ReadAt::Latest => {
+                let current = self
+                    .storage
+                    .current_revision()
+                    .await
+                    .map_err(storage_error)?;
+                self.wait_for_cache(current).await?;
+                Ok(self.list_from_cache(&prefix, options, options.limit))
+            }
+            ReadAt::NotOlderThan(revision) => {
+                self.wait_for_cache(revision).await?;
+                Ok(self.list_from_cache(&prefix, options, 0))
+            }
+            ReadAt::Any => Ok(self.list_from_cache(&prefix, options, 0)),
+        }
+    }
+
+    fn list_from_cache(&self, prefix: &str, options: &ListOptions, limit: usize) -> ListResult {
+        let mut items = Vec::new();
+        let mut last_key: Option<Arc<str>> = None;
+        let mut more = false;
+        let mut remaining = 0i64;
+        let revision = self.cache.scan(prefix, None, |object| {
+            if limit > 0 && items.len() >= limit {
+                more = true;
+                remaining += 1;
+                return true;
+            }
+            if object
+                .selectable
+                .selected_by(&options.labels, &options.fields)
+            {
+                last_key = Some(object.key.clone());
+                items.push(object.clone());
+            }
+            true
+        });
+        let unfiltered = options.labels.is_empty() && options.fields.is_empty();
+        let continue_token = match (&last_key, more) {
+            (Some(key), true) => Some(
+                ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(key)).encode(),
+            ),
+            _ => None,
+        };
+        ListResult {
+            items,
+            revision,
+            remaining: (continue_token.is_some() && unfiltered).then_some(remaining),
+            continue_token,
+        }
+    }
+
+    async fn list_from_storage(
+        &self,
+        prefix: &str,
+        mut start_after: Option<String>,
+        at_revision: Option<Revision>,
+        options: &ListOptions,
+    ) -> Result<ListResult, ApiError> {
+        let limit = options.limit;
+        let mut items = Vec::new();
+        let mut revision = at_revision;
+        let mut remaining: Option<i64>;
+        let mut last_key: Option<Arc<str>> = None;
+        loop {
+            let batch = if limit > 0 {
+                (limit - items.len()).max(1)
+            } else {
+                0
+            };
+            let response = self
+                .storage
+                .range(RangeRequest {
+                    prefix: prefix.to_string(),
+                    start_after: start_after.clone(),
+                    limit: batch,
+                    at_revision: revision,
+                })
+                .await
+                .map_err(|e| self.list_error(e, options))?;
+            revision = Some(response.revision);
+            for kv in &response.kvs {
+                last_key = Some(kv.key.clone());
+                if let Some(object) = CachedObject::decode(
+                    kv.key.clone(),
+                    &kv.value,
+                    kv.mod_revision,
+                    self.cache.projection(),
+                ) && object
+                    .selectable
+                    .selected_by(&options.labels, &options.fields)
+                {
+                    items.push(Arc::new(object));
+                }
+            }
+            if !response.more {
+                remaining = None;
+                last_key = None;
+                break;
+            }
+            remaining = Some(response.remaining as i64);
+            if limit > 0 && items.len() >= limit {
+                break;
+            }
+            start_after = last_key.as_ref().map(|k| k.to_string());
+        }
+        let revision = revision.unwrap_or_default();
+        let unfiltered = options.labels.is_empty() && options.fields.is_empty();
+        let continue_token = last_key.map(|key| {
+            ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(&key)).encode()
+        });
+        Ok(ListResult {
+            items,
+            revision,
+            remaining: remaining.filter(|_| unfiltered && continue_token.is_some()),
+            continue_token,
+        })
+    }
+
+    fn list_error(&self, error: StorageError, options: &ListOptions) -> ApiError {
+        match error {
+            StorageError::Compacted { .. } => match &options.continue_token {
+                Some(token) => {
+                    let mut err = ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+                    );
+                    err.continue_token = Some(
+                        ContinueToken {
+                            revision: -1,
+                            start: token.start.clone(),
+                        }
+                        .encode(),
+                    );
+                    err
+                }
+                None => ApiError::expired("The resourceVersion for the provided list is too old."),
+            },
+            StorageError::FutureRevision { requested, current } => {
+                ApiError::too_large_resource_version(requested, current)
+            }
+            other => storage_error(other),
+        }
+    }
+
+}

@@ -1,0 +1,574 @@
+//! The write verbs: create, update, patch and server-side apply, and the optimistic loop
+//! they share.
+
+//! `Registry`: the verbs (get, list, watch, create, update, patch, delete) for one kind, generic
+
+use super::*;
+
+impl Registry {
+    async fn check_namespace(&self, namespace: &str) -> Result<(), ApiError> {
+        let Some(prefix) = &self.namespace_prefix else {
+            return Ok(());
+        };
+        let key = format!("{prefix}{namespace}");
+        let response = self.storage.get(&key, None).await.map_err(storage_error)?;
+        let Some(kv) = response.kv else {
+            return Err(ApiError::not_found(
+                capstan_machinery::status::GroupResource {
+                    group: "",
+                    resource: "namespaces",
+                },
+                namespace,
+            ));
+        };
+        let ns = self.decode(&kv)?;
+        if !meta::meta_str(&ns, "deletionTimestamp").is_empty()
+            || ns.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        {
+            return Err(ApiError::new(
+                403,
+                capstan_machinery::Reason::Forbidden,
+                format!(
+                    "{} {} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                    self.strategy.info().group_resource(),
+                    capstan_machinery::status::quote(meta::name(&ns)),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, name: &str, errors: &FieldErrors) -> ApiError {
+        let info = self.strategy.info();
+        ApiError::invalid(info.group, &info.group_kind(), name, errors)
+    }
+
+    fn validate_meta_create(&self, object: &Value, errors: &mut FieldErrors) {
+        let info = self.strategy.info();
+        let name = meta::name(object);
+        let generate_name = meta::meta_str(object, "generateName");
+        if name.is_empty() {
+            if generate_name.is_empty() {
+                errors.push(FieldError::required(
+                    "metadata.name",
+                    "name or generateName is required",
+                ));
+            }
+        } else {
+            for message in self.strategy.validate_name(name, false) {
+                errors.push(FieldError::invalid("metadata.name", &json!(name), message));
+            }
+        }
+        if !generate_name.is_empty() {
+            for message in self.strategy.validate_name(generate_name, true) {
+                errors.push(FieldError::invalid(
+                    "metadata.generateName",
+                    &json!(generate_name),
+                    message,
+                ));
+            }
+        }
+        let namespace = meta::namespace(object);
+        if info.namespaced {
+            if namespace.is_empty() {
+                errors.push(FieldError::required("metadata.namespace", ""));
+            } else {
+                for message in validation::dns1123_label(namespace) {
+                    errors.push(FieldError::invalid(
+                        "metadata.namespace",
+                        &json!(namespace),
+                        message,
+                    ));
+                }
+            }
+        } else if !namespace.is_empty() {
+            errors.push(FieldError::forbidden(
+                "metadata.namespace",
+                "not allowed on this type",
+            ));
+        }
+        if let Some(meta) = meta::metadata(object) {
+            errors.extend(validation::validate_object_meta(meta));
+        }
+    }
+
+    fn validate_meta_update(&self, new: &Value, old: &Value, errors: &mut FieldErrors) {
+        if let Some(meta) = meta::metadata(new) {
+            errors.extend(validation::validate_object_meta(meta));
+        }
+        for field in ["name", "namespace", "uid", "creationTimestamp"] {
+            let now = meta::meta_str(new, field);
+            if now != meta::meta_str(old, field) {
+                errors.push(FieldError::invalid(
+                    format!("metadata.{field}"),
+                    &json!(now),
+                    "field is immutable",
+                ));
+            }
+        }
+        if !meta::meta_str(old, "deletionTimestamp").is_empty() {
+            let before = meta::finalizers(old);
+            let added: Vec<String> = meta::finalizers(new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if !added.is_empty() {
+                errors.push(FieldError::forbidden(
+                    "metadata.finalizers",
+                    format!(
+                        "no new finalizers can be added if the object is being deleted, found new finalizers {}",
+                        capstan_machinery::field::render(&json!(added))
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// CREATE. `object` is the decoded body with the namespace already settled.
+    pub async fn create(
+        &self,
+        namespace: &str,
+        mut object: Value,
+        options: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let info = self.strategy.info();
+        {
+            let meta = meta::metadata_mut(&mut object);
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+                "resourceVersion",
+                "generation",
+            ] {
+                meta.shift_remove(field);
+            }
+            if info.namespaced {
+                meta.insert("namespace".into(), json!(namespace));
+            } else {
+                meta.shift_remove("namespace");
+            }
+        }
+        self.strategy.default(&mut object);
+        if !options.applied {
+            crate::managed::record_update(
+                &mut object,
+                None,
+                &options.field_manager,
+                &info.api_version(),
+                None,
+                self.strategy.schema(),
+            );
+        }
+        meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
+        meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
+        self.strategy.prepare_for_create(&mut object);
+        if info.namespaced {
+            self.check_namespace(namespace).await?;
+        }
+        let prefix = meta::meta_str(&object, "generateName").to_string();
+        let generate = meta::name(&object).is_empty() && !prefix.is_empty();
+        let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
+        for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
+            let mut candidate = object.clone();
+            if generate {
+                let name = generate_name(&prefix);
+                meta::set_meta_str(&mut candidate, "name", &name);
+            }
+            let name = meta::name(&candidate).to_string();
+            let key = info.key(namespace, &name);
+            // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
+            // and validation sees the allocated values.
+            let extras = self
+                .strategy
+                .allocate(self.storage.as_ref(), &mut candidate, None, options.dry_run)
+                .await?;
+            let mut errors = FieldErrors::new();
+            self.validate_meta_create(&candidate, &mut errors);
+            errors.extend(self.strategy.validate_create(&candidate));
+            if !errors.is_empty() {
+                return Err(self.invalid(meta::name(&candidate), &errors));
+            }
+            if options.dry_run {
+                let existing = self.storage.get(&key, None).await.map_err(storage_error)?;
+                if existing.kv.is_some() {
+                    return Err(ApiError::already_exists(info.group_resource(), &name));
+                }
+                meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
+                return Ok(candidate);
+            }
+            let mut txn = Txn::new().when(Compare::Absent(key.clone()));
+            txn.compares.extend(extras.compares);
+            let encoded = self.encode_bounded(&mut candidate, options.applied)?;
+            txn = txn.then(Op::Put(key.clone(), encoded));
+            txn.ops.extend(extras.ops);
+            match self.storage.txn(txn).await.map_err(storage_error)? {
+                TxnOutcome::Committed { revision, .. } => {
+                    meta::set_meta_str(&mut candidate, "resourceVersion", &revision.to_string());
+                    return Ok(candidate);
+                }
+                TxnOutcome::Failed { current, .. } => {
+                    let taken = current.first().is_some_and(Option::is_some);
+                    if !taken {
+                        continue; // an allocation raced another write: allocate again
+                    }
+                    if generate && attempt + 1 < attempts {
+                        continue;
+                    }
+                    if generate {
+                        return Err(ApiError::generate_name_exhausted(
+                            info.group_resource(),
+                            &name,
+                        ));
+                    }
+                    let existing = current
+                        .first()
+                        .and_then(|kv| kv.as_ref())
+                        .and_then(|kv| self.decode(kv).ok());
+                    let mut err = ApiError::already_exists(info.group_resource(), &name);
+                    if existing.is_some_and(|e| !meta::meta_str(&e, "deletionTimestamp").is_empty())
+                    {
+                        err.message = format!("object is being deleted: {}", err.message);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Err(ApiError::new(
+            500,
+            capstan_machinery::Reason::ServerTimeout,
+            format!(
+                "The create operation against {} could not be completed at this time, please try again.",
+                info.group_resource()
+            ),
+        ))
+    }
+
+    /// UPDATE (PUT) of the main resource (`status: false`) or of `/status`. Returns the
+    /// stored object and whether it was created.
+    pub async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        new: Value,
+        options: &WriteOptions,
+        status: bool,
+    ) -> Result<(Value, bool), ApiError> {
+        let info = self.strategy.info();
+        let pinned = meta::resource_version(&new).to_string();
+        if pinned.is_empty() && !info.allow_unconditional_update {
+            let mut errors = FieldErrors::new();
+            // Upstream prints the missing version as Go's `%#v` of a uint64.
+            errors.push(FieldError {
+                kind: capstan_machinery::field::ErrorType::Invalid,
+                field: "metadata.resourceVersion".into(),
+                value: "0x0".into(),
+                detail: "must be specified for an update".into(),
+            });
+            return Err(ApiError::invalid(
+                info.group,
+                &info.group_resource().to_string(),
+                name,
+                &errors,
+            ));
+        }
+        self.write_loop(
+            namespace,
+            name,
+            options,
+            status,
+            |_current| Ok(new.clone()),
+            !pinned.is_empty(),
+        )
+        .await
+    }
+
+    /// PATCH: `apply` computes the new object from the current one (with `kind`/`apiVersion`).
+    pub async fn patch(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &WriteOptions,
+        status: bool,
+        apply: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let info = self.strategy.info();
+        let api_version = info.api_version();
+        let (object, _) = self
+            .write_loop(
+                namespace,
+                name,
+                options,
+                status,
+                |current| {
+                    let Some(current) = current else {
+                        return Err(self.not_found(name));
+                    };
+                    let typed = meta::with_type_meta(current, &api_version, info.kind);
+                    let mut patched = apply(&typed)?;
+                    if meta::resource_version(&patched).is_empty() {
+                        meta::set_meta_str(
+                            &mut patched,
+                            "resourceVersion",
+                            meta::resource_version(current),
+                        );
+                    }
+                    Ok(patched)
+                },
+                false,
+            )
+            .await?;
+        Ok(object)
+    }
+
+    /// Server-side apply of `config` (kind and apiVersion already checked and removed) as
+    /// `options.field_manager`: creates the object when absent (`true`), else merges it into
+    /// the stored one (`spec/api-machinery.md` §10.5); 409 on conflicts unless `force`.
+    pub async fn apply(
+        &self,
+        namespace: &str,
+        name: &str,
+        config: Value,
+        options: &WriteOptions,
+        status: bool,
+        force: bool,
+    ) -> Result<(Value, bool), ApiError> {
+        let info = self.strategy.info();
+        let api_version = info.api_version();
+        let options = WriteOptions {
+            applied: true,
+            ..options.clone()
+        };
+        let subresource = status.then_some("status");
+        let conflicts = |conflicts: Vec<crate::managed::Conflict>| {
+            let message = if let [one] = conflicts.as_slice() {
+                format!(
+                    "Apply failed with 1 conflict: conflict with {}: {}",
+                    one.manager, one.field
+                )
+            } else {
+                let mut groups: Vec<String> = Vec::new();
+                let mut last: Option<&str> = None;
+                for c in &conflicts {
+                    if last != Some(c.manager.as_str()) {
+                        groups.push(format!("conflicts with {}:", c.manager));
+                        last = Some(c.manager.as_str());
+                    }
+                    if let Some(group) = groups.last_mut() {
+                        group.push_str(&format!("\n- {}", c.field));
+                    }
+                }
+                format!(
+                    "Apply failed with {} conflicts: {}",
+                    conflicts.len(),
+                    groups.join("\n")
+                )
+            };
+            let mut error = ApiError::conflict(info.group_resource(), name, "");
+            error.message = message;
+            if let Some(details) = error.details.as_mut() {
+                details.causes = conflicts
+                    .iter()
+                    .map(|c| capstan_machinery::status::Cause {
+                        reason: "FieldManagerConflict".into(),
+                        message: format!("conflict with {}", c.manager),
+                        field: c.field.clone(),
+                    })
+                    .collect();
+            }
+            error
+        };
+        let merge = |live: Option<&Value>| {
+            let mut object = crate::managed::apply(
+                live,
+                &config,
+                &options.field_manager,
+                &api_version,
+                subresource,
+                self.strategy.schema(),
+                force,
+            )
+            .map_err(conflicts)?;
+            if live.is_some() && meta::resource_version(&config).is_empty() {
+                // Apply never carries an optimistic lock unless the config names a version.
+                meta::metadata_mut(&mut object).shift_remove("resourceVersion");
+            }
+            Ok(object)
+        };
+        self.write_loop(namespace, name, &options, status, merge, false)
+            .await
+    }
+
+    async fn write_loop(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &WriteOptions,
+        status: bool,
+        compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+        conflict_is_final: bool,
+    ) -> Result<(Value, bool), ApiError> {
+        let info = self.strategy.info();
+        let key = info.key(namespace, name);
+        for _ in 0..WRITE_ATTEMPTS {
+            let response = self.storage.get(&key, None).await.map_err(storage_error)?;
+            let Some(kv) = response.kv else {
+                let new = compute(None)?;
+                if status || !(info.allow_create_on_update || options.applied) {
+                    return Err(self.not_found(name));
+                }
+                let uid = meta::meta_str(&new, "uid");
+                if !uid.is_empty() {
+                    return Err(ApiError::conflict(
+                        info.group_resource(),
+                        name,
+                        &format!(
+                            "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                        ),
+                    ));
+                }
+                return Ok((self.create(namespace, new, options).await?, true));
+            };
+            let old = self.decode(&kv)?;
+            let mut new = compute(Some(&old))?;
+            if !new.is_object() {
+                return Err(ApiError::bad_request(
+                    "the object provided is not a JSON object",
+                ));
+            }
+            let sent_rv = meta::resource_version(&new).to_string();
+            if !sent_rv.is_empty() && sent_rv != kv.mod_revision.to_string() {
+                return Err(ApiError::modified(info.group_resource(), name));
+            }
+            let sent_uid = meta::meta_str(&new, "uid").to_string();
+            let old_uid = meta::meta_str(&old, "uid").to_string();
+            if !sent_uid.is_empty() && sent_uid != old_uid {
+                return Err(ApiError::conflict(
+                    info.group_resource(),
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {old_uid}"
+                    ),
+                ));
+            }
+            if info.namespaced {
+                meta::set_meta_str(&mut new, "namespace", namespace);
+            }
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ] {
+                match meta::metadata(&old).and_then(|m| m.get(field)).cloned() {
+                    Some(value) => {
+                        meta::metadata_mut(&mut new).insert(field.into(), value);
+                    }
+                    None => {
+                        meta::metadata_mut(&mut new).shift_remove(field);
+                    }
+                }
+            }
+            meta::metadata_mut(&mut new).shift_remove("generation");
+            meta::metadata_mut(&mut new).shift_remove("selfLink");
+            self.strategy.default(&mut new);
+            if !options.applied {
+                crate::managed::record_update(
+                    &mut new,
+                    Some(&old),
+                    &options.field_manager,
+                    &info.api_version(),
+                    status.then_some("status"),
+                    self.strategy.schema(),
+                );
+            }
+            if status {
+                self.strategy.prepare_for_status_update(&mut new, &old);
+            } else {
+                self.strategy.prepare_for_update(&mut new, &old);
+            }
+            let extras = if status {
+                WriteExtras::default()
+            } else {
+                self.strategy
+                    .allocate(self.storage.as_ref(), &mut new, Some(&old), options.dry_run)
+                    .await?
+            };
+            let mut errors = FieldErrors::new();
+            self.validate_meta_update(&new, &old, &mut errors);
+            errors.extend(if status {
+                self.strategy.validate_status_update(&new, &old)
+            } else {
+                self.strategy.validate_update(&new, &old)
+            });
+            if !errors.is_empty() {
+                return Err(self.invalid(name, &errors));
+            }
+            meta::set_meta_str(&mut new, "resourceVersion", &kv.mod_revision.to_string());
+            if crate::managed::same_ignoring_times(&new, &old) {
+                return Ok((old, false));
+            }
+            let finalized = !meta::meta_str(&new, "deletionTimestamp").is_empty()
+                && meta::finalizers(&new).is_empty();
+            if options.dry_run {
+                return Ok((new, false));
+            }
+            let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision));
+            txn.compares.extend(extras.compares);
+            if finalized {
+                txn = txn.then(Op::Delete(key.clone()));
+                let released = self.strategy.release(&old);
+                txn.compares.extend(released.compares);
+                txn.ops.extend(released.ops);
+            } else {
+                let encoded = self.encode_bounded(&mut new, options.applied)?;
+                txn = txn.then(Op::Put(key.clone(), encoded));
+                txn.ops.extend(extras.ops);
+            }
+            match self.storage.txn(txn).await.map_err(storage_error)? {
+                TxnOutcome::Committed { revision, .. } => {
+                    meta::set_meta_str(&mut new, "resourceVersion", &revision.to_string());
+                    return Ok((new, false));
+                }
+                TxnOutcome::Failed { current, .. } => {
+                    let object_moved = current.first().is_some_and(|c| {
+                        c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
+                    });
+                    if object_moved && conflict_is_final {
+                        return Err(ApiError::modified(info.group_resource(), name));
+                    }
+                    continue;
+                }
+            }
+        }
+        Err(ApiError::modified(info.group_resource(), name))
+    }
+}
+
+fn generate_name(prefix: &str) -> String {
+    let mut cut = prefix.len().min(58);
+    while !prefix.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut name = prefix[..cut].to_string();
+    for _ in 0..5 {
+        name.push(NAME_ALPHABET[fastrand::usize(..NAME_ALPHABET.len())] as char);
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generate_name;
+
+    #[test]
+    fn generated_names_use_upstreams_alphabet() {
+        let name = generate_name("gen-");
+        assert_eq!(name.len(), 9);
+        assert!(name[4..].bytes().all(|c| super::NAME_ALPHABET.contains(&c)));
+        assert_eq!(generate_name(&"a".repeat(70)).len(), 63);
+    }
+}
+
