@@ -52,9 +52,28 @@ fn core(registries: &[Arc<Registry>]) -> Vec<&Arc<Registry>> {
     served(registries, "", "v1")
 }
 
-/// The API groups Capstan serves itself besides core, with their aggregated-discovery
-/// priority (`apiregistration.k8s.io` is pinned at 20001, first in `/apis`).
-pub const LOCAL_GROUPS: &[(&str, &str, i64)] = &[("apiregistration.k8s.io", "v1", 20001)];
+/// The API groups Capstan serves itself besides core, as the registered kinds name them:
+/// `(group, version, group priority)`, highest priority first (`apiregistration.k8s.io`'s
+/// 20001 puts it first in `/apis`, as upstream).
+pub fn local_groups(registries: &[Arc<Registry>]) -> Vec<(&'static str, &'static str, i64)> {
+    let mut groups: Vec<(&'static str, &'static str, i64)> = Vec::new();
+    for registry in registries {
+        let info = registry.strategy().info();
+        if !info.group.is_empty() && !groups.iter().any(|(g, v, _)| *g == info.group && *v == info.version) {
+            groups.push((info.group, info.version, info.priority.0));
+        }
+    }
+    groups.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(b.0)));
+    groups
+}
+
+/// Whether Capstan serves `group` itself.
+pub fn is_local_group(registries: &[Arc<Registry>], group: &str) -> bool {
+    !group.is_empty()
+        && registries
+            .iter()
+            .any(|r| r.strategy().info().group == group)
+}
 
 /// Whether Capstan serves this group/version itself.
 pub fn serves(registries: &[Arc<Registry>], group: &str, version: &str) -> bool {
@@ -155,8 +174,8 @@ pub fn api_group(name: &str, versions: &[String]) -> Value {
 }
 
 /// `/apis` (legacy `APIGroupList`): the local groups first, then the aggregated ones.
-pub fn api_groups(aggregated: Vec<Value>) -> Value {
-    let mut groups: Vec<Value> = LOCAL_GROUPS
+pub fn api_groups(registries: &[Arc<Registry>], aggregated: Vec<Value>) -> Value {
+    let mut groups: Vec<Value> = local_groups(registries)
         .iter()
         .map(|(group, version, _)| api_group(group, &[version.to_string()]))
         .collect();
@@ -221,10 +240,10 @@ pub fn aggregated_groups(
     version: &str,
     mut remote: Vec<(i64, String, Value)>,
 ) -> Value {
-    for (group, group_version, priority) in LOCAL_GROUPS {
+    for (group, group_version, priority) in local_groups(registries) {
         let resources = aggregated_entries(&served(registries, group, group_version));
         remote.push((
-            *priority,
+            priority,
             group.to_string(),
             json!({"metadata": {"name": group}, "versions": [{"version": group_version, "resources": resources, "freshness": "Current"}]}),
         ));

@@ -28,6 +28,7 @@ use crate::request::{Body, Encoding, Query, error_response, json_response, text_
 /// The API server's state.
 pub struct ApiServer {
     registries: Vec<Arc<Registry>>,
+    openapi: openapi::Documents,
     aggregator: aggregator::Aggregator,
     token: String,
     server_address: String,
@@ -54,6 +55,7 @@ impl ApiServer {
                 &registries,
                 limits.request_timeout + std::time::Duration::from_secs(1),
             ),
+            openapi: openapi::Documents::of(&registries),
             registries,
             token,
             server_address,
@@ -198,7 +200,7 @@ impl ApiServer {
             if request.method() != Method::GET {
                 return error_response(&ApiError::method_not_allowed(), Encoding::json());
             }
-            if let Some(response) = openapi::serve(&path, &query, &accept) {
+            if let Some(response) = openapi::serve(&self.openapi, &path, &query, &accept) {
                 return response;
             }
         }
@@ -227,7 +229,7 @@ impl ApiServer {
                             version,
                         )
                     }
-                    None => discovery(discovery::api_groups(self.aggregator.legacy_groups().await)),
+                    None => discovery(discovery::api_groups(&self.registries, self.aggregator.legacy_groups().await)),
                 };
             }
             _ => {}

@@ -8,9 +8,8 @@ use http::{HeaderValue, Response, StatusCode, header};
 use crate::discovery::sha512_hex;
 use crate::request::{Body, Query, full};
 
-use capstan_machinery::schema::{
-    APIREGISTRATION_V1_OPENAPI as APIREGISTRATION_V1, CORE_V1_OPENAPI as CORE_V1, SWAGGER,
-};
+use capstan_machinery::schema::SWAGGER;
+use capstan_registry::Registry;
 
 struct Document {
     path: &'static str,
@@ -18,20 +17,33 @@ struct Document {
     hash: String,
 }
 
-static V3: LazyLock<Vec<Document>> = LazyLock::new(|| {
-    vec![
-        Document {
-            path: "api/v1",
-            bytes: Bytes::from_static(CORE_V1),
-            hash: sha512_hex(CORE_V1),
-        },
-        Document {
-            path: "apis/apiregistration.k8s.io/v1",
-            bytes: Bytes::from_static(APIREGISTRATION_V1),
-            hash: sha512_hex(APIREGISTRATION_V1),
-        },
-    ]
-});
+/// The `/openapi/v3` documents of the served kinds: each kind names its group version's
+/// document, so a new kind's appears with it.
+pub struct Documents(Vec<Document>);
+
+impl Documents {
+    /// The documents the registered kinds name, each once.
+    pub fn of(registries: &[std::sync::Arc<Registry>]) -> Self {
+        let mut documents: Vec<Document> = Vec::new();
+        for registry in registries {
+            let (path, bytes) = registry.strategy().info().openapi;
+            if !documents.iter().any(|d| d.path == path) {
+                documents.push(Document {
+                    path,
+                    bytes: Bytes::from_static(bytes),
+                    hash: sha512_hex(bytes),
+                });
+            }
+        }
+        documents.sort_by_key(|d| d.path);
+        Documents(documents)
+    }
+
+    /// Whether a document is served at `/openapi/v3/<path>`.
+    pub fn serves(&self, path: &str) -> bool {
+        self.0.iter().any(|d| d.path == path)
+    }
+}
 
 static V2_HASH: LazyLock<String> = LazyLock::new(|| sha512_hex(SWAGGER));
 
@@ -67,7 +79,12 @@ fn not_acceptable() -> Response<Body> {
 }
 
 /// Serves a path under `/openapi/`; `None` when it is not an OpenAPI path.
-pub fn serve(path: &str, query: &Query, accept: &str) -> Option<Response<Body>> {
+pub fn serve(
+    documents: &Documents,
+    path: &str,
+    query: &Query,
+    accept: &str,
+) -> Option<Response<Body>> {
     match path {
         "/openapi/v2" => Some(if acceptable(accept) {
             json(StatusCode::OK, Bytes::from_static(SWAGGER), &V2_HASH)
@@ -76,7 +93,7 @@ pub fn serve(path: &str, query: &Query, accept: &str) -> Option<Response<Body>> 
         }),
         "/openapi/v3" | "/openapi/v3/" => {
             let mut paths = serde_json::Map::new();
-            for doc in V3.iter() {
+            for doc in &documents.0 {
                 paths.insert(
                     doc.path.to_string(),
                     serde_json::json!({"serverRelativeURL": format!("/openapi/v3/{}?hash={}", doc.path, doc.hash)}),
@@ -88,7 +105,7 @@ pub fn serve(path: &str, query: &Query, accept: &str) -> Option<Response<Body>> 
         }
         _ => {
             let rest = path.strip_prefix("/openapi/v3/")?;
-            let Some(doc) = V3.iter().find(|d| d.path == rest) else {
+            let Some(doc) = documents.0.iter().find(|d| d.path == rest) else {
                 let mut response = Response::new(full(Bytes::from_static(b"404 page not found\n")));
                 *response.status_mut() = StatusCode::NOT_FOUND;
                 return Some(response);

@@ -345,7 +345,7 @@ async fn bootstrap(
         let object = serde_json::json!({"metadata": {"name": name}});
         match namespaces.create("", object, &options).await {
             Ok(_) => {}
-            Err(e) if e.code == 409 => {}
+            Err(e) if e.is_conflict() => {}
             Err(e) => anyhow::bail!("creating namespace {name}: {}", e.message),
         }
     }
@@ -417,14 +417,14 @@ async fn register_local_apiservices(
                     .map_err(|e| anyhow::anyhow!("resetting APIService v1.: {}", e.message))?;
             }
         }
-        Err(e) if e.code == 404 => {
+        Err(e) if e.is_not_found() => {
             let object = serde_json::json!({
                 "metadata": {"name": "v1.", "labels": {AUTOMANAGED: "onstart"}},
                 "spec": spec,
             });
             match apiservices.create("", object, options).await {
                 Ok(_) => {}
-                Err(e) if e.code == 409 => {}
+                Err(e) if e.is_conflict() => {}
                 Err(e) => anyhow::bail!("registering APIService v1.: {}", e.message),
             }
         }

@@ -388,6 +388,43 @@ impl ApiError {
         })
     }
 
+    /// Whether this is a 404 (the object, or its namespace, does not exist).
+    pub fn is_not_found(&self) -> bool {
+        self.code == 404
+    }
+
+    /// Whether this is a 409 (the object exists, or changed since it was read).
+    pub fn is_conflict(&self) -> bool {
+        self.code == 409
+    }
+
+    /// Whether this is a 403 (e.g. a write into a terminating namespace).
+    pub fn is_forbidden(&self) -> bool {
+        self.code == 403
+    }
+
+    /// 400 `the name of the object (<sent>) does not match the name on the URL (<url>)`.
+    pub fn name_mismatch(sent: &str, url: &str) -> Self {
+        Self::bad_request(format!(
+            "the name of the object ({sent}) does not match the name on the URL ({url})"
+        ))
+    }
+
+    /// 400 for a body naming another namespace than the URL.
+    pub fn namespace_mismatch() -> Self {
+        Self::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )
+    }
+
+    /// 400 `the API version in the data (<sent>) does not match the expected API version
+    /// (<expected>)`.
+    pub fn version_mismatch(sent: &str, expected: &str) -> Self {
+        Self::bad_request(format!(
+            "the API version in the data ({sent}) does not match the expected API version ({expected})"
+        ))
+    }
+
     /// `retryAfterSeconds`, for the `Retry-After` header.
     pub fn retry_after(&self) -> Option<i32> {
         self.details

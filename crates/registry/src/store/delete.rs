@@ -177,7 +177,7 @@ impl Registry {
             let name = object.selectable.name().to_string();
             match self.delete(&ns, &name, options).await {
                 Ok(_) => {}
-                Err(err) if err.code == 404 => {}
+                Err(err) if err.is_not_found() => {}
                 Err(err) => return Err(err),
             }
         }

@@ -1,0 +1,130 @@
+//! Request bodies: decoding by content type, strict field validation, and the object's identity checks.
+
+use super::*;
+
+pub(super) async fn decode_body(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+) -> Result<(Value, Vec<String>, usize), ApiError> {
+    let info = request.registry.strategy().info();
+    let format = media::body_format(
+        call.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    )?;
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    let parsed: Result<Value, String> = match format {
+        BodyFormat::Json => {
+            serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}"))
+        }
+        BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
+        BodyFormat::Protobuf => {
+            capstan_machinery::protobuf::decode(&bytes).map(|(_, _, object)| object)
+        }
+    };
+    let unrecognized = |detail: String| {
+        let shown: String = if bytes.is_empty() {
+            "<empty>".to_string()
+        } else {
+            String::from_utf8_lossy(&bytes[..bytes.len().min(30)]).into_owned()
+        };
+        ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {}): couldn't get version/kind; {detail} ({shown})",
+            info.kind
+        ))
+    };
+    let mut object = parsed.map_err(unrecognized)?;
+    let Some(map) = object.as_object_mut() else {
+        return Err(unrecognized(
+            "json parse error: the body is not a JSON object".into(),
+        ));
+    };
+    let api_version = info.api_version();
+    let body_version = map
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let body_kind = map
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if !body_version.is_empty() && body_version != api_version {
+        return Err(ApiError::version_mismatch(&body_version, &api_version));
+    }
+    if !body_kind.is_empty() && body_kind != info.kind {
+        return Err(ApiError::bad_request(format!(
+            "{body_kind} in version {} cannot be handled as a {}: the object provided is of kind {body_kind}",
+            capstan_machinery::status::quote(if body_version.is_empty() {
+                &api_version
+            } else {
+                &body_version
+            }),
+            info.kind
+        )));
+    }
+    let problems = request.registry.strategy().unknown_fields(&object);
+    let mut warnings = Vec::new();
+    match field_validation(&call.query) {
+        FieldValidation::Strict if !problems.is_empty() => {
+            return Err(ApiError::bad_request(format!(
+                "{} in version {} cannot be handled as a {}: strict decoding error: {}",
+                info.kind,
+                capstan_machinery::status::quote(info.version),
+                info.kind,
+                problems.join(", ")
+            )));
+        }
+        FieldValidation::Warn => warnings = problems,
+        _ => {}
+    }
+    meta::strip_type_meta(&mut object);
+    let decoded = request.registry.strategy().decode(object).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version {} cannot be handled as a {}: {e}",
+            info.kind,
+            capstan_machinery::status::quote(info.version),
+            info.kind
+        ))
+    })?;
+    Ok((decoded, warnings, bytes.len()))
+}
+
+/// Upstream's `checkName`: a body's name must be the URL's, and the namespace it names, if
+/// any, the URL's. Update, patch and apply check their object with it.
+pub(super) fn check_name(
+    info: &ResourceInfo,
+    name: &str,
+    namespace: &str,
+    object: &Value,
+) -> Result<(), ApiError> {
+    let sent = meta::name(object);
+    if sent != name {
+        return Err(ApiError::name_mismatch(sent, name));
+    }
+    let sent = meta::namespace(object);
+    if info.namespaced && !sent.is_empty() && sent != namespace {
+        return Err(ApiError::namespace_mismatch());
+    }
+    Ok(())
+}
+
+/// Puts the URL's namespace on a body (a namespaced kind's; a cluster-scoped object has
+/// none), refusing a body that names another.
+pub(super) fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
+    if !request.registry.strategy().info().namespaced {
+        meta::metadata_mut(object).shift_remove("namespace");
+        return Ok(());
+    }
+    let sent = meta::namespace(object);
+    if !sent.is_empty() && sent != request.namespace {
+        return Err(ApiError::namespace_mismatch());
+    }
+    meta::set_meta_str(object, "namespace", &request.namespace);
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! DELETE of one object and of a collection.
+
+use super::*;
+
+pub(super) async fn delete(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = delete_options(call, body).await?;
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let result = call
+        .finish(0, async move {
+            registry.delete(&namespace, &owned_name, &options).await
+        })
+        .await?;
+    let strategy = request.registry.strategy();
+    let info = strategy.info();
+    if info.delete_returns_object || !result.removed {
+        return Ok(object_response(
+            StatusCode::OK,
+            strategy.as_ref(),
+            &result.object,
+            encoding,
+            &call.query,
+        ));
+    }
+    let details = Details {
+        name: name.to_string(),
+        group: info.group.to_string(),
+        kind: info.plural.to_string(),
+        uid: meta::meta_str(&result.object, "uid").to_string(),
+        ..Details::default()
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &success_status(&details),
+        encoding.pretty,
+    ))
+}
+
+pub(super) async fn delete_collection(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = delete_options(call, body).await?;
+    let list = list_options(request, &call.query)?;
+    // Not bound by the write timeout (as upstream), only by the request's own deadline.
+    let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
+    let deadline = call
+        .admission
+        .deadline
+        .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT);
+    let result = crate::limits::finish(deadline, false, call.admission.slot.clone(), async move {
+        registry
+            .delete_collection(&namespace, &list, &options)
+            .await
+    })
+    .await?;
+    Ok(list_response(request, call, encoding, result))
+}

@@ -1,0 +1,164 @@
+//! Resource requests: the verb handlers, generic over every registered kind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use capstan_machinery::continue_token::ContinueToken;
+use capstan_machinery::fields::FieldSelector;
+use capstan_machinery::labels::LabelSelector;
+use capstan_machinery::media::{self, BodyFormat, Output};
+use capstan_machinery::patch::{self, PatchType};
+use capstan_machinery::status::{Details, success_status};
+use capstan_machinery::{ApiError, Reason, meta, yaml};
+use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
+use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, ResourceInfo, WriteOptions};
+use http::{HeaderMap, Method, Response, StatusCode, header};
+use serde_json::{Map, Value, json};
+
+mod body;
+mod delete;
+mod options;
+mod read;
+mod watch;
+mod write;
+
+use body::*;
+use delete::*;
+use options::*;
+use read::*;
+use watch::*;
+use write::*;
+
+use crate::request::{
+    Body, Encoding, IncludeObject, Query, error_response, full, json_response, object_response,
+    read_body, response, to_table,
+};
+
+/// A request for a resource, as the router understood it.
+pub struct ResourceRequest {
+    /// The kind's registry.
+    pub registry: Arc<Registry>,
+    /// Namespace from the path (empty: none / all namespaces).
+    pub namespace: String,
+    /// Object name from the path.
+    pub name: Option<String>,
+    /// `status` for the status subresource.
+    pub subresource: Option<String>,
+    /// A legacy `/watch/` path.
+    pub watch_path: bool,
+}
+
+/// Everything a handler reads from the HTTP request.
+pub struct Call {
+    /// Method.
+    pub method: Method,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Query parameters.
+    pub query: Query,
+    /// Body (not yet read).
+    pub body: Option<hyper::body::Incoming>,
+    /// Ends watches when the server shuts down.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The request's deadline and in-flight slot (none for watches).
+    pub admission: crate::limits::Admission,
+    /// `--min-request-timeout`: the default watch lasts between this and twice this.
+    pub min_request_timeout: Duration,
+}
+
+impl Call {
+    /// Runs a write's storage work to completion as its own task, answering upstream's 504
+    /// when the write deadline (34 s, or less of the request's) passes first. A write with a
+    /// large body (`body_len`) runs off the runtime workers.
+    async fn finish<T: Send + 'static>(
+        &self,
+        body_len: usize,
+        work: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let deadline = crate::limits::write_deadline(
+            self.admission
+                .deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + crate::limits::WRITE_TIMEOUT),
+        );
+        let heavy = body_len > crate::limits::HEAVY_BODY_BYTES;
+        crate::limits::finish(deadline, heavy, self.admission.slot.clone(), work).await
+    }
+}
+
+/// Routes a resource request to its verb.
+pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
+    let warnings = request.registry.strategy().request_warnings();
+    let response = dispatch(request, call).await;
+    with_warnings(response, &warnings)
+}
+
+async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
+    let is_watch = request.watch_path
+        || (request.name.is_none()
+            && call.method == Method::GET
+            && call.query.flag("watch") == Some(true));
+    let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
+        Ok(encoding) => encoding,
+        Err(error) => return error_response(&error, Encoding::json()),
+    };
+    let info = request.registry.strategy().info();
+    let status_sub = request.subresource.as_deref() == Some("status");
+    // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
+    // only, as upstream routes it: no create, and no deletecollection across namespaces.
+    if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
+        return error_response(&ApiError::method_not_allowed(), encoding);
+    }
+    // The legacy `/watch/` paths are routed for GET only.
+    if request.watch_path && call.method != Method::GET {
+        return error_response(&ApiError::method_not_allowed(), encoding);
+    }
+    let result = match (&call.method, request.name.as_deref(), is_watch) {
+        (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
+        (&Method::GET, None, false) => list(&request, &call, encoding).await,
+        (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,
+        (&Method::POST, None, _) if !status_sub => {
+            let body = call.body.take();
+            create(&request, &call, body, encoding).await
+        }
+        (&Method::PUT, Some(name), _) => {
+            let body = call.body.take();
+            update(&request, name, &call, body, encoding, status_sub).await
+        }
+        (&Method::PATCH, Some(name), _) => {
+            let body = call.body.take();
+            patch_object(&request, name, &call, body, encoding, status_sub).await
+        }
+        (&Method::DELETE, Some(name), _) if !status_sub => {
+            let body = call.body.take();
+            delete(&request, name, &call, body, encoding).await
+        }
+        (&Method::DELETE, None, _) if info.verbs.contains(&"deletecollection") => {
+            let body = call.body.take();
+            delete_collection(&request, &call, body, encoding).await
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    };
+    match result {
+        Ok(response) => response,
+        Err(error) => error_response(&error, encoding),
+    }
+}
+
+
+fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+    let mut seen = std::collections::HashSet::new();
+    for warning in warnings {
+        if !seen.insert(warning) {
+            continue;
+        }
+        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(value) = http::HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+/// Decodes a create/update body and checks its kind and apiVersion; returns the object, the
+/// unknown-field warnings and the body's length.

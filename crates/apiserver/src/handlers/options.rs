@@ -1,0 +1,261 @@
+//! Query parameters and option bodies: list, write and delete options, dry run, field validation.
+
+use super::*;
+
+pub(super) fn parse_revision(text: &str) -> Result<i64, ApiError> {
+    text.parse::<u64>()
+        .ok()
+        .and_then(|r| i64::try_from(r).ok())
+        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {text}")))
+}
+
+pub(super) fn list_options_invalid(detail: impl std::fmt::Display) -> ApiError {
+    options_invalid("ListOptions", &detail.to_string())
+}
+
+pub(super) fn selectors(
+    request: &ResourceRequest,
+    query: &Query,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    request.registry.check_field_selector(&fields)?;
+    if let (Some(path_name), Some(pinned)) = (request.name.as_deref(), fields.pinned_name())
+        && path_name != pinned
+    {
+        return Err(ApiError::bad_request(
+            "fieldSelector metadata.name doesn't match requested name",
+        ));
+    }
+    Ok((labels, fields))
+}
+
+pub(super) fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions, ApiError> {
+    let (labels, fields) = selectors(request, query)?;
+    let limit = query.int("limit")?.unwrap_or(0).max(0) as usize;
+    let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
+    let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
+    let continue_token = match query.get("continue").filter(|v| !v.is_empty()) {
+        Some(text) => {
+            if rv_match.is_some() {
+                return Err(list_options_invalid(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+            if rv.is_some_and(|v| v != "0") {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            Some(ContinueToken::decode(text).map_err(ApiError::bad_request)?)
+        }
+        None => None,
+    };
+    if query.get("sendInitialEvents").is_some() {
+        return Err(list_options_invalid(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list",
+        ));
+    }
+    let read_at = match (rv, rv_match) {
+        (None, None) => ReadAt::Latest,
+        (None, Some("NotOlderThan" | "Exact")) => {
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        (Some("0"), Some("Exact")) => {
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
+        (_, Some(other)) if other != "NotOlderThan" && other != "Exact" => {
+            return Err(list_options_invalid(format!(
+                "resourceVersionMatch: Unsupported value: {}: supported values: \"Exact\", \"NotOlderThan\", \"\"",
+                capstan_machinery::status::quote(other)
+            )));
+        }
+        (Some("0"), _) => ReadAt::Any,
+        (Some(v), Some("Exact")) => ReadAt::Exact(parse_revision(v)?),
+        (Some(v), _) => ReadAt::NotOlderThan(parse_revision(v)?),
+        (None, Some(_)) => ReadAt::Latest,
+    };
+    Ok(ListOptions {
+        labels,
+        fields,
+        limit,
+        continue_token,
+        read_at,
+    })
+}
+
+
+pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
+    let dry_run = dry_run(&call.query, "CreateOptions")?;
+    if let Some(validation) = call.query.get("fieldValidation")
+        && !["", "Ignore", "Strict", "Warn"].contains(&validation)
+    {
+        return Err(options_invalid(
+            "CreateOptions",
+            &format!(
+                "fieldValidation: Unsupported value: {}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
+                capstan_machinery::status::quote(validation)
+            ),
+        ));
+    }
+    let field_manager = match call.query.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(manager) => {
+            if manager.len() > 128 {
+                return Err(options_invalid(
+                    "CreateOptions",
+                    "fieldManager: Too long: may not be more than 128 bytes",
+                ));
+            }
+            manager.to_string()
+        }
+        None => {
+            let agent = call
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let manager: String = agent
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
+            manager.chars().take(128).collect()
+        }
+    };
+    Ok(WriteOptions {
+        dry_run,
+        field_manager,
+        applied: false,
+    })
+}
+
+pub(super) fn options_invalid(kind: &str, detail: &str) -> ApiError {
+    let mut error = ApiError::new(
+        422,
+        Reason::Invalid,
+        format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"),
+    );
+    error.details = Some(Box::new(Details {
+        group: "meta.k8s.io".into(),
+        kind: kind.into(),
+        ..Details::default()
+    }));
+    error
+}
+
+/// `dryRun` from the query.
+pub(super) fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
+    check_dry_run(&query.all("dryRun"), kind)
+}
+
+/// Upstream's `ValidateDryRun`: every value is `All`; the whole list is shown when one is not.
+pub(super) fn check_dry_run(values: &[impl AsRef<str>], kind: &str) -> Result<bool, ApiError> {
+    if values.iter().any(|v| v.as_ref() != "All") {
+        let shown: Vec<String> = values
+            .iter()
+            .map(|v| capstan_machinery::status::quote(v.as_ref()))
+            .collect();
+        return Err(options_invalid(
+            kind,
+            &format!(
+                "dryRun: Unsupported value: [{}]: supported values: \"All\"",
+                shown.join(",")
+            ),
+        ));
+    }
+    Ok(!values.is_empty())
+}
+
+/// `fieldValidation`: what to do about unknown fields.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+pub(super) fn field_validation(query: &Query) -> FieldValidation {
+    match query.get("fieldValidation") {
+        Some("Ignore") => FieldValidation::Ignore,
+        Some("Strict") => FieldValidation::Strict,
+        _ => FieldValidation::Warn,
+    }
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
+
+pub(super) async fn delete_options(
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+) -> Result<DeleteOptions, ApiError> {
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    let mut options = DeleteOptions {
+        dry_run: dry_run(&call.query, "DeleteOptions")?,
+        ..DeleteOptions::default()
+    };
+    let mut propagation = call.query.get("propagationPolicy").map(str::to_string);
+    if let Some(grace) = call.query.get("gracePeriodSeconds") {
+        options.grace_period_seconds = Some(grace.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "gracePeriodSeconds: invalid value {}",
+                capstan_machinery::status::quote(grace)
+            ))
+        })?);
+    }
+    let mut orphan = call.query.flag("orphanDependents");
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        let body: Value = capstan_machinery::protobuf::decode(&bytes)
+            .map(|(_, _, object)| object)
+            .or_else(|_| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+            .or_else(|_| yaml::from_slice(&bytes).map_err(|e| e.to_string()))
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        let body: k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions =
+            serde_json::from_value(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        propagation = body.propagation_policy;
+        orphan = body.orphan_dependents;
+        if let Some(grace) = body.grace_period_seconds {
+            options.grace_period_seconds = Some(grace);
+        }
+        if let Some(pre) = body.preconditions {
+            options.uid = pre.uid;
+            options.resource_version = pre.resource_version;
+        }
+        if let Some(values) = body.dry_run {
+            options.dry_run |= check_dry_run(&values, "DeleteOptions")?;
+        }
+    }
+    if let Some(policy) = &propagation {
+        if !["Orphan", "Background", "Foreground"].contains(&policy.as_str()) {
+            return Err(options_invalid(
+                "DeleteOptions",
+                &format!(
+                    "propagationPolicy: Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"",
+                    capstan_machinery::status::quote(policy)
+                ),
+            ));
+        }
+        if orphan.is_some() {
+            return Err(options_invalid(
+                "DeleteOptions",
+                &format!(
+                    "propagationPolicy: Invalid value: {}: orphanDependents and deletionPropagation cannot be both set",
+                    capstan_machinery::status::quote(policy)
+                ),
+            ));
+        }
+    }
+    options.propagation = propagation;
+    Ok(options)
+}

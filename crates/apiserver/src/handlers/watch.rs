@@ -1,0 +1,250 @@
+//! Watches: the start (from the cache, a revision or a list), and the event stream with bookmarks and deadlines.
+
+use super::*;
+
+pub(super) async fn watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Response<Body> {
+    match start_watch(request, call, encoding).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error, encoding),
+    }
+}
+
+pub(super) async fn start_watch(
+    request: &ResourceRequest,
+    call: &Call,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let query = &call.query;
+    let (labels, mut fields) = selectors(request, query)?;
+    if let Some(name) = &request.name {
+        fields = FieldSelector::parse(&format!("metadata.name={name}"))
+            .map_err(ApiError::bad_request)?;
+    }
+    let bookmarks = query.flag("allowWatchBookmarks") == Some(true);
+    let send_initial = query.flag("sendInitialEvents");
+    let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
+    match (send_initial, rv_match) {
+        (Some(_), None) => {
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        (Some(_), Some(other)) if other != "NotOlderThan" => {
+            return Err(list_options_invalid(format!(
+                "resourceVersionMatch: Unsupported value: {}: supported values: \"NotOlderThan\"",
+                capstan_machinery::status::quote(other)
+            )));
+        }
+        _ => {}
+    }
+    if send_initial == Some(true)
+        && bookmarks
+        && matches!(encoding.negotiated.output, Output::Table(_))
+    {
+        return Err(ApiError::not_acceptable(media::SERVED_STREAM_TYPES));
+    }
+    let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
+    let registry = &request.registry;
+    let start = match (rv, send_initial) {
+        (None | Some("0"), None | Some(true)) => WatchStart::Initial {
+            end_bookmark: bookmarks,
+        },
+        (Some(v), Some(true)) => {
+            let revision = parse_revision(v)?;
+            if !registry
+                .cache()
+                .wait_for(revision, Duration::from_secs(3))
+                .await
+            {
+                return Err(ApiError::too_large_resource_version(
+                    revision,
+                    registry.cache().revision(),
+                ));
+            }
+            WatchStart::Initial {
+                end_bookmark: bookmarks,
+            }
+        }
+        (None | Some("0"), Some(false)) => WatchStart::After(registry.cache().revision()),
+        (Some(v), _) => WatchStart::After(parse_revision(v)?),
+    };
+    let timeout = match query.int("timeoutSeconds")? {
+        Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
+        _ => {
+            let minimum = call.min_request_timeout.as_secs().max(1);
+            Duration::from_secs(minimum + fastrand::u64(..minimum))
+        }
+    };
+    let watcher = registry.watch(
+        &request.namespace,
+        WatchOptions {
+            labels,
+            fields,
+            start,
+        },
+    );
+    let strategy = registry.strategy().clone();
+    let include = IncludeObject::parse(query)?;
+    let mut bookmark_timer = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    bookmark_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = WatchStream {
+        watcher,
+        strategy,
+        output: encoding.negotiated.output,
+        include,
+        bookmarks,
+        ended: ended(timeout, call.shutdown.clone()),
+        bookmark_timer,
+        first_table: true,
+        last_bookmark: 0,
+        finished: false,
+    };
+    // The response body polls the watch itself: no task or channel between the watch cache
+    // and the connection.
+    let stream = futures_util::stream::unfold(state, |mut state| async move {
+        let line = state.next_line().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(line)),
+            state,
+        ))
+    });
+    let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
+    Ok(response(StatusCode::OK, "application/json", body))
+}
+
+/// A JSON list sent in pieces of about 64 KiB spliced from the cached items' JSON: the first
+/// bytes leave while later items are still being copied, and no buffer the size of the whole
+/// list (megabytes for thousands of Services) is allocated and faulted in. The length is known
+/// up front, so the response carries a Content-Length.
+
+pub(super) fn ended(
+    timeout: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> {
+    Box::pin(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(timeout) => {}
+            _ = shutdown.wait_for(|down| *down) => {}
+        }
+    })
+}
+
+/// One watch response: turns watch items into JSON lines.
+pub(super) struct WatchStream {
+    watcher: capstan_registry::watch::Watcher,
+    strategy: std::sync::Arc<dyn capstan_registry::Strategy>,
+    output: Output,
+    include: IncludeObject,
+    bookmarks: bool,
+    /// Ready when the watch times out or the server shuts down. One future for the life of the
+    /// watch: polled after every event, it registers with the timer and the shutdown signal once.
+    ended: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>,
+    bookmark_timer: tokio::time::Interval,
+    first_table: bool,
+    last_bookmark: i64,
+    finished: bool,
+}
+
+impl WatchStream {
+    async fn next_line(&mut self) -> Option<Bytes> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            // `biased`: events first, and no random branch order to pay for on every poll.
+            let item = tokio::select! {
+                biased;
+                item = self.watcher.next() => match item {
+                    Some(item) => item,
+                    None => return None,
+                },
+                _ = self.bookmark_timer.tick(), if self.bookmarks => {
+                    let revision = self.watcher.progress();
+                    if revision <= self.last_bookmark {
+                        continue;
+                    }
+                    WatchItem::Bookmark(revision, false)
+                }
+                _ = &mut self.ended => return None,
+            };
+            let info = self.strategy.info();
+            match item {
+                WatchItem::Event(kind, object) => {
+                    return Some(match self.output {
+                        Output::Table(version) => {
+                            let mut list_meta = Map::new();
+                            list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
+                            let table = to_table(
+                                self.strategy.as_ref(),
+                                version,
+                                &[&object.object()],
+                                list_meta,
+                                self.include,
+                                self.first_table,
+                            );
+                            self.first_table = false;
+                            event_line(kind.as_str(), &serde_json::to_vec(&table).unwrap_or_default())
+                        }
+                        Output::Metadata => event_line(
+                            kind.as_str(),
+                            &serde_json::to_vec(&json!({
+                                "kind": "PartialObjectMetadata",
+                                "apiVersion": "meta.k8s.io/v1",
+                                "metadata": object.object().get("metadata").cloned().unwrap_or(json!({})),
+                            }))
+                            .unwrap_or_default(),
+                        ),
+                        // Every watcher of this change shares one encoded line.
+                        _ => object.watch_line(kind, || {
+                            event_line(kind.as_str(), &object.typed_json(info.kind, &info.api_version()))
+                        }),
+                    });
+                }
+                WatchItem::Bookmark(revision, initial_end) => {
+                    if !self.bookmarks {
+                        continue;
+                    }
+                    self.last_bookmark = revision;
+                    let mut metadata = Map::new();
+                    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
+                    if initial_end {
+                        metadata.insert(
+                            "annotations".into(),
+                            json!({"k8s.io/initial-events-end": "true"}),
+                        );
+                    }
+                    let object = json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": metadata});
+                    return Some(event_line(
+                        "BOOKMARK",
+                        &serde_json::to_vec(&object).unwrap_or_default(),
+                    ));
+                }
+                WatchItem::Error(error) => {
+                    self.finished = true;
+                    return Some(event_line(
+                        "ERROR",
+                        &serde_json::to_vec(&error.to_status()).unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}

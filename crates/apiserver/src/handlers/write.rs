@@ -1,0 +1,350 @@
+//! The write verbs: create, update (PUT), patch (JSON, merge, strategic merge) and server-side apply.
+
+use super::*;
+
+pub(super) async fn create(
+    request: &ResourceRequest,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+) -> Result<Response<Body>, ApiError> {
+    let options = write_options(call)?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
+    settle_namespace(request, &mut object)?;
+    let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
+    let created = call
+        .finish(body_len, async move {
+            registry.create(&namespace, object, &options).await
+        })
+        .await?;
+    warnings.extend(request.registry.strategy().warnings(&created));
+    Ok(with_warnings(
+        object_response(
+            StatusCode::CREATED,
+            request.registry.strategy().as_ref(),
+            &created,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
+    ))
+}
+
+pub(super) async fn update(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    let options = write_options(call)?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
+    check_name(
+        request.registry.strategy().info(),
+        name,
+        &request.namespace,
+        &object,
+    )?;
+    settle_namespace(request, &mut object)?;
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let (stored, created) = call
+        .finish(body_len, async move {
+            registry
+                .update(&namespace, &owned_name, object, &options, status)
+                .await
+        })
+        .await?;
+    if !status {
+        warnings.extend(request.registry.strategy().warnings(&stored));
+    }
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(with_warnings(
+        object_response(
+            code,
+            request.registry.strategy().as_ref(),
+            &stored,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
+    ))
+}
+
+pub(super) async fn patch_object(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    let patch_type = PatchType::from_content_type(
+        call.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    )?;
+    let mut options = write_options(call)?;
+    if call.query.get("force").is_some() && patch_type != PatchType::Apply {
+        return Err(options_invalid(
+            "PatchOptions",
+            "force: Forbidden: may not be specified for non-apply patch",
+        ));
+    }
+    let bytes = match body {
+        Some(body) => read_body(body).await?,
+        None => Bytes::new(),
+    };
+    if patch_type == PatchType::Apply {
+        return apply_object(request, name, call, &bytes, options, encoding, status).await;
+    }
+    let strategic: Option<Value> = if patch_type == PatchType::StrategicMerge {
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request("invalid JSON document"));
+        }
+        Some(value)
+    } else {
+        None
+    };
+    if options.field_manager.is_empty() {
+        options.field_manager = "unknown".into();
+    }
+    let validation = field_validation(&call.query);
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let body_len = bytes.len();
+    let (patched, mut warnings) = call
+        .finish(body_len, async move {
+            let warnings = std::sync::Mutex::new(Vec::<String>::new());
+            let input = PatchInput {
+                patch_type,
+                bytes: &bytes,
+                strategic: strategic.as_ref(),
+                strategy: registry.strategy().as_ref(),
+                name: &owned_name,
+                namespace: &namespace,
+                validation,
+            };
+            let patched = registry
+                .patch(&namespace, &owned_name, &options, status, |current| {
+                    let (result, problems) = patched_object(&input, current)?;
+                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                    Ok(result)
+                })
+                .await?;
+            Ok((
+                patched,
+                warnings.into_inner().unwrap_or_else(|e| e.into_inner()),
+            ))
+        })
+        .await?;
+    if !status {
+        warnings.extend(request.registry.strategy().warnings(&patched));
+    }
+    Ok(with_warnings(
+        object_response(
+            StatusCode::OK,
+            request.registry.strategy().as_ref(),
+            &patched,
+            encoding,
+            &call.query,
+        ),
+        &warnings,
+    ))
+}
+
+/// What a (non-apply) patch needs to turn the stored object into the patched one.
+pub(super) struct PatchInput<'a> {
+    patch_type: PatchType,
+    bytes: &'a [u8],
+    strategic: Option<&'a Value>,
+    strategy: &'a dyn capstan_registry::DynStrategy,
+    name: &'a str,
+    namespace: &'a str,
+    validation: FieldValidation,
+}
+
+/// Applies a JSON, merge or strategic merge patch to the stored object (with kind and
+/// apiVersion) and checks the result as upstream does; returns it with the unknown-field
+/// warnings to send.
+pub(super) fn patched_object(
+    input: &PatchInput<'_>,
+    current: &Value,
+) -> Result<(Value, Vec<String>), ApiError> {
+    let PatchInput {
+        patch_type,
+        bytes,
+        strategic,
+        strategy,
+        name,
+        namespace,
+        validation,
+    } = *input;
+    let info = strategy.info();
+    let mut warnings = Vec::new();
+    let mut result = match patch_type {
+        PatchType::Json => patch::json_patch(current, bytes)?,
+        PatchType::StrategicMerge => {
+            let patch_value = strategic.unwrap_or(&Value::Null);
+            capstan_machinery::smp::apply(current, patch_value, strategy.schema()).map_err(|e| {
+                if e.bad_request {
+                    ApiError::bad_request(e.message)
+                } else {
+                    ApiError::new(422, Reason::Invalid, e.message)
+                }
+            })?
+        }
+        _ => patch::merge_patch(current, bytes)?,
+    };
+    let problems = strategy.unknown_fields(&result);
+    match validation {
+        FieldValidation::Strict if !problems.is_empty() => {
+            let rendered = serde_json::to_string(&result).unwrap_or_default();
+            let errors = capstan_machinery::field::FieldErrors(vec![
+                capstan_machinery::field::FieldError::invalid(
+                    "patch",
+                    &Value::String(rendered),
+                    format!("strict decoding error: {}", problems.join(", ")),
+                ),
+            ]);
+            return Err(ApiError::invalid("", "", "", &errors));
+        }
+        FieldValidation::Warn => {
+            warnings = problems;
+        }
+        _ => {}
+    }
+    if let Some(map) = result.as_object_mut() {
+        let kind = map.get("kind").and_then(Value::as_str).unwrap_or(info.kind);
+        let version = map
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(info.version);
+        if kind != info.kind || version != info.api_version() {
+            return Err(ApiError::version_mismatch(version, &info.api_version()));
+        }
+    }
+    meta::strip_type_meta(&mut result);
+    check_name(info, name, namespace, &result)?;
+    let decoded = strategy.decode(result).map_err(|e| {
+        ApiError::new(
+            422,
+            Reason::Invalid,
+            format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"),
+        )
+    })?;
+    Ok((decoded, warnings))
+}
+
+/// PATCH with `application/apply-patch+yaml`: server-side apply (`spec/api-machinery.md` §10.5).
+pub(super) async fn apply_object(
+    request: &ResourceRequest,
+    name: &str,
+    call: &Call,
+    bytes: &Bytes,
+    options: WriteOptions,
+    encoding: Encoding,
+    status: bool,
+) -> Result<Response<Body>, ApiError> {
+    if call.query.get("fieldManager").is_none_or(|m| m.is_empty()) {
+        return Err(options_invalid(
+            "PatchOptions",
+            "fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    let strategy = request.registry.strategy().clone();
+    let info = strategy.info();
+    let mut config = yaml::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    let Some(map) = config.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "error decoding YAML: the applied configuration is not an object",
+        ));
+    };
+    let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = map.get("kind").and_then(Value::as_str).unwrap_or("");
+    if version != info.api_version() || kind != info.kind {
+        return Err(ApiError::bad_request(format!(
+            "Incorrect version specified in apply patch. Specified patch version: {version}, expected: {}",
+            info.api_version()
+        )));
+    }
+    if meta::metadata(&config).is_some_and(|m| m.get("managedFields").is_some_and(|f| !f.is_null()))
+    {
+        return Err(ApiError::bad_request("metadata.managedFields must be nil"));
+    }
+    let unknown = strategy.unknown_fields(&config);
+    if let Some(first) = unknown.first() {
+        let field = first.split('"').nth(1).unwrap_or(first);
+        let group_version = if info.group.is_empty() {
+            format!("/{}", info.version)
+        } else {
+            format!("{}/{}", info.group, info.version)
+        };
+        return Err(ApiError::bad_request(format!(
+            "failed to create typed patch object ({}/{name}; {group_version}, Kind={}): .{field}: field not declared in schema",
+            request.namespace, info.kind
+        )));
+    }
+    // An applied configuration may leave its name out: it is the URL's.
+    if meta::name(&config).is_empty() {
+        meta::set_meta_str(&mut config, "name", name);
+    }
+    check_name(info, name, &request.namespace, &config)?;
+    meta::strip_type_meta(&mut config);
+    if info.namespaced {
+        meta::set_meta_str(&mut config, "namespace", &request.namespace);
+    }
+    // The typed decode only checks types: it would add defaults for required fields the
+    // applier never sent, which would then count as applied.
+    strategy.decode(config.clone()).map_err(|e| {
+        ApiError::new(
+            422,
+            Reason::Invalid,
+            format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"),
+        )
+    })?;
+    let force = call
+        .query
+        .get("force")
+        .is_some_and(|f| f == "true" || f == "1" || f.is_empty());
+    let (registry, namespace, owned_name) = (
+        request.registry.clone(),
+        request.namespace.clone(),
+        name.to_string(),
+    );
+    let (stored, created) = call
+        .finish(bytes.len(), async move {
+            registry
+                .apply(&namespace, &owned_name, config, &options, status, force)
+                .await
+        })
+        .await?;
+    let warnings = if status {
+        Vec::new()
+    } else {
+        strategy.warnings(&stored)
+    };
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(with_warnings(
+        object_response(code, strategy.as_ref(), &stored, encoding, &call.query),
+        &warnings,
+    ))
+}
