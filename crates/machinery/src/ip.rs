@@ -2,7 +2,9 @@
 //! strict parse, upstream's legacy ("sloppy") parse, the special-address check, and the ≥1.33
 //! canonical-form warnings.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
 
 /// The detail for a value that is not an IP address at all.
 pub const INVALID_IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
@@ -69,16 +71,15 @@ pub fn special_problem(addr: IpAddr, text: &str) -> Option<String> {
     None
 }
 
-/// Parses a CIDR as upstream's legacy parser does (IPv4 parts may have leading zeros).
-pub fn parse_cidr(text: &str) -> Option<(IpAddr, u32)> {
+/// Parses a CIDR as upstream's legacy parser does (IPv4 parts may have leading zeros; the
+/// prefix is plain digits), into an `ipnet` network that keeps the address as written.
+pub fn parse_cidr(text: &str) -> Option<IpNet> {
     let (address, prefix) = text.split_once('/')?;
     let address = parse_sloppy(address)?;
-    let max = if address.is_ipv4() { 32 } else { 128 };
     if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let bits = prefix.parse::<u32>().ok().filter(|p| *p <= max)?;
-    Some((address, bits))
+    IpNet::new(address, prefix.parse::<u8>().ok()?).ok()
 }
 
 /// The ≥1.33 warning for an IPv6 address not in RFC 5952 canonical form.
@@ -94,17 +95,8 @@ pub fn canonical_ip_warning(path: &str, text: &str) -> Option<String> {
 
 /// The ≥1.33 warnings for a CIDR that is valid but not canonical.
 pub fn cidr_warning(path: &str, text: &str) -> Option<String> {
-    let (address, bits) = parse_cidr(text)?;
-    let network = match address {
-        IpAddr::V4(a) => {
-            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-            IpAddr::from(Ipv4Addr::from(u32::from(a) & mask))
-        }
-        IpAddr::V6(a) => {
-            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-            IpAddr::from(Ipv6Addr::from(u128::from(a) & mask))
-        }
-    };
+    let cidr = parse_cidr(text)?;
+    let (address, bits, network) = (cidr.addr(), cidr.prefix_len(), cidr.network());
     let canonical = format!("{address}/{bits}");
     if network != address {
         let host_bits = if address.is_ipv4() { 32 } else { 128 };
@@ -148,7 +140,8 @@ mod tests {
             Some("spec.clusterIPs[1]: IPv6 address \"FD00:10:96::A\" should be in RFC 5952 canonical format (\"fd00:10:96::a\")".into())
         );
         assert_eq!(parse_cidr("1.2.3.4/33"), None);
-        assert_eq!(parse_cidr("0.0.0.0/0").map(|c| c.1), Some(0));
+        assert_eq!(parse_cidr("0.0.0.0/0").map(|c| c.prefix_len()), Some(0));
+        assert_eq!(parse_cidr("010.0.0.0/8").map(|c| c.to_string()), Some("10.0.0.0/8".into()));
     }
 
     #[test]

@@ -127,16 +127,31 @@ pub fn label_value(text: &str) -> Vec<String> {
 pub fn validate_labels(labels: &Map<String, Value>, path: &str) -> FieldErrors {
     let mut errors = FieldErrors::new();
     for (key, value) in labels {
+        match value.as_str() {
+            Some(text) => errors.extend(validate_label_pairs([(key.as_ref(), text)], path)),
+            None => {
+                for message in qualified_name(key) {
+                    errors.push(FieldError::invalid(path, &json!(key), message));
+                }
+                errors.push(FieldError::invalid(path, value, "must be a string"));
+            }
+        }
+    }
+    errors
+}
+
+/// Checks label keys and values (a typed `map[string]string`) at `path`.
+pub fn validate_label_pairs<'a>(
+    labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+    path: &str,
+) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    for (key, value) in labels {
         for message in qualified_name(key) {
             errors.push(FieldError::invalid(path, &json!(key), message));
         }
-        match value.as_str() {
-            Some(text) => {
-                for message in label_value(text) {
-                    errors.push(FieldError::invalid(path, value, message));
-                }
-            }
-            None => errors.push(FieldError::invalid(path, value, "must be a string")),
+        for message in label_value(value) {
+            errors.push(FieldError::invalid(path, &json!(value), message));
         }
     }
     errors

@@ -129,6 +129,18 @@ impl ResourceInfo {
         self
     }
 
+    /// Serving these verbs (sorted) instead of all of them.
+    pub const fn verbs(mut self, verbs: &'static [&'static str]) -> Self {
+        self.verbs = verbs;
+        self
+    }
+
+    /// PUT needs no `resourceVersion` (last write wins).
+    pub const fn unconditional_update(mut self) -> Self {
+        self.allow_unconditional_update = true;
+        self
+    }
+
     /// PUT creates a missing object, and needs no `resourceVersion`.
     pub const fn create_on_update(mut self) -> Self {
         self.allow_create_on_update = true;

@@ -85,6 +85,9 @@ pub trait Strategy: Send + Sync + 'static {
     /// What an update of the main resource may not change, kept (status is already kept).
     fn prepare_for_update(&self, _new: &mut Self::Object, _old: &Self::Object) {}
 
+    /// What a `/status` update may not change besides spec (which is already kept).
+    fn prepare_for_status_update(&self, _new: &mut Self::Object, _old: &Self::Object) {}
+
     /// Kind-specific validation of a new object.
     fn validate_create(&self, object: &Self::Object) -> FieldErrors;
 
@@ -211,21 +214,9 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn prepare_for_create(&self, object: &mut Value);
     /// Keeps status (where the kind has one), then [`Strategy::prepare_for_update`].
     fn prepare_for_update(&self, new: &mut Value, old: &Value);
-    /// Keeps what a `/status` update may not change (everything but status and metadata).
-    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
-        let keys: Vec<String> = old
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        for key in keys {
-            if key != "status" && key != "metadata" {
-                copy_field(new, old, &key);
-            }
-        }
-        if let Value::Object(map) = new {
-            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
-        }
-    }
+    /// Keeps what a `/status` update may not change (everything but status and metadata),
+    /// then [`Strategy::prepare_for_status_update`].
+    fn prepare_for_status_update(&self, new: &mut Value, old: &Value);
     /// See [`Strategy::validate_create`].
     fn validate_create(&self, object: &Value) -> FieldErrors;
     /// See [`Strategy::validate_update`].
@@ -259,6 +250,25 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn columns(&self) -> Vec<Column>;
     /// See [`Strategy::cells`].
     fn cells(&self, object: &Value) -> Vec<Value>;
+}
+
+/// The generic half of a `/status` update: everything but status and metadata is the stored
+/// object's.
+fn keep_all_but_status(new: &mut Value, old: &Value) {
+    {
+        let keys: Vec<String> = old
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        for key in keys {
+            if key != "status" && key != "metadata" {
+                copy_field(new, old, &key);
+            }
+        }
+        if let Value::Object(map) = new {
+            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
+        }
+    }
 }
 
 /// Decodes stored or request JSON into a kind's object.
@@ -384,6 +394,13 @@ impl<S: Strategy> DynStrategy for S {
         }
         if let Ok(old) = to_typed::<S::Object>(old) {
             mutate(new, |n| Strategy::prepare_for_update(self, n, &old));
+        }
+    }
+
+    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
+        keep_all_but_status(new, old);
+        if let Ok(old) = to_typed::<S::Object>(old) {
+            mutate(new, |n| Strategy::prepare_for_status_update(self, n, &old));
         }
     }
 

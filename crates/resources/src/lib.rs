@@ -1,8 +1,14 @@
-//! Capstan's resource kinds: one folder per kind, each a [`capstan_registry::Strategy`].
+//! Capstan's resource kinds: one folder per kind, each a [`capstan_registry::Strategy`] on its
+//! `k8s_openapi` type, and [`registered`], the list of what Capstan serves.
 //!
 //! Start with [`service::ServiceStrategy`] (defaults, validation, ClusterIP/NodePort
 //! allocation, table printer); [`namespace::NamespaceStrategy`] is the minimal Namespace kind
 //! that namespaced objects need.
+//!
+//! Adding a kind: a folder here with its strategy (identity from `ResourceInfo::of`, its
+//! OpenAPI definition and document, rules, printer), and its line in [`registered`].
+//! Discovery, OpenAPI, storage, the watch cache, Tables, selectors and the conformance clean-up
+//! all follow from the registration.
 
 pub mod apiservice;
 pub mod endpoints;
@@ -10,55 +16,38 @@ pub mod namespace;
 pub mod pod;
 pub mod service;
 
+use std::sync::Arc;
+
+use capstan_registry::DynStrategy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// Every kind Capstan serves, in the order discovery lists them per group. The Service kind
+/// is built by the caller, which also runs its allocator's repair.
+pub fn registered(services: Arc<service::ServiceStrategy>) -> Vec<Arc<dyn DynStrategy>> {
+    vec![
+        Arc::new(namespace::NamespaceStrategy),
+        services,
+        Arc::new(endpoints::EndpointsStrategy),
+        Arc::new(pod::PodStrategy),
+        Arc::new(apiservice::ApiServiceStrategy),
+    ]
+}
+
 /// The port default every kind shares: an empty or missing `protocol` is `TCP`.
-/// Verbs served for a namespaced kind with collection delete (Service, Endpoints, Pod).
-pub(crate) const NAMESPACED_VERBS: &[&str] = &[
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
-
-pub(crate) fn default_protocol(port: &mut serde_json::Map<String, serde_json::Value>) {
-    if port
-        .get("protocol")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or("")
-        .is_empty()
-    {
-        port.insert("protocol".into(), "TCP".into());
+pub(crate) fn default_protocol(protocol: &mut Option<String>) {
+    if protocol.as_deref().is_none_or(str::is_empty) {
+        *protocol = Some("TCP".to_string());
     }
 }
 
-/// Round-trips an object through its typed form: unknown fields are dropped and wrongly typed
-/// ones refused, as kube-apiserver's decoder does.
-pub(crate) fn typed<T>(mut object: serde_json::Value) -> Result<serde_json::Value, String>
-where
-    T: serde::de::DeserializeOwned + serde::Serialize + k8s_openapi::Resource,
-{
-    if let serde_json::Value::Object(map) = &mut object {
-        map.insert("apiVersion".into(), T::API_VERSION.into());
-        map.insert("kind".into(), T::KIND.into());
-    }
-    let typed: T = serde_json::from_value(object).map_err(|e| e.to_string())?;
-    let mut out = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-    capstan_machinery::meta::strip_type_meta(&mut out);
-    drop_empty_lists(&mut out);
-    Ok(out)
-}
-
-/// Go's `omitempty`: an empty list is never written (every list field of these kinds has it).
-fn drop_empty_lists(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
-            map.values_mut().for_each(drop_empty_lists);
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
-        _ => {}
-    }
+/// `metadata.creationTimestamp` as the API writes it (`""` when unset), for Age columns.
+pub(crate) fn created(meta: &ObjectMeta) -> String {
+    meta.creation_timestamp
+        .as_ref()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|v| match v {
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        })
+        .unwrap_or_default()
 }

@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// What a write does when the object changed between its read and its transaction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnConflict {
+    /// Compute the write again on the new object (patch, apply, unconditional update).
+    Retry,
+    /// Answer 409 (an update pinned to the `resourceVersion` it read).
+    Fail,
+}
+
 impl Registry {
     async fn check_namespace(&self, namespace: &str) -> Result<(), ApiError> {
         let Some(prefix) = &self.namespace_prefix else {
@@ -280,7 +289,11 @@ impl Registry {
             options,
             status,
             |_current| Ok(new.clone()),
-            !pinned.is_empty(),
+            if pinned.is_empty() {
+                OnConflict::Retry
+            } else {
+                OnConflict::Fail
+            },
         )
         .await
     }
@@ -317,7 +330,7 @@ impl Registry {
                     }
                     Ok(patched)
                 },
-                false,
+                OnConflict::Retry,
             )
             .await?;
         Ok(object)
@@ -397,7 +410,7 @@ impl Registry {
             }
             Ok(object)
         };
-        self.write_loop(namespace, name, &options, status, merge, false)
+        self.write_loop(namespace, name, &options, status, merge, OnConflict::Retry)
             .await
     }
 
@@ -408,7 +421,7 @@ impl Registry {
         options: &WriteOptions,
         status: bool,
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
-        conflict_is_final: bool,
+        on_conflict: OnConflict,
     ) -> Result<(Value, bool), ApiError> {
         let info = self.strategy.info();
         let key = info.key(namespace, name);
@@ -536,7 +549,7 @@ impl Registry {
                     let object_moved = current.first().is_some_and(|c| {
                         c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
                     });
-                    if object_moved && conflict_is_final {
+                    if object_moved && on_conflict == OnConflict::Fail {
                         return Err(ApiError::modified(info.group_resource(), name));
                     }
                     continue;

@@ -5,30 +5,24 @@
 mod validation;
 
 use capstan_machinery::field::FieldErrors;
-use capstan_machinery::meta;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{ResourceInfo, Strategy};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceCondition};
 use serde_json::{Value, json};
 
 /// APIService's identity.
-pub static APISERVICE_INFO: ResourceInfo = ResourceInfo {
-    group: "apiregistration.k8s.io",
-    version: "v1",
-    kind: "APIService",
-    list_kind: "APIServiceList",
-    plural: "apiservices",
-    singular: "apiservice",
-    namespaced: false,
-    short_names: &[],
-    categories: &["api-extensions"],
-    verbs: crate::NAMESPACED_VERBS,
-    has_status: true,
-    storage_version_hash: "InPBPD7+PqM=",
-    storage_prefix: "apiregistration.k8s.io/apiservices",
-    allow_create_on_update: false,
-    allow_unconditional_update: false,
-    delete_returns_object: false,
-};
+pub static APISERVICE_INFO: ResourceInfo = ResourceInfo::of::<APIService>()
+    .categories(&["api-extensions"])
+    .with_status()
+    .storage_version_hash("InPBPD7+PqM=")
+    .storage_prefix("apiregistration.k8s.io/apiservices")
+    .openapi(
+        "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService",
+        "apis/apiregistration.k8s.io/v1",
+        capstan_machinery::schema::APIREGISTRATION_V1_OPENAPI,
+    )
+    .priority(20001, 15);
 
 /// The label of APIServices the server registers for the groups it serves itself.
 pub const AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
@@ -40,72 +34,70 @@ pub const LOCAL_MESSAGE: &str = "Local APIServices are always available";
 pub struct ApiServiceStrategy;
 
 /// Whether an APIService is served by the server itself (no `spec.service`).
-pub fn is_local(object: &Value) -> bool {
-    object.pointer("/spec/service").is_none_or(Value::is_null)
+pub fn is_local(apiservice: &APIService) -> bool {
+    apiservice
+        .spec
+        .as_ref()
+        .is_none_or(|s| s.service.is_none())
 }
 
 /// The `Available` condition, if any.
-pub fn available(object: &Value) -> Option<&Value> {
-    object
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)?
+pub fn available(apiservice: &APIService) -> Option<&APIServiceCondition> {
+    apiservice
+        .status
+        .as_ref()?
+        .conditions
         .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some("Available"))
+        .flatten()
+        .find(|c| c.type_ == "Available")
 }
 
 /// Whether the `Available` condition is `True`.
-pub fn is_available(object: &Value) -> bool {
-    available(object)
-        .and_then(|c| c.get("status"))
-        .and_then(Value::as_str)
-        == Some("True")
+pub fn is_available(apiservice: &APIService) -> bool {
+    available(apiservice).is_some_and(|c| c.status == "True")
 }
 
 /// Sets the `Available` condition as upstream's helper does: reason and message replaced,
 /// `lastTransitionTime` changed only when the status changes. Returns whether anything changed.
-pub fn set_available(object: &mut Value, status: &str, reason: &str, message: &str) -> bool {
-    let now = meta::now_rfc3339();
-    let Value::Object(map) = object else {
-        return false;
-    };
-    let status_stanza = map.entry("status").or_insert_with(|| json!({}));
-    if !status_stanza.is_object() {
-        *status_stanza = json!({});
-    }
-    let conditions = status_stanza
-        .as_object_mut()
-        .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
-    let Some(Value::Array(conditions)) = conditions else {
-        return false;
-    };
-    match conditions
-        .iter_mut()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some("Available"))
-    {
+pub fn set_available(apiservice: &mut APIService, status: &str, reason: &str, message: &str) -> bool {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let conditions = apiservice
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new);
+    match conditions.iter_mut().find(|c| c.type_ == "Available") {
         Some(condition) => {
-            let same = condition.get("status").and_then(Value::as_str) == Some(status)
-                && condition.get("reason").and_then(Value::as_str) == Some(reason)
-                && condition.get("message").and_then(Value::as_str) == Some(message);
+            let same = condition.status == status
+                && condition.reason.as_deref() == Some(reason)
+                && condition.message.as_deref() == Some(message);
             if same {
                 return false;
             }
-            if condition.get("status").and_then(Value::as_str) != Some(status) {
-                condition["lastTransitionTime"] = json!(now);
+            if condition.status != status {
+                condition.last_transition_time = Some(now);
             }
-            condition["status"] = json!(status);
-            condition["reason"] = json!(reason);
-            condition["message"] = json!(message);
+            condition.status = status.to_string();
+            condition.reason = Some(reason.to_string());
+            condition.message = Some(message.to_string());
             true
         }
         None => {
-            conditions.push(json!({"type": "Available", "status": status,
-                "lastTransitionTime": now, "reason": reason, "message": message}));
+            conditions.push(APIServiceCondition {
+                type_: "Available".to_string(),
+                status: status.to_string(),
+                last_transition_time: Some(now),
+                reason: Some(reason.to_string()),
+                message: Some(message.to_string()),
+            });
             true
         }
     }
 }
 
 impl Strategy for ApiServiceStrategy {
+    type Object = APIService;
+
     fn info(&self) -> &ResourceInfo {
         &APISERVICE_INFO
     }
@@ -114,64 +106,37 @@ impl Strategy for ApiServiceStrategy {
         validation::path_segment_name
     }
 
-    fn schema(&self) -> Option<&'static Value> {
-        capstan_machinery::schema::core_schema(
-            "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService",
-        )
-    }
-
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        crate::typed::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>(
-            object,
-        )
-    }
-
-    fn default(&self, object: &mut Value) {
-        if let Some(service) = object
-            .pointer_mut("/spec/service")
-            .and_then(Value::as_object_mut)
-            && service.get("port").is_none_or(Value::is_null)
-        {
-            service.insert("port".into(), json!(443));
+    fn default(&self, apiservice: &mut APIService) {
+        if let Some(service) = apiservice.spec.as_mut().and_then(|s| s.service.as_mut()) {
+            service.port.get_or_insert(443);
         }
     }
 
-    fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            map.shift_remove("status");
-        }
-        if is_local(object) {
-            set_available(object, "True", "Local", LOCAL_MESSAGE);
+    fn prepare_for_create(&self, apiservice: &mut APIService) {
+        if is_local(apiservice) {
+            set_available(apiservice, "True", "Local", LOCAL_MESSAGE);
         }
     }
 
-    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
-        capstan_registry::strategy::copy_field(new, old, "status");
+    /// A `/status` write changes none of the labels, annotations, finalizers or owners.
+    fn prepare_for_status_update(&self, new: &mut APIService, old: &APIService) {
+        new.metadata.labels.clone_from(&old.metadata.labels);
+        new.metadata.annotations.clone_from(&old.metadata.annotations);
+        new.metadata.finalizers.clone_from(&old.metadata.finalizers);
+        new.metadata
+            .owner_references
+            .clone_from(&old.metadata.owner_references);
     }
 
-    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
-        capstan_registry::strategy::copy_field(new, old, "spec");
-        for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
-            match meta::metadata(old).and_then(|m| m.get(field)).cloned() {
-                Some(value) => {
-                    meta::metadata_mut(new).insert(field.into(), value);
-                }
-                None => {
-                    meta::metadata_mut(new).shift_remove(field);
-                }
-            }
-        }
+    fn validate_create(&self, apiservice: &APIService) -> FieldErrors {
+        validation::validate(apiservice)
     }
 
-    fn validate_create(&self, object: &Value) -> FieldErrors {
-        validation::validate(object)
-    }
-
-    fn validate_update(&self, new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {
         validation::validate(new)
     }
 
-    fn validate_status_update(&self, new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_status_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {
         validation::validate_status(new)
     }
 
@@ -196,32 +161,29 @@ impl Strategy for ApiServiceStrategy {
         ]
     }
 
-    fn cells(&self, object: &Value) -> Vec<Value> {
-        let service = match object.pointer("/spec/service").filter(|s| !s.is_null()) {
+    fn cells(&self, apiservice: &APIService) -> Vec<Value> {
+        let service = match apiservice.spec.as_ref().and_then(|s| s.service.as_ref()) {
             None => "Local".to_string(),
             Some(s) => format!(
                 "{}/{}",
-                s.get("namespace").and_then(Value::as_str).unwrap_or(""),
-                s.get("name").and_then(Value::as_str).unwrap_or("")
+                s.namespace.as_deref().unwrap_or_default(),
+                s.name.as_deref().unwrap_or_default()
             ),
         };
-        let available = match available(object) {
+        let available = match available(apiservice) {
             None => "Unknown".to_string(),
-            Some(c) => {
-                let status = c.get("status").and_then(Value::as_str).unwrap_or("");
-                let reason = c.get("reason").and_then(Value::as_str).unwrap_or("");
-                if status == "True" || reason.is_empty() {
-                    status.to_string()
-                } else {
-                    format!("{status} ({reason})")
+            Some(c) => match c.reason.as_deref().unwrap_or_default() {
+                reason if c.status != "True" && !reason.is_empty() => {
+                    format!("{} ({reason})", c.status)
                 }
-            }
+                _ => c.status.clone(),
+            },
         };
         vec![
-            json!(meta::name(object)),
+            json!(apiservice.metadata.name.as_deref().unwrap_or_default()),
             json!(service),
             json!(available),
-            json!(age(meta::meta_str(object, "creationTimestamp"))),
+            json!(age(&crate::created(&apiservice.metadata))),
         ]
     }
 }
@@ -230,17 +192,23 @@ impl Strategy for ApiServiceStrategy {
 mod tests {
     use super::*;
 
+    fn apiservice(object: Value) -> APIService {
+        serde_json::from_value(object).expect("an APIService")
+    }
+
     #[test]
     fn cells_show_local_and_reasons() {
         let strategy = ApiServiceStrategy;
-        let mut local = json!({"metadata": {"name": "v1."}, "spec": {"version": "v1"}});
+        let mut local = apiservice(json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
+            "groupPriorityMinimum": 1, "versionPriority": 1}}));
         strategy.prepare_for_create(&mut local);
         assert_eq!(
             strategy.cells(&local)[1..3],
             [json!("Local"), json!("True")]
         );
-        let mut remote = json!({"metadata": {"name": "v1alpha1.example.com"},
-            "spec": {"service": {"namespace": "ext", "name": "api"}}});
+        let mut remote = apiservice(json!({"metadata": {"name": "v1alpha1.example.com"},
+            "spec": {"groupPriorityMinimum": 1, "versionPriority": 1,
+                     "service": {"namespace": "ext", "name": "api"}}}));
         strategy.prepare_for_create(&mut remote);
         assert_eq!(
             strategy.cells(&remote)[1..3],
@@ -258,6 +226,9 @@ mod tests {
             json!("False (MissingEndpoints)")
         );
         strategy.default(&mut remote);
-        assert_eq!(remote["spec"]["service"]["port"], 443);
+        assert_eq!(
+            remote.spec.and_then(|s| s.service).and_then(|s| s.port),
+            Some(443)
+        );
     }
 }

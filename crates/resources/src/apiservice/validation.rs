@@ -1,9 +1,9 @@
 //! APIService validation (`spec/apiservice.md` §3).
 
 use capstan_machinery::field::{FieldError, FieldErrors};
-use capstan_machinery::meta;
 use capstan_machinery::validation::{dns1035_label, dns1123_subdomain};
-use serde_json::{Value, json};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use serde_json::json;
 
 /// Names are path segments: not `.` or `..`, no `/` or `%`.
 pub fn path_segment_name(name: &str) -> Vec<String> {
@@ -22,22 +22,13 @@ pub fn path_segment_name(name: &str) -> Vec<String> {
     errors
 }
 
-fn int(object: &Value, pointer: &str) -> i64 {
-    object.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
-}
-
 /// The spec rules, after the name rule the registry checks.
-pub fn validate(object: &Value) -> FieldErrors {
+pub fn validate(apiservice: &APIService) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let group = object
-        .pointer("/spec/group")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let version = object
-        .pointer("/spec/version")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let name = meta::name(object);
+    let spec = apiservice.spec.clone().unwrap_or_default();
+    let group = spec.group.as_deref().unwrap_or_default();
+    let version = spec.version.as_deref().unwrap_or_default();
+    let name = apiservice.metadata.name.as_deref().unwrap_or_default();
     let required = format!("{version}.{group}");
     if name != required {
         errors.push(FieldError::invalid(
@@ -65,37 +56,28 @@ pub fn validate(object: &Value) -> FieldErrors {
             message,
         ));
     }
-    let group_priority = int(object, "/spec/groupPriorityMinimum");
-    if !(1..=20000).contains(&group_priority) {
+    if !(1..=20000).contains(&spec.group_priority_minimum) {
         errors.push(FieldError::invalid(
             "spec.groupPriorityMinimum",
-            &json!(group_priority),
+            &json!(spec.group_priority_minimum),
             "must be positive and less than 20000",
         ));
     }
-    let version_priority = int(object, "/spec/versionPriority");
-    if !(1..=1000).contains(&version_priority) {
+    if !(1..=1000).contains(&spec.version_priority) {
         errors.push(FieldError::invalid(
             "spec.versionPriority",
-            &json!(version_priority),
+            &json!(spec.version_priority),
             "must be positive and less than 1000",
         ));
     }
-    let ca_bundle = object
-        .pointer("/spec/caBundle")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let insecure = object
-        .pointer("/spec/insecureSkipTLSVerify")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    match object.pointer("/spec/service").filter(|s| !s.is_null()) {
+    let ca_bundle = spec.ca_bundle.as_ref().map_or(0, |b| b.0.len());
+    let insecure = spec.insecure_skip_tls_verify.unwrap_or(false);
+    match &spec.service {
         None => {
-            if !ca_bundle.is_empty() {
-                let bytes = base64_len(ca_bundle);
+            if ca_bundle > 0 {
                 errors.push(FieldError::invalid(
                     "spec.caBundle",
-                    &json!(format!("{bytes} bytes")),
+                    &json!(format!("{ca_bundle} bytes")),
                     "local APIServices may not have a caBundle",
                 ));
             }
@@ -108,17 +90,12 @@ pub fn validate(object: &Value) -> FieldErrors {
             }
         }
         Some(service) => {
-            for field in ["namespace", "name"] {
-                if service
-                    .get(field)
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .is_empty()
-                {
+            for (field, value) in [("namespace", &service.namespace), ("name", &service.name)] {
+                if value.as_deref().unwrap_or_default().is_empty() {
                     errors.push(FieldError::required(format!("spec.service.{field}"), ""));
                 }
             }
-            let port = service.get("port").and_then(Value::as_i64).unwrap_or(0);
+            let port = service.port.unwrap_or(0);
             if !(1..=65535).contains(&port) {
                 errors.push(FieldError::invalid(
                     "spec.service.port",
@@ -126,7 +103,7 @@ pub fn validate(object: &Value) -> FieldErrors {
                     "port is not valid: must be between 1 and 65535, inclusive",
                 ));
             }
-            if insecure && !ca_bundle.is_empty() {
+            if insecure && ca_bundle > 0 {
                 errors.push(FieldError::invalid(
                     "spec.insecureSkipTLSVerify",
                     &json!(true),
@@ -138,28 +115,20 @@ pub fn validate(object: &Value) -> FieldErrors {
     errors
 }
 
-/// The decoded length of a base64 string (its `[]byte` length upstream).
-fn base64_len(text: &str) -> usize {
-    let trimmed = text.trim_end_matches('=');
-    trimmed.len() * 3 / 4
-}
-
 /// `/status` writes: each condition's status is True, False or Unknown.
-pub fn validate_status(object: &Value) -> FieldErrors {
+pub fn validate_status(apiservice: &APIService) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    if let Some(conditions) = object
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-    {
-        for (i, condition) in conditions.iter().enumerate() {
-            let status = condition.get("status").cloned().unwrap_or(json!(""));
-            if !matches!(status.as_str(), Some("True" | "False" | "Unknown")) {
-                errors.push(FieldError::not_supported(
-                    format!("status.conditions[{i}].status"),
-                    &status,
-                    &["True", "False", "Unknown"],
-                ));
-            }
+    let conditions = apiservice
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten());
+    for (i, condition) in conditions.enumerate() {
+        if !matches!(&*condition.status, "True" | "False" | "Unknown") {
+            errors.push(FieldError::not_supported(
+                format!("status.conditions[{i}].status"),
+                &json!(condition.status),
+                &["True", "False", "Unknown"],
+            ));
         }
     }
     errors
@@ -169,8 +138,8 @@ pub fn validate_status(object: &Value) -> FieldErrors {
 mod tests {
     use super::*;
 
-    fn bodies(object: Value) -> Vec<String> {
-        validate(&object)
+    fn bodies(object: serde_json::Value) -> Vec<String> {
+        validate(&serde_json::from_value(object).expect("an APIService"))
             .0
             .iter()
             .map(|e| format!("{}: {}", e.field, e.body()))

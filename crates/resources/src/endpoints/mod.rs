@@ -7,27 +7,20 @@ mod validation;
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::Column;
 use capstan_registry::{ResourceInfo, Strategy};
+use k8s_openapi::api::core::v1::Endpoints;
 use serde_json::Value;
 
 /// Endpoints' identity.
-pub static ENDPOINTS_INFO: ResourceInfo = ResourceInfo {
-    group: "",
-    version: "v1",
-    kind: "Endpoints",
-    list_kind: "EndpointsList",
-    plural: "endpoints",
-    singular: "endpoints",
-    namespaced: true,
-    short_names: &["ep"],
-    categories: &[],
-    verbs: crate::NAMESPACED_VERBS,
-    has_status: false,
-    storage_version_hash: "fWeeMqaN/OA=",
-    storage_prefix: "services/endpoints",
-    allow_create_on_update: true,
-    allow_unconditional_update: true,
-    delete_returns_object: false,
-};
+pub static ENDPOINTS_INFO: ResourceInfo = ResourceInfo::of::<Endpoints>()
+    .short_names(&["ep"])
+    .storage_version_hash("fWeeMqaN/OA=")
+    .storage_prefix("services/endpoints")
+    .create_on_update()
+    .openapi(
+        "io.k8s.api.core.v1.Endpoints",
+        "api/v1",
+        capstan_machinery::schema::CORE_V1_OPENAPI,
+    );
 
 /// The storage key of the Endpoints named like a Service: deleting a Service deletes them in
 /// the same transaction.
@@ -43,36 +36,25 @@ pub const DEPRECATION_WARNING: &str =
 pub struct EndpointsStrategy;
 
 impl Strategy for EndpointsStrategy {
+    type Object = Endpoints;
+
     fn info(&self) -> &ResourceInfo {
         &ENDPOINTS_INFO
     }
 
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        crate::typed::<k8s_openapi::api::core::v1::Endpoints>(object)
-    }
-
-    fn default(&self, object: &mut Value) {
-        if let Some(subsets) = object.get_mut("subsets").and_then(Value::as_array_mut) {
-            for subset in subsets {
-                if let Some(ports) = subset.get_mut("ports").and_then(Value::as_array_mut) {
-                    ports
-                        .iter_mut()
-                        .filter_map(Value::as_object_mut)
-                        .for_each(crate::default_protocol);
-                }
+    fn default(&self, endpoints: &mut Endpoints) {
+        for subset in endpoints.subsets.iter_mut().flatten() {
+            for port in subset.ports.iter_mut().flatten() {
+                crate::default_protocol(&mut port.protocol);
             }
         }
     }
 
-    fn prepare_for_create(&self, _object: &mut Value) {}
-
-    fn prepare_for_update(&self, _new: &mut Value, _old: &Value) {}
-
-    fn validate_create(&self, object: &Value) -> FieldErrors {
-        validation::validate(object)
+    fn validate_create(&self, endpoints: &Endpoints) -> FieldErrors {
+        validation::validate(endpoints)
     }
 
-    fn validate_update(&self, new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_update(&self, new: &Endpoints, _old: &Endpoints) -> FieldErrors {
         validation::validate(new)
     }
 
@@ -84,7 +66,7 @@ impl Strategy for EndpointsStrategy {
         printer::columns()
     }
 
-    fn cells(&self, object: &Value) -> Vec<Value> {
-        printer::cells(object)
+    fn cells(&self, endpoints: &Endpoints) -> Vec<Value> {
+        printer::cells(endpoints)
     }
 }

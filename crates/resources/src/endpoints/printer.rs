@@ -1,7 +1,7 @@
 //! The Table `kubectl get endpoints` shows.
 
-use capstan_machinery::meta;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
+use k8s_openapi::api::core::v1::Endpoints;
 use serde_json::{Value, json};
 
 const ENDPOINTS_DESCRIPTION: &str = "The set of all endpoints is the union of all subsets. Addresses are placed into subsets according to the IPs they share. A single address with multiple ports, some of which are ready and some of which are not (because they come from different containers) will result in the address being displayed in different subsets for the different ports. No address will appear in both Addresses and NotReadyAddresses in the same subset. Sets of addresses and ports that comprise a service.";
@@ -22,34 +22,19 @@ pub fn columns() -> Vec<Column> {
 }
 
 /// The ENDPOINTS cell: ready `ip[:port]` entries, port-major, the first three then `+ N more...`.
-fn endpoints_cell(object: &Value) -> String {
-    let Some(subsets) = object
-        .get("subsets")
-        .and_then(Value::as_array)
-        .filter(|s| !s.is_empty())
-    else {
+fn endpoints_cell(endpoints: &Endpoints) -> String {
+    let Some(subsets) = endpoints.subsets.as_ref().filter(|s| !s.is_empty()) else {
         return "<none>".into();
     };
     let mut entries = Vec::new();
     for subset in subsets {
         let ips: Vec<&str> = subset
-            .get("addresses")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|a| a.get("ip").and_then(Value::as_str))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let ports: Vec<i64> = subset
-            .get("ports")
-            .and_then(Value::as_array)
-            .map(|p| {
-                p.iter()
-                    .filter_map(|p| p.get("port").and_then(Value::as_i64))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .addresses
+            .iter()
+            .flatten()
+            .map(|a| &*a.ip)
+            .collect();
+        let ports: Vec<i32> = subset.ports.iter().flatten().map(|p| p.port).collect();
         if ports.is_empty() {
             entries.extend(ips.iter().map(|ip| ip.to_string()));
         } else {
@@ -78,11 +63,11 @@ fn endpoints_cell(object: &Value) -> String {
 }
 
 /// One row.
-pub fn cells(object: &Value) -> Vec<Value> {
+pub fn cells(endpoints: &Endpoints) -> Vec<Value> {
     vec![
-        json!(meta::name(object)),
-        json!(endpoints_cell(object)),
-        json!(age(meta::meta_str(object, "creationTimestamp"))),
+        json!(endpoints.metadata.name.as_deref().unwrap_or_default()),
+        json!(endpoints_cell(endpoints)),
+        json!(age(&crate::created(&endpoints.metadata))),
     ]
 }
 
@@ -90,22 +75,24 @@ pub fn cells(object: &Value) -> Vec<Value> {
 mod tests {
     use super::*;
 
+    fn cell(object: Value) -> String {
+        endpoints_cell(&serde_json::from_value(object).expect("endpoints"))
+    }
+
     #[test]
     fn cells_follow_kubectl() {
         let two_ports = json!({"subsets": [{"addresses": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}], "ports": [{"port": 80}, {"port": 443}]}]});
         assert_eq!(
-            endpoints_cell(&two_ports),
+            cell(two_ports),
             "10.0.0.1:80,10.0.0.2:80,10.0.0.1:443 + 1 more..."
         );
-        assert_eq!(endpoints_cell(&json!({})), "<none>");
+        assert_eq!(cell(json!({})), "<none>");
         assert_eq!(
-            endpoints_cell(&json!({"subsets": [{"notReadyAddresses": [{"ip": "10.0.0.1"}]}]})),
+            cell(json!({"subsets": [{"notReadyAddresses": [{"ip": "10.0.0.1"}]}]})),
             ""
         );
         assert_eq!(
-            endpoints_cell(
-                &json!({"subsets": [{"addresses": [{"ip": "fd00::1"}], "ports": [{"port": 80}]}]})
-            ),
+            cell(json!({"subsets": [{"addresses": [{"ip": "fd00::1"}], "ports": [{"port": 80}]}]})),
             "[fd00::1]:80"
         );
     }

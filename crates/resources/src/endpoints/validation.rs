@@ -3,12 +3,13 @@
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip;
 use capstan_machinery::validation::{
-    PORT_RANGE, dns1123_label, dns1123_subdomain, is_port, qualified_name,
+    PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name,
 };
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, Endpoints};
+use serde_json::json;
 
-fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
-    let ip = address.get("ip").and_then(Value::as_str).unwrap_or("");
+fn address(errors: &mut FieldErrors, path: &str, address: &EndpointAddress) {
+    let ip = &*address.ip;
     // 1.36's strict check: leading zeros and IPv4-mapped IPv6 are refused with their own text
     // (the legacy sloppy parse accepts them, so the special-address check still runs).
     if let Some(problem) = ip::strict_problem(ip) {
@@ -18,9 +19,7 @@ fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
             problem,
         ));
     }
-    if let Some(hostname) = address.get("hostname").and_then(Value::as_str)
-        && !hostname.is_empty()
-    {
+    if let Some(hostname) = address.hostname.as_deref().filter(|h| !h.is_empty()) {
         for message in dns1123_label(hostname) {
             errors.push(FieldError::invalid(
                 format!("{path}.hostname"),
@@ -29,7 +28,7 @@ fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
             ));
         }
     }
-    if let Some(node) = address.get("nodeName").and_then(Value::as_str) {
+    if let Some(node) = address.node_name.as_deref() {
         for message in dns1123_subdomain(node) {
             errors.push(FieldError::invalid(
                 format!("{path}.nodeName"),
@@ -52,25 +51,54 @@ fn address(errors: &mut FieldErrors, path: &str, address: &Value) {
     }
 }
 
+fn port(errors: &mut FieldErrors, path: &str, port: &EndpointPort, named: bool) {
+    let name = port.name.as_deref().unwrap_or_default();
+    if named && name.is_empty() {
+        errors.push(FieldError::required(format!("{path}.name"), ""));
+    } else if !name.is_empty() {
+        for message in dns1123_label(name) {
+            errors.push(FieldError::invalid(
+                format!("{path}.name"),
+                &json!(name),
+                message,
+            ));
+        }
+    }
+    if !(1..=65535).contains(&port.port) {
+        errors.push(FieldError::invalid(
+            format!("{path}.port"),
+            &json!(port.port),
+            PORT_RANGE,
+        ));
+    }
+    match port.protocol.as_deref().unwrap_or_default() {
+        "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
+        "SCTP" | "TCP" | "UDP" => {}
+        other => errors.push(FieldError::not_supported(
+            format!("{path}.protocol"),
+            &json!(other),
+            &["SCTP", "TCP", "UDP"],
+        )),
+    }
+    if let Some(app) = port.app_protocol.as_deref() {
+        for message in qualified_name(app) {
+            errors.push(FieldError::invalid(
+                format!("{path}.appProtocol"),
+                &json!(app),
+                message,
+            ));
+        }
+    }
+}
+
 /// Validates an Endpoints object.
-pub fn validate(object: &Value) -> FieldErrors {
+pub fn validate(endpoints: &Endpoints) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let subsets = object
-        .get("subsets")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for (i, subset) in subsets.iter().enumerate() {
+    for (i, subset) in endpoints.subsets.iter().flatten().enumerate() {
         let path = format!("subsets[{i}]");
-        let list = |field: &str| {
-            subset
-                .get(field)
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let (ready, not_ready, ports) =
-            (list("addresses"), list("notReadyAddresses"), list("ports"));
+        let ready = subset.addresses.as_deref().unwrap_or_default();
+        let not_ready = subset.not_ready_addresses.as_deref().unwrap_or_default();
+        let ports = subset.ports.as_deref().unwrap_or_default();
         if ready.is_empty() && not_ready.is_empty() {
             errors.push(FieldError::required(
                 path.clone(),
@@ -83,47 +111,8 @@ pub fn validate(object: &Value) -> FieldErrors {
         for (j, a) in not_ready.iter().enumerate() {
             address(&mut errors, &format!("{path}.notReadyAddresses[{j}]"), a);
         }
-        for (k, port) in ports.iter().enumerate() {
-            let port_path = format!("{path}.ports[{k}]");
-            let name = port.get("name").and_then(Value::as_str).unwrap_or("");
-            if ports.len() > 1 && name.is_empty() {
-                errors.push(FieldError::required(format!("{port_path}.name"), ""));
-            } else if !name.is_empty() {
-                for message in dns1123_label(name) {
-                    errors.push(FieldError::invalid(
-                        format!("{port_path}.name"),
-                        &json!(name),
-                        message,
-                    ));
-                }
-            }
-            let number = port.get("port").cloned().unwrap_or(json!(0));
-            if !is_port(&number) {
-                errors.push(FieldError::invalid(
-                    format!("{port_path}.port"),
-                    &number,
-                    PORT_RANGE,
-                ));
-            }
-            let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("");
-            if protocol.is_empty() {
-                errors.push(FieldError::required(format!("{port_path}.protocol"), ""));
-            } else if !["SCTP", "TCP", "UDP"].contains(&protocol) {
-                errors.push(FieldError::not_supported(
-                    format!("{port_path}.protocol"),
-                    &json!(protocol),
-                    &["SCTP", "TCP", "UDP"],
-                ));
-            }
-            if let Some(app) = port.get("appProtocol").and_then(Value::as_str) {
-                for message in qualified_name(app) {
-                    errors.push(FieldError::invalid(
-                        format!("{port_path}.appProtocol"),
-                        &json!(app),
-                        message,
-                    ));
-                }
-            }
+        for (k, p) in ports.iter().enumerate() {
+            port(&mut errors, &format!("{path}.ports[{k}]"), p, ports.len() > 1);
         }
     }
     errors
@@ -133,10 +122,14 @@ pub fn validate(object: &Value) -> FieldErrors {
 mod tests {
     use super::*;
 
+    fn validate(object: serde_json::Value) -> FieldErrors {
+        super::validate(&serde_json::from_value(object).expect("endpoints"))
+    }
+
     #[test]
     fn leading_zeros_and_mapped_addresses_are_refused_as_in_1_36() {
         let errors = validate(
-            &json!({"subsets": [{"addresses": [{"ip": "010.1.1.1"}, {"ip": "::ffff:10.1.1.1"}]}]}),
+            json!({"subsets": [{"addresses": [{"ip": "010.1.1.1"}, {"ip": "::ffff:10.1.1.1"}]}]}),
         );
         let texts: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
         assert_eq!(
@@ -151,7 +144,7 @@ mod tests {
     #[test]
     fn an_empty_subset_and_a_bad_ip_read_like_upstream() {
         let errors =
-            validate(&json!({"subsets": [{}, {"addresses": [{"ip": "x"}, {"ip": "127.0.0.1"}]}]}));
+            validate(json!({"subsets": [{}, {"addresses": [{"ip": "x"}, {"ip": "127.0.0.1"}]}]}));
         let texts: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
         assert_eq!(
             texts,

@@ -3,92 +3,78 @@
 //! created in it.
 
 use capstan_machinery::field::FieldErrors;
-use capstan_machinery::meta;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{ResourceInfo, Strategy};
+use k8s_openapi::api::core::v1::{Namespace, NamespaceSpec, NamespaceStatus};
 use serde_json::{Value, json};
 
 /// The namespaces every cluster starts with.
 pub const BUILT_IN: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Namespace's identity.
-pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo {
-    group: "",
-    version: "v1",
-    kind: "Namespace",
-    list_kind: "NamespaceList",
-    plural: "namespaces",
-    singular: "namespace",
-    namespaced: false,
-    short_names: &["ns"],
-    categories: &[],
-    verbs: &[
+pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo::of::<Namespace>()
+    .short_names(&["ns"])
+    .verbs(&[
         "create", "delete", "get", "list", "patch", "update", "watch",
-    ],
-    has_status: true,
-    storage_version_hash: "Q3oi5N2YM8M=",
-    storage_prefix: "namespaces",
-    allow_create_on_update: false,
-    allow_unconditional_update: true,
-    delete_returns_object: false,
-};
+    ])
+    .with_status()
+    .storage_version_hash("Q3oi5N2YM8M=")
+    .unconditional_update()
+    .openapi(
+        "io.k8s.api.core.v1.Namespace",
+        "api/v1",
+        capstan_machinery::schema::CORE_V1_OPENAPI,
+    );
 
 /// The storage prefix namespaced kinds check for their namespace.
 pub const NAMESPACE_PREFIX: &str = "namespaces/";
+
+/// The label upstream puts on every namespace, naming it (for namespace selectors).
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// The Namespace strategy.
 pub struct NamespaceStrategy;
 
 impl Strategy for NamespaceStrategy {
+    type Object = Namespace;
+
+    fn info(&self) -> &ResourceInfo {
+        &NAMESPACE_INFO
+    }
+
     /// The namespace lifecycle admission plugin's immortal namespaces.
     fn undeletable(&self, name: &str) -> Option<&'static str> {
         matches!(name, "default" | "kube-system" | "kube-public")
             .then_some("this namespace may not be deleted")
     }
 
-    fn info(&self) -> &ResourceInfo {
-        &NAMESPACE_INFO
-    }
-
     fn name_rule(&self) -> fn(&str) -> Vec<String> {
         capstan_machinery::validation::dns1123_label
     }
 
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        crate::typed::<k8s_openapi::api::core::v1::Namespace>(object)
-    }
-
-    fn default(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            let spec = map.entry("spec").or_insert_with(|| json!({}));
-            if spec.get("finalizers").is_none() {
-                spec["finalizers"] = json!(["kubernetes"]);
-            }
-        }
-        meta::metadata_mut(object)
-            .entry("labels")
-            .or_insert_with(|| json!({}));
-        let name = meta::name(object).to_string();
-        if let Some(labels) = object
-            .pointer_mut("/metadata/labels")
-            .and_then(Value::as_object_mut)
-            && !name.is_empty()
-        {
-            labels.insert("kubernetes.io/metadata.name".into(), json!(name));
+    fn default(&self, namespace: &mut Namespace) {
+        let spec = namespace.spec.get_or_insert_with(NamespaceSpec::default);
+        spec.finalizers
+            .get_or_insert_with(|| vec!["kubernetes".to_string()]);
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let labels = namespace.metadata.labels.get_or_insert_with(Default::default);
+        if !name.is_empty() {
+            labels.insert(NAME_LABEL.to_string(), name);
         }
     }
 
-    fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            map.insert("status".into(), json!({"phase": "Active"}));
-        }
+    fn prepare_for_create(&self, namespace: &mut Namespace) {
+        namespace.status = Some(NamespaceStatus {
+            phase: Some("Active".to_string()),
+            ..NamespaceStatus::default()
+        });
     }
 
-    fn validate_create(&self, _object: &Value) -> FieldErrors {
+    fn validate_create(&self, _namespace: &Namespace) -> FieldErrors {
         FieldErrors::new()
     }
 
-    fn validate_update(&self, _new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_update(&self, _new: &Namespace, _old: &Namespace) -> FieldErrors {
         FieldErrors::new()
     }
 
@@ -106,16 +92,12 @@ impl Strategy for NamespaceStrategy {
         ]
     }
 
-    fn cells(&self, object: &Value) -> Vec<Value> {
+    fn cells(&self, namespace: &Namespace) -> Vec<Value> {
+        let phase = namespace.status.as_ref().and_then(|s| s.phase.clone());
         vec![
-            json!(meta::name(object)),
-            json!(
-                object
-                    .pointer("/status/phase")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-            ),
-            json!(age(meta::meta_str(object, "creationTimestamp"))),
+            json!(namespace.metadata.name.as_deref().unwrap_or_default()),
+            json!(phase.unwrap_or_default()),
+            json!(age(&crate::created(&namespace.metadata))),
         ]
     }
 }

@@ -4,54 +4,40 @@
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
-use capstan_machinery::{meta, validation};
+use capstan_machinery::validation;
 use capstan_registry::{ResourceInfo, Strategy};
+use k8s_openapi::api::core::v1::{Container, Pod, PodIP, PodStatus};
 use serde_json::{Value, json};
 
 /// Pod's identity.
-pub static POD_INFO: ResourceInfo = ResourceInfo {
-    group: "",
-    version: "v1",
-    kind: "Pod",
-    list_kind: "PodList",
-    plural: "pods",
-    singular: "pod",
-    namespaced: true,
-    short_names: &["po"],
-    categories: &["all"],
-    verbs: crate::NAMESPACED_VERBS,
-    has_status: true,
-    storage_version_hash: "xPOwRZ+Yhw8=",
-    storage_prefix: "pods",
-    allow_create_on_update: false,
-    allow_unconditional_update: true,
-    delete_returns_object: true,
-};
+pub static POD_INFO: ResourceInfo = ResourceInfo::of::<Pod>()
+    .short_names(&["po"])
+    .categories(&["all"])
+    .with_status()
+    .storage_version_hash("xPOwRZ+Yhw8=")
+    .unconditional_update()
+    .delete_returns_object()
+    .openapi(
+        "io.k8s.api.core.v1.Pod",
+        "api/v1",
+        capstan_machinery::schema::CORE_V1_OPENAPI,
+    );
 
 /// The Pod strategy.
 pub struct PodStrategy;
 
-fn spec_str<'a>(object: &'a Value, field: &str) -> &'a str {
-    object
-        .get("spec")
-        .and_then(|s| s.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
 /// The pod's `status.podIPs[].ip` values.
-fn pod_ips(pod: &Value) -> Vec<&str> {
-    pod.pointer("/status/podIPs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|entry| entry.get("ip").and_then(Value::as_str).unwrap_or(""))
+fn pod_ips(pod: &Pod) -> Vec<&str> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.pod_ips.iter().flatten())
+        .map(|entry| &*entry.ip)
         .collect()
 }
 
 /// Upstream's `validatePodIPs`: every new pod IP is a valid IP in 1.36's strict form (values
 /// the pod already had may stay), and two IPs are one of each family.
-fn validate_pod_ips(new: &Value, old: &Value) -> FieldErrors {
+fn validate_pod_ips(new: &Pod, old: &Pod) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let existing: std::collections::HashSet<&str> = pod_ips(old).into_iter().collect();
     let ips = pod_ips(new);
@@ -90,18 +76,109 @@ fn validate_pod_ips(new: &Value, old: &Value) -> FieldErrors {
 }
 
 /// Whether a pod has condition Ready=True.
-pub fn is_ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready")
-                    && c.get("status").and_then(Value::as_str) == Some("True")
-            })
-        })
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+fn node_name(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default()
+}
+
+fn pod_ip(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .unwrap_or_default()
+}
+
+/// The image pull policy upstream defaults: `Always` for `:latest` or no tag.
+fn pull_policy(image: &str) -> &'static str {
+    let tag = image
+        .rsplit('/')
+        .next()
+        .and_then(|last| last.split_once(':'))
+        .map(|(_, t)| t);
+    if tag.is_none_or(|t| t == "latest") {
+        "Always"
+    } else {
+        "IfNotPresent"
+    }
+}
+
+fn default_container(container: &mut Container) {
+    container
+        .termination_message_path
+        .get_or_insert_with(|| "/dev/termination-log".into());
+    container
+        .termination_message_policy
+        .get_or_insert_with(|| "File".into());
+    let policy = pull_policy(container.image.as_deref().unwrap_or_default());
+    container
+        .image_pull_policy
+        .get_or_insert_with(|| policy.into());
+    for port in container.ports.iter_mut().flatten() {
+        crate::default_protocol(&mut port.protocol);
+    }
+}
+
+/// One container's rules; `seen` holds the names of the containers before it.
+fn validate_container<'a>(
+    errors: &mut FieldErrors,
+    path: &str,
+    container: &'a Container,
+    seen: &mut Vec<&'a str>,
+) {
+    if container.name.is_empty() {
+        errors.push(FieldError::required(format!("{path}.name"), ""));
+    } else {
+        for message in validation::dns1123_label(&container.name) {
+            errors.push(FieldError::invalid(
+                format!("{path}.name"),
+                &json!(container.name),
+                message,
+            ));
+        }
+        if seen.contains(&&*container.name) {
+            errors.push(FieldError::duplicate(
+                format!("{path}.name"),
+                &json!(container.name),
+            ));
+        }
+        seen.push(&container.name);
+    }
+    if container.image.as_deref().unwrap_or_default().is_empty() {
+        errors.push(FieldError::required(format!("{path}.image"), ""));
+    }
+    for (j, port) in container.ports.iter().flatten().enumerate() {
+        let field = format!("{path}.ports[{j}].containerPort");
+        match port.container_port {
+            0 => errors.push(FieldError::required(field, "")),
+            1..=65535 => {}
+            other => errors.push(FieldError::invalid(
+                field,
+                &json!(other),
+                validation::PORT_RANGE,
+            )),
+        }
+    }
 }
 
 impl Strategy for PodStrategy {
+    type Object = Pod;
+
     fn info(&self) -> &ResourceInfo {
         &POD_INFO
     }
@@ -109,176 +186,71 @@ impl Strategy for PodStrategy {
     /// Immediate when the pod was never scheduled or has finished; otherwise the requested
     /// period, else `spec.terminationGracePeriodSeconds` (30). With no kubelet to confirm, a
     /// terminating pod stays until it is deleted again with grace 0.
-    fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64> {
-        let scheduled = !object
-            .pointer("/spec/nodeName")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .is_empty();
-        let phase = object
-            .pointer("/status/phase")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if !scheduled || phase == "Succeeded" || phase == "Failed" {
+    fn grace_period(&self, pod: &Pod, requested: Option<i64>) -> Option<i64> {
+        if node_name(pod).is_empty() || matches!(phase(pod), "Succeeded" | "Failed") {
             return None;
         }
         Some(requested.unwrap_or_else(|| {
-            object
-                .pointer("/spec/terminationGracePeriodSeconds")
-                .and_then(Value::as_i64)
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
                 .unwrap_or(30)
         }))
     }
 
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        crate::typed::<k8s_openapi::api::core::v1::Pod>(object)
-    }
-
-    fn default(&self, object: &mut Value) {
-        let Some(root) = object.as_object_mut() else {
-            return;
-        };
-        if let Some(spec) = root.get_mut("spec").and_then(Value::as_object_mut) {
-            for (field, value) in [
-                ("restartPolicy", json!("Always")),
-                ("dnsPolicy", json!("ClusterFirst")),
-                ("terminationGracePeriodSeconds", json!(30)),
-                ("schedulerName", json!("default-scheduler")),
-                ("securityContext", json!({})),
-                ("enableServiceLinks", json!(true)),
-            ] {
-                spec.entry(field).or_insert(value);
-            }
-            for list in ["containers", "initContainers"] {
-                for container in spec
-                    .get_mut(list)
-                    .and_then(Value::as_array_mut)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_object_mut)
-                {
-                    container
-                        .entry("terminationMessagePath")
-                        .or_insert(json!("/dev/termination-log"));
-                    container
-                        .entry("terminationMessagePolicy")
-                        .or_insert(json!("File"));
-                    let image = container.get("image").and_then(Value::as_str).unwrap_or("");
-                    let tag = image
-                        .rsplit('/')
-                        .next()
-                        .and_then(|last| last.split_once(':'))
-                        .map(|(_, t)| t);
-                    let policy = if tag.is_none_or(|t| t == "latest") {
-                        "Always"
-                    } else {
-                        "IfNotPresent"
-                    };
-                    container.entry("imagePullPolicy").or_insert(json!(policy));
-                    for port in container
-                        .get_mut("ports")
-                        .and_then(Value::as_array_mut)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_object_mut)
-                    {
-                        crate::default_protocol(port);
-                    }
-                }
-            }
+    fn default(&self, pod: &mut Pod) {
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.restart_policy.get_or_insert_with(|| "Always".into());
+            spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
+            spec.termination_grace_period_seconds.get_or_insert(30);
+            spec.scheduler_name
+                .get_or_insert_with(|| "default-scheduler".into());
+            spec.security_context.get_or_insert_with(Default::default);
+            spec.enable_service_links.get_or_insert(true);
+            spec.containers.iter_mut().for_each(default_container);
+            spec.init_containers
+                .iter_mut()
+                .flatten()
+                .for_each(default_container);
         }
         // v1 conversion: podIP wins over podIPs[0].
-        if let Some(status) = root.get_mut("status").and_then(Value::as_object_mut) {
-            let ip = status
-                .get("podIP")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
+        if let Some(status) = pod.status.as_mut() {
+            let ip = status.pod_ip.clone().unwrap_or_default();
             let first = status
-                .get("podIPs")
-                .and_then(|l| l.get(0))
-                .and_then(|e| e.get("ip"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
+                .pod_ips
+                .as_ref()
+                .and_then(|l| l.first())
+                .map(|e| e.ip.clone())
+                .unwrap_or_default();
             if !ip.is_empty() && first != ip {
-                status.insert("podIPs".into(), json!([{"ip": ip}]));
+                status.pod_ips = Some(vec![PodIP { ip }]);
             } else if ip.is_empty() && !first.is_empty() {
-                status.insert("podIP".into(), json!(first));
+                status.pod_ip = Some(first);
             }
         }
     }
 
-    fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            map.insert(
-                "status".into(),
-                json!({"phase": "Pending", "qosClass": "BestEffort"}),
-            );
-        }
+    fn prepare_for_create(&self, pod: &mut Pod) {
+        pod.status = Some(PodStatus {
+            phase: Some("Pending".into()),
+            qos_class: Some("BestEffort".into()),
+            ..PodStatus::default()
+        });
     }
 
-    fn validate_create(&self, object: &Value) -> FieldErrors {
+    fn validate_create(&self, pod: &Pod) -> FieldErrors {
         let mut errors = FieldErrors::new();
-        let containers = object
-            .pointer("/spec/containers")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if containers.is_empty() {
+        let spec = pod.spec.clone().unwrap_or_default();
+        if spec.containers.is_empty() {
             errors.push(FieldError::required("spec.containers", ""));
         }
-        let mut names = Vec::new();
-        for (i, container) in containers.iter().enumerate() {
+        let mut seen = Vec::new();
+        for (i, container) in spec.containers.iter().enumerate() {
             let path = format!("spec.containers[{i}]");
-            let name = container.get("name").and_then(Value::as_str).unwrap_or("");
-            if name.is_empty() {
-                errors.push(FieldError::required(format!("{path}.name"), ""));
-            } else {
-                for message in validation::dns1123_label(name) {
-                    errors.push(FieldError::invalid(
-                        format!("{path}.name"),
-                        &json!(name),
-                        message,
-                    ));
-                }
-                if names.contains(&name) {
-                    errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
-                }
-                names.push(name);
-            }
-            if container
-                .get("image")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .is_empty()
-            {
-                errors.push(FieldError::required(format!("{path}.image"), ""));
-            }
-            for (j, port) in container
-                .get("ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let number = port.get("containerPort").cloned().unwrap_or(json!(0));
-                match number.as_i64() {
-                    Some(0) | None => errors.push(FieldError::required(
-                        format!("{path}.ports[{j}].containerPort"),
-                        "",
-                    )),
-                    Some(_) if !validation::is_port(&number) => errors.push(FieldError::invalid(
-                        format!("{path}.ports[{j}].containerPort"),
-                        &number,
-                        validation::PORT_RANGE,
-                    )),
-                    _ => {}
-                }
-            }
+            validate_container(&mut errors, &path, container, &mut seen);
         }
-        for field in ["hostname", "subdomain"] {
-            let value = spec_str(object, field);
+        for (field, value) in [("hostname", &spec.hostname), ("subdomain", &spec.subdomain)] {
+            let value = value.as_deref().unwrap_or_default();
             if !value.is_empty() {
                 for message in validation::dns1123_label(value) {
                     errors.push(FieldError::invalid(
@@ -292,11 +264,9 @@ impl Strategy for PodStrategy {
         errors
     }
 
-    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors {
-        let mut errors = self.validate_create(new);
-        if spec_str(old, "nodeName") != spec_str(new, "nodeName")
-            && !spec_str(old, "nodeName").is_empty()
-        {
+    fn validate_update(&self, new: &Pod, old: &Pod) -> FieldErrors {
+        let mut errors = Strategy::validate_create(self, new);
+        if node_name(old) != node_name(new) && !node_name(old).is_empty() {
             errors.push(FieldError::forbidden(
                 "spec",
                 "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
@@ -305,7 +275,7 @@ impl Strategy for PodStrategy {
         errors
     }
 
-    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors {
+    fn validate_status_update(&self, new: &Pod, old: &Pod) -> FieldErrors {
         validate_pod_ips(new, old)
     }
 
@@ -321,23 +291,18 @@ impl Strategy for PodStrategy {
         ]
     }
 
-    fn field_value(&self, object: &Value, field: &str) -> Option<String> {
-        let text = |pointer: &str| {
-            object
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
+    fn field_value(&self, pod: &Pod, field: &str) -> Option<String> {
+        let spec = pod.spec.as_ref();
+        let text = |value: Option<&String>| value.cloned().unwrap_or_default();
         Some(match field {
-            "metadata.name" => meta::name(object).to_string(),
-            "metadata.namespace" => meta::namespace(object).to_string(),
-            "spec.nodeName" | "spec.host" => text("/spec/nodeName"),
-            "spec.restartPolicy" => text("/spec/restartPolicy"),
-            "spec.schedulerName" => text("/spec/schedulerName"),
-            "spec.serviceAccountName" => text("/spec/serviceAccountName"),
-            "status.phase" => text("/status/phase"),
-            "status.podIP" => text("/status/podIP"),
+            "spec.nodeName" | "spec.host" => node_name(pod).to_string(),
+            "spec.restartPolicy" => text(spec.and_then(|s| s.restart_policy.as_ref())),
+            "spec.schedulerName" => text(spec.and_then(|s| s.scheduler_name.as_ref())),
+            "spec.serviceAccountName" => {
+                text(spec.and_then(|s| s.service_account_name.as_ref()))
+            }
+            "status.phase" => phase(pod).to_string(),
+            "status.podIP" => pod_ip(pod).to_string(),
             _ => return None,
         })
     }
@@ -368,18 +333,11 @@ impl Strategy for PodStrategy {
         ]
     }
 
-    fn cells(&self, object: &Value) -> Vec<Value> {
-        let containers = object
-            .pointer("/spec/containers")
-            .and_then(Value::as_array)
-            .map_or(0, Vec::len);
-        let ready = if is_ready(object) { containers } else { 0 };
-        let status = if meta::meta_str(object, "deletionTimestamp").is_empty() {
-            object
-                .pointer("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
+    fn cells(&self, pod: &Pod) -> Vec<Value> {
+        let containers = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+        let ready = if is_ready(pod) { containers } else { 0 };
+        let status = if pod.metadata.deletion_timestamp.is_none() {
+            phase(pod).to_string()
         } else {
             "Terminating".to_string()
         };
@@ -391,18 +349,13 @@ impl Strategy for PodStrategy {
             }
         };
         vec![
-            json!(meta::name(object)),
+            json!(pod.metadata.name.as_deref().unwrap_or_default()),
             json!(format!("{ready}/{containers}")),
             json!(status),
             json!(0),
-            json!(age(meta::meta_str(object, "creationTimestamp"))),
-            json!(or_none(
-                object
-                    .pointer("/status/podIP")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-            )),
-            json!(or_none(spec_str(object, "nodeName"))),
+            json!(age(&crate::created(&pod.metadata))),
+            json!(or_none(pod_ip(pod))),
+            json!(or_none(node_name(pod))),
         ]
     }
 }

@@ -1,118 +1,81 @@
 //! Decode-time defaults (`SetDefaults_Service`).
 
-use serde_json::{Map, Value, json};
+use k8s_openapi::api::core::v1::{ClientIPConfig, Service, SessionAffinityConfig};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::spec::externally_accessible;
+use super::spec::{externally_accessible, kind};
+
+/// Whether a value is unset or empty, as Go's zero value.
+fn unset(value: &Option<String>) -> bool {
+    value.as_deref().is_none_or(str::is_empty)
+}
 
 /// Applies the v1 defaults to a Service.
-pub fn apply(object: &mut Value) {
-    let Some(root) = object.as_object_mut() else {
-        return;
-    };
-    let spec = root.entry("spec").or_insert_with(|| json!({}));
-    let Some(spec) = spec.as_object_mut() else {
-        return;
-    };
-    if spec
-        .get("sessionAffinity")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .is_empty()
-    {
-        spec.insert("sessionAffinity".into(), json!("None"));
+pub fn apply(service: &mut Service) {
+    let spec = service.spec.get_or_insert_with(Default::default);
+    if unset(&spec.session_affinity) {
+        spec.session_affinity = Some("None".into());
     }
-    match spec.get("sessionAffinity").and_then(Value::as_str) {
-        Some("None") => {
-            spec.shift_remove("sessionAffinityConfig");
-        }
+    match spec.session_affinity.as_deref() {
+        Some("None") => spec.session_affinity_config = None,
         Some("ClientIP") => {
             let complete = spec
-                .get("sessionAffinityConfig")
-                .and_then(|c| c.get("clientIP"))
-                .and_then(|c| c.get("timeoutSeconds"))
-                .is_some_and(|t| !t.is_null());
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .is_some_and(|c| c.timeout_seconds.is_some());
             if !complete {
-                spec.insert(
-                    "sessionAffinityConfig".into(),
-                    json!({"clientIP": {"timeoutSeconds": 10800}}),
-                );
+                spec.session_affinity_config = Some(SessionAffinityConfig {
+                    client_ip: Some(ClientIPConfig {
+                        timeout_seconds: Some(10800),
+                    }),
+                });
             }
         }
         _ => {}
     }
-    if spec
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .is_empty()
-    {
-        spec.insert("type".into(), json!("ClusterIP"));
+    if unset(&spec.type_) {
+        spec.type_ = Some("ClusterIP".into());
     }
-    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
-        for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-            crate::default_protocol(port);
-            let unset = match port.get("targetPort") {
-                None | Some(Value::Null) => true,
-                Some(Value::Number(n)) => n.as_i64() == Some(0),
-                Some(Value::String(s)) => s.is_empty(),
-                _ => false,
-            };
-            if unset && let Some(number) = port.get("port").cloned() {
-                port.insert("targetPort".into(), number);
-            }
+    for port in spec.ports.iter_mut().flatten() {
+        crate::default_protocol(&mut port.protocol);
+        let target_unset = match &port.target_port {
+            None => true,
+            Some(IntOrString::Int(n)) => *n == 0,
+            Some(IntOrString::String(s)) => s.is_empty(),
+        };
+        if target_unset {
+            port.target_port = Some(IntOrString::Int(port.port));
         }
     }
-    let kind = spec
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    if externally_accessible(spec)
-        && spec
-            .get("externalTrafficPolicy")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .is_empty()
-    {
-        spec.insert("externalTrafficPolicy".into(), json!("Cluster"));
+    let service_type = kind(spec).to_string();
+    if externally_accessible(spec) && unset(&spec.external_traffic_policy) {
+        spec.external_traffic_policy = Some("Cluster".into());
     }
-    if matches!(kind.as_str(), "ClusterIP" | "NodePort" | "LoadBalancer")
-        && spec.get("internalTrafficPolicy").is_none_or(Value::is_null)
+    if matches!(&*service_type, "ClusterIP" | "NodePort" | "LoadBalancer")
+        && spec.internal_traffic_policy.is_none()
     {
-        spec.insert("internalTrafficPolicy".into(), json!("Cluster"));
+        spec.internal_traffic_policy = Some("Cluster".into());
     }
-    if kind == "LoadBalancer"
-        && spec
-            .get("allocateLoadBalancerNodePorts")
-            .is_none_or(Value::is_null)
-    {
-        spec.insert("allocateLoadBalancerNodePorts".into(), json!(true));
+    if service_type == "LoadBalancer" {
+        spec.allocate_load_balancer_node_ports.get_or_insert(true);
     }
-    if spec
-        .get("selector")
-        .and_then(Value::as_object)
-        .is_some_and(Map::is_empty)
-    {
-        spec.shift_remove("selector");
+    if spec.selector.as_ref().is_some_and(|s| s.is_empty()) {
+        spec.selector = None;
     }
-    if kind == "ExternalName" {
+    if service_type == "ExternalName" {
         // Read-time normalisation upstream: ExternalName Services show no traffic policy.
-        spec.shift_remove("internalTrafficPolicy");
+        spec.internal_traffic_policy = None;
     }
-    if kind == "LoadBalancer"
-        && let Some(ingress) = root
-            .get_mut("status")
-            .and_then(|s| s.get_mut("loadBalancer"))
-            .and_then(|l| l.get_mut("ingress"))
-            .and_then(Value::as_array_mut)
-    {
-        for entry in ingress.iter_mut().filter_map(Value::as_object_mut) {
-            let has_ip = entry
-                .get("ip")
-                .and_then(Value::as_str)
-                .is_some_and(|ip| !ip.is_empty());
-            if has_ip && entry.get("ipMode").is_none_or(Value::is_null) {
-                entry.insert("ipMode".into(), json!("VIP"));
+    if service_type == "LoadBalancer" {
+        let ingress = service
+            .status
+            .iter_mut()
+            .filter_map(|s| s.load_balancer.as_mut())
+            .flat_map(|l| l.ingress.iter_mut().flatten());
+        for entry in ingress {
+            if !unset(&entry.ip) && entry.ip_mode.is_none() {
+                entry.ip_mode = Some("VIP".into());
             }
         }
     }
@@ -121,22 +84,26 @@ pub fn apply(object: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn defaulted(object: serde_json::Value) -> serde_json::Value {
+        let mut service: Service = serde_json::from_value(object).expect("a Service");
+        apply(&mut service);
+        serde_json::to_value(service.spec).expect("json")
+    }
 
     #[test]
     fn a_minimal_service_gets_upstreams_defaults() {
-        let mut svc = json!({"spec":{"ports":[{"port":80}]}});
-        apply(&mut svc);
         assert_eq!(
-            svc["spec"],
+            defaulted(json!({"spec":{"ports":[{"port":80}]}})),
             json!({"ports":[{"port":80,"protocol":"TCP","targetPort":80}],"sessionAffinity":"None","type":"ClusterIP","internalTrafficPolicy":"Cluster"})
         );
     }
 
     #[test]
     fn load_balancers_get_traffic_policy_and_node_port_allocation() {
-        let mut svc = json!({"spec":{"type":"LoadBalancer","ports":[{"port":443}]}});
-        apply(&mut svc);
-        assert_eq!(svc["spec"]["externalTrafficPolicy"], "Cluster");
-        assert_eq!(svc["spec"]["allocateLoadBalancerNodePorts"], true);
+        let spec = defaulted(json!({"spec":{"type":"LoadBalancer","ports":[{"port":443}]}}));
+        assert_eq!(spec["externalTrafficPolicy"], "Cluster");
+        assert_eq!(spec["allocateLoadBalancerNodePorts"], true);
     }
 }

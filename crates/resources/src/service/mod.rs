@@ -2,41 +2,41 @@
 
 mod allocator;
 mod bitmap;
+mod cluster_ips;
 mod defaults;
+mod node_ports;
 mod printer;
+mod range;
 mod spec;
 mod transitions;
 mod validation;
 
 use async_trait::async_trait;
+use capstan_machinery::ApiError;
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::Column;
-use capstan_machinery::{ApiError, meta};
 use capstan_registry::{ResourceInfo, Strategy, WriteExtras};
 use capstan_storage::Storage;
+use k8s_openapi::api::core::v1::Service;
 use serde_json::Value;
 
-pub use allocator::{Allocations, IpRange, PortRange, ServiceAllocator};
+pub use allocator::{Allocations, ServiceAllocator};
+pub use range::{IpRange, PortRange};
 
 /// Service's identity.
-pub static SERVICE_INFO: ResourceInfo = ResourceInfo {
-    group: "",
-    version: "v1",
-    kind: "Service",
-    list_kind: "ServiceList",
-    plural: "services",
-    singular: "service",
-    namespaced: true,
-    short_names: &["svc"],
-    categories: &["all"],
-    verbs: crate::NAMESPACED_VERBS,
-    has_status: true,
-    storage_version_hash: "0/CO1lhkEBI=",
-    storage_prefix: "services/specs",
-    allow_create_on_update: true,
-    allow_unconditional_update: true,
-    delete_returns_object: true,
-};
+pub static SERVICE_INFO: ResourceInfo = ResourceInfo::of::<Service>()
+    .short_names(&["svc"])
+    .categories(&["all"])
+    .with_status()
+    .storage_version_hash("0/CO1lhkEBI=")
+    .storage_prefix("services/specs")
+    .create_on_update()
+    .delete_returns_object()
+    .openapi(
+        "io.k8s.api.core.v1.Service",
+        "api/v1",
+        capstan_machinery::schema::CORE_V1_OPENAPI,
+    );
 
 /// The Service strategy.
 pub struct ServiceStrategy {
@@ -57,6 +57,8 @@ impl ServiceStrategy {
 
 #[async_trait]
 impl Strategy for ServiceStrategy {
+    type Object = Service;
+
     fn info(&self) -> &ResourceInfo {
         &SERVICE_INFO
     }
@@ -65,89 +67,73 @@ impl Strategy for ServiceStrategy {
         capstan_machinery::validation::dns1123_label
     }
 
-    fn decode(&self, object: Value) -> Result<Value, String> {
-        crate::typed::<k8s_openapi::api::core::v1::Service>(object)
+    fn default(&self, service: &mut Service) {
+        defaults::apply(service);
     }
 
-    fn default(&self, object: &mut Value) {
-        defaults::apply(object);
+    fn prepare_for_create(&self, service: &mut Service) {
+        service.status = Some(transitions::empty_status());
+        cluster_ips::normalize(service);
     }
 
-    fn prepare_for_create(&self, object: &mut Value) {
-        if let Value::Object(map) = object {
-            map.insert("status".into(), serde_json::json!({"loadBalancer": {}}));
-        }
-        allocator::normalize_cluster_ips(object);
-    }
-
-    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
-        capstan_registry::strategy::copy_field(new, old, "status");
-        allocator::keep_allocated_values(new, old);
-        allocator::normalize_cluster_ips(new);
+    fn prepare_for_update(&self, new: &mut Service, old: &Service) {
+        node_ports::keep_allocated_values(new, old);
+        cluster_ips::normalize(new);
         transitions::drop_type_dependent_fields(new, old);
     }
 
-    fn validate_create(&self, object: &Value) -> FieldErrors {
-        validation::validate(object, &self.allocator)
+    fn validate_create(&self, service: &Service) -> FieldErrors {
+        validation::validate(service)
     }
 
-    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors {
+    fn validate_update(&self, new: &Service, old: &Service) -> FieldErrors {
         let mut errors = validation::validate_update(new, old);
-        errors.extend(validation::validate(new, &self.allocator));
+        errors.extend(validation::validate(new));
         errors
     }
 
-    fn validate_status_update(&self, new: &Value, _old: &Value) -> FieldErrors {
+    fn validate_status_update(&self, new: &Service, _old: &Service) -> FieldErrors {
         validation::validate_status(new)
     }
 
     async fn allocate(
         &self,
         storage: &dyn Storage,
-        object: &mut Value,
-        old: Option<&Value>,
+        service: &mut Service,
+        old: Option<&Service>,
         dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
-        self.allocator.allocate(storage, object, old, dry_run).await
+        self.allocator.allocate(storage, service, old, dry_run).await
     }
 
-    fn release(&self, object: &Value) -> WriteExtras {
+    fn release(&self, service: &Service) -> WriteExtras {
         // Deleting a Service deletes the Endpoints of the same name (upstream does it right
         // after; here it is the same transaction).
-        let mut extras = self.allocator.release(object);
+        let mut extras = self.allocator.release(service);
         extras
             .ops
             .push(capstan_storage::Op::Delete(crate::endpoints::key(
-                meta::namespace(object),
-                meta::name(object),
+                service.metadata.namespace.as_deref().unwrap_or_default(),
+                service.metadata.name.as_deref().unwrap_or_default(),
             )));
         extras
-    }
-
-    fn field_value(&self, object: &Value, field: &str) -> Option<String> {
-        let spec = |f: &str| {
-            object
-                .get("spec")
-                .and_then(|s| s.get(f))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        match field {
-            "metadata.name" => Some(meta::name(object).to_string()),
-            "metadata.namespace" => Some(meta::namespace(object).to_string()),
-            "spec.clusterIP" => Some(spec("clusterIP")),
-            "spec.type" => Some(spec("type")),
-            _ => None,
-        }
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {
         &["spec.clusterIP", "spec.type"]
     }
 
-    fn warnings(&self, object: &Value) -> Vec<String> {
-        validation::warnings(object)
+    fn field_value(&self, service: &Service, field: &str) -> Option<String> {
+        let spec = service.spec.as_ref();
+        match field {
+            "spec.clusterIP" => Some(spec.map(spec::cluster_ip).unwrap_or_default().to_string()),
+            "spec.type" => Some(spec.map(spec::kind).unwrap_or_default().to_string()),
+            _ => None,
+        }
+    }
+
+    fn warnings(&self, service: &Service) -> Vec<String> {
+        validation::warnings(service)
     }
 
     fn unsupported_field_message(&self, field: &str) -> String {
@@ -158,7 +144,7 @@ impl Strategy for ServiceStrategy {
         printer::columns()
     }
 
-    fn cells(&self, object: &Value) -> Vec<Value> {
-        printer::cells(object)
+    fn cells(&self, service: &Service) -> Vec<Value> {
+        printer::cells(service)
     }
 }

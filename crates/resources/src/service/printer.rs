@@ -1,8 +1,10 @@
 //! The Table `kubectl get services` shows.
 
-use capstan_machinery::meta;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use serde_json::{Value, json};
+
+use super::spec::kind;
 
 const TYPE_DESCRIPTION: &str = "type determines how the Service is exposed. Defaults to ClusterIP. Valid options are ExternalName, ClusterIP, NodePort, and LoadBalancer. \"ClusterIP\" allocates a cluster-internal IP address for load-balancing to endpoints. Endpoints are determined by the selector or if that is not specified, by manual construction of an Endpoints object or EndpointSlice objects. If clusterIP is \"None\", no virtual IP is allocated and the endpoints are published as a set of endpoints rather than a virtual IP. \"NodePort\" builds on ClusterIP and allocates a port on every node which routes to the same endpoints as the clusterIP. \"LoadBalancer\" builds on NodePort and creates an external load-balancer (if supported in the current cloud) which routes to the same endpoints as the clusterIP. \"ExternalName\" aliases this service to the specified externalName. Several other fields do not apply to ExternalName services. More info: https://kubernetes.io/docs/concepts/services-networking/service/#publishing-services-service-types";
 const CLUSTER_IP_DESCRIPTION: &str = "clusterIP is the IP address of the service and is usually assigned randomly. If an address is specified manually, is in-range (as per system configuration), and is not in use, it will be allocated to the service; otherwise creation of the service will fail. This field may not be changed through updates unless the type field is also being changed to ExternalName (which requires this field to be blank) or the type field is being changed from ExternalName (in which case this field may optionally be specified, as describe above).  Valid values are \"None\", empty string (\"\"), or a valid IP address. Setting this to \"None\" makes a \"headless service\" (no virtual IP), which is useful when direct endpoint connections are preferred and proxying is not required.  Only applies to types ClusterIP, NodePort, and LoadBalancer. If this field is specified when creating a Service of type ExternalName, creation will fail. This field will be wiped when updating a Service to type ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
@@ -33,57 +35,25 @@ pub fn columns() -> Vec<Column> {
     ]
 }
 
-fn strings(value: Option<&Value>) -> Vec<String> {
-    value
-        .and_then(Value::as_array)
-        .map(|l| {
-            l.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// One row.
-pub fn cells(object: &Value) -> Vec<Value> {
-    let empty = json!({});
-    let spec = object.get("spec").unwrap_or(&empty);
-    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("");
-    let cluster_ip = strings(spec.get("clusterIPs"))
-        .into_iter()
-        .next()
-        .or_else(|| {
-            spec.get("clusterIP")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .filter(|ip| !ip.is_empty())
-        .unwrap_or_else(|| "<none>".into());
-    let external_ips = strings(spec.get("externalIPs"));
-    let external = match kind {
-        "ClusterIP" | "NodePort" => {
-            if external_ips.is_empty() {
-                "<none>".to_string()
-            } else {
-                external_ips.join(",")
-            }
-        }
+/// The EXTERNAL-IP cell.
+fn external(service: &Service, spec: &ServiceSpec) -> String {
+    let external_ips = spec.external_ips.clone().unwrap_or_default();
+    match kind(spec) {
+        "ClusterIP" | "NodePort" if external_ips.is_empty() => "<none>".to_string(),
+        "ClusterIP" | "NodePort" => external_ips.join(","),
         "LoadBalancer" => {
-            let mut ingress: Vec<String> = object
-                .pointer("/status/loadBalancer/ingress")
-                .and_then(Value::as_array)
-                .map(|list| {
-                    list.iter()
-                        .filter_map(|i| {
-                            let ip = i.get("ip").and_then(Value::as_str).unwrap_or("");
-                            let host = i.get("hostname").and_then(Value::as_str).unwrap_or("");
-                            let text = if ip.is_empty() { host } else { ip };
-                            (!text.is_empty()).then(|| text.to_string())
-                        })
-                        .collect()
+            let mut ingress: Vec<String> = service
+                .status
+                .iter()
+                .filter_map(|s| s.load_balancer.as_ref())
+                .flat_map(|l| l.ingress.iter().flatten())
+                .filter_map(|i| {
+                    let ip = i.ip.as_deref().unwrap_or_default();
+                    let host = i.hostname.as_deref().unwrap_or_default();
+                    let text = if ip.is_empty() { host } else { ip };
+                    (!text.is_empty()).then(|| text.to_string())
                 })
-                .unwrap_or_default();
+                .collect();
             ingress.sort();
             ingress.dedup();
             ingress.extend(external_ips);
@@ -93,55 +63,58 @@ pub fn cells(object: &Value) -> Vec<Value> {
                 ingress.join(",")
             }
         }
-        "ExternalName" => spec
-            .get("externalName")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        "ExternalName" => spec.external_name.clone().unwrap_or_default(),
         _ => "<unknown>".to_string(),
-    };
+    }
+}
+
+/// One row.
+pub fn cells(service: &Service) -> Vec<Value> {
+    let spec = super::spec::of(service);
+    let cluster_ip = spec
+        .cluster_ips
+        .as_ref()
+        .and_then(|ips| ips.first())
+        .or(spec.cluster_ip.as_ref())
+        .filter(|ip| !ip.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "<none>".into());
     let ports: Vec<String> = spec
-        .get("ports")
-        .and_then(Value::as_array)
-        .map(|ports| {
-            ports
-                .iter()
-                .map(|p| {
-                    let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
-                    let protocol = p.get("protocol").and_then(Value::as_str).unwrap_or("");
-                    match p.get("nodePort").and_then(Value::as_i64).unwrap_or(0) {
-                        0 => format!("{port}/{protocol}"),
-                        node => format!("{port}:{node}/{protocol}"),
-                    }
-                })
-                .collect()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            let protocol = p.protocol.as_deref().unwrap_or_default();
+            match p.node_port.unwrap_or(0) {
+                0 => format!("{}/{protocol}", p.port),
+                node => format!("{}:{node}/{protocol}", p.port),
+            }
         })
-        .unwrap_or_default();
+        .collect();
     let ports = if ports.is_empty() {
         "<none>".to_string()
     } else {
         ports.join(",")
     };
     let selector = spec
-        .get("selector")
-        .and_then(Value::as_object)
+        .selector
+        .as_ref()
         .filter(|m| !m.is_empty())
+        // A BTreeMap: already sorted by key, as kubectl sorts the pairs.
         .map(|m| {
-            let mut pairs: Vec<String> = m
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect();
-            pairs.sort();
-            pairs.join(",")
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
         })
         .unwrap_or_else(|| "<none>".into());
     vec![
-        json!(meta::name(object)),
-        json!(kind),
+        json!(service.metadata.name.as_deref().unwrap_or_default()),
+        json!(kind(&spec)),
         json!(cluster_ip),
-        json!(external),
+        json!(external(service, &spec)),
         json!(ports),
-        json!(age(meta::meta_str(object, "creationTimestamp"))),
+        json!(age(&crate::created(&service.metadata))),
         json!(selector),
     ]
 }
@@ -153,7 +126,7 @@ mod tests {
     #[test]
     fn node_port_row() {
         let svc = json!({"metadata":{"name":"s1"},"spec":{"type":"NodePort","clusterIPs":["10.96.0.10"],"selector":{"app":"np"},"ports":[{"port":80,"protocol":"TCP","nodePort":30080}]}});
-        let row = cells(&svc);
+        let row = cells(&serde_json::from_value(svc).expect("a Service"));
         assert_eq!(
             row[..5],
             [
@@ -170,7 +143,7 @@ mod tests {
     #[test]
     fn external_name_row() {
         let svc = json!({"metadata":{"name":"x"},"spec":{"type":"ExternalName","externalName":"foo.bar.example.com"}});
-        let row = cells(&svc);
+        let row = cells(&serde_json::from_value(svc).expect("a Service"));
         assert_eq!(row[2], json!("<none>"));
         assert_eq!(row[3], json!("foo.bar.example.com"));
         assert_eq!(row[4], json!("<none>"));

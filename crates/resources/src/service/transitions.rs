@@ -1,110 +1,104 @@
 //! Type transitions on update (`dropTypeDependentFields`, PrepareForUpdate).
 
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{Service, ServiceStatus};
 
-use super::spec::{externally_accessible, needs_health_check};
+use super::spec::{externally_accessible, kind, needs_health_check, node_ports};
 
 /// `dropTypeDependentFields`: on a type change, values that only made sense for the old type
 /// are wiped — but only where the client left them as they were.
-pub fn drop_type_dependent_fields(new: &mut Value, old: &Value) {
-    let Some(old_spec) = old.get("spec").and_then(Value::as_object).cloned() else {
+pub fn drop_type_dependent_fields(new: &mut Service, old: &Service) {
+    let Some(old_spec) = old.spec.as_ref() else {
         return;
     };
-    let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+    let Some(spec) = new.spec.as_mut() else {
         return;
     };
-    let old_type = old_spec
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let new_type = spec
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let same =
-        |spec: &serde_json::Map<String, Value>, field: &str| spec.get(field) == old_spec.get(field);
+    let (old_type, new_type) = (kind(old_spec).to_string(), kind(spec).to_string());
     if new_type == "ExternalName" && old_type != "ExternalName" {
-        for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
-            if same(spec, field) {
-                spec.shift_remove(field);
-            }
+        if spec.cluster_ip == old_spec.cluster_ip {
+            spec.cluster_ip = None;
+        }
+        if spec.cluster_ips == old_spec.cluster_ips {
+            spec.cluster_ips = None;
+        }
+        if spec.ip_families == old_spec.ip_families {
+            spec.ip_families = None;
+        }
+        if spec.ip_family_policy == old_spec.ip_family_policy {
+            spec.ip_family_policy = None;
         }
     }
-    let node_ports = |spec: &serde_json::Map<String, Value>| -> Vec<i64> {
-        spec.get("ports")
-            .and_then(Value::as_array)
-            .map(|ports| {
-                ports
-                    .iter()
-                    .filter_map(|p| p.get("nodePort").and_then(Value::as_i64))
-                    .filter(|p| *p != 0)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    if matches!(old_type.as_str(), "NodePort" | "LoadBalancer")
-        && matches!(new_type.as_str(), "ClusterIP" | "ExternalName")
+    if matches!(&*old_type, "NodePort" | "LoadBalancer")
+        && matches!(&*new_type, "ClusterIP" | "ExternalName")
     {
-        let before = node_ports(&old_spec);
-        if node_ports(spec).iter().all(|p| before.contains(p))
-            && let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut)
-        {
-            for port in ports.iter_mut().filter_map(Value::as_object_mut) {
-                port.shift_remove("nodePort");
+        let before = node_ports(old_spec);
+        if node_ports(spec).iter().all(|p| before.contains(p)) {
+            for port in spec.ports.iter_mut().flatten() {
+                port.node_port = None;
             }
         }
     }
-    if needs_health_check(&old_spec)
+    if needs_health_check(old_spec)
         && !needs_health_check(spec)
-        && same(spec, "healthCheckNodePort")
+        && spec.health_check_node_port == old_spec.health_check_node_port
     {
-        spec.shift_remove("healthCheckNodePort");
+        spec.health_check_node_port = None;
     }
     if old_type == "LoadBalancer" && new_type != "LoadBalancer" {
-        for field in ["allocateLoadBalancerNodePorts", "loadBalancerClass"] {
-            if same(spec, field) {
-                spec.shift_remove(field);
-            }
+        if spec.allocate_load_balancer_node_ports == old_spec.allocate_load_balancer_node_ports {
+            spec.allocate_load_balancer_node_ports = None;
+        }
+        if spec.load_balancer_class == old_spec.load_balancer_class {
+            spec.load_balancer_class = None;
         }
     }
-    if externally_accessible(&old_spec)
+    if externally_accessible(old_spec)
         && !externally_accessible(spec)
-        && same(spec, "externalTrafficPolicy")
+        && spec.external_traffic_policy == old_spec.external_traffic_policy
     {
-        spec.shift_remove("externalTrafficPolicy");
+        spec.external_traffic_policy = None;
     }
-    if new_type != "LoadBalancer"
-        && let Some(root) = new.as_object_mut()
-    {
-        root.insert("status".into(), json!({"loadBalancer": {}}));
+    if new_type != "LoadBalancer" {
+        new.status = Some(empty_status());
+    }
+}
+
+/// `status: {loadBalancer: {}}`, a Service's status when nothing has set it.
+pub fn empty_status() -> ServiceStatus {
+    ServiceStatus {
+        load_balancer: Some(Default::default()),
+        ..ServiceStatus::default()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn service(object: serde_json::Value) -> Service {
+        serde_json::from_value(object).expect("a Service")
+    }
 
     #[test]
     fn node_port_to_cluster_ip_drops_what_only_node_ports_use() {
-        let old = json!({"spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster",
-            "ports": [{"port": 80, "nodePort": 30080}]}});
-        let mut new = json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": "Cluster",
-            "ports": [{"port": 80, "nodePort": 30080}]}});
+        let old = service(json!({"spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80, "nodePort": 30080}]}}));
+        let mut new = service(json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80, "nodePort": 30080}]}}));
         drop_type_dependent_fields(&mut new, &old);
         assert_eq!(
-            new["spec"],
+            serde_json::to_value(new.spec).expect("json"),
             json!({"type": "ClusterIP", "ports": [{"port": 80}]})
         );
     }
 
     #[test]
     fn a_new_node_port_on_conversion_is_kept_for_validation_to_refuse() {
-        let old = json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}});
+        let old = service(json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}}));
         let mut new =
-            json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30099}]}});
+            service(json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30099}]}}));
         drop_type_dependent_fields(&mut new, &old);
-        assert_eq!(new["spec"]["ports"][0]["nodePort"], 30099);
+        assert_eq!(new.spec.and_then(|s| s.ports).map(|p| p[0].node_port), Some(Some(30099)));
     }
 }

@@ -1,7 +1,5 @@
-//! `ValidateService` and `ValidateServiceUpdate` (the rules clients hit most; the full
-//! catalogue lives in `spec/service.md` §4).
-
-use std::net::IpAddr;
+//! `ValidateService` and `ValidateServiceUpdate` (the rules clients hit most), on the typed
+//! Service.
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip::{
@@ -9,31 +7,36 @@ use capstan_machinery::ip::{
     strict_problem,
 };
 use capstan_machinery::validation::{
-    PORT_RANGE, dns1123_label, dns1123_subdomain, is_port, validate_labels,
+    PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name, validate_label_pairs,
 };
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use super::ServiceAllocator;
-use super::spec::{externally_accessible, needs_health_check};
+use super::spec::{cluster_ip, externally_accessible, kind, needs_health_check};
 
 const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 const LB_ONLY: &str = "may only be used when `type` is 'LoadBalancer'";
 
-fn str_at<'a>(value: &'a Value, field: &str) -> &'a str {
-    value.get(field).and_then(Value::as_str).unwrap_or("")
-}
-
 fn valid_ip(text: &str) -> bool {
-    text.parse::<IpAddr>().is_ok()
+    text.parse::<std::net::IpAddr>().is_ok()
 }
 
 fn valid_cidr(text: &str) -> bool {
     parse_cidr(text).is_some()
 }
 
+fn text(value: &Option<String>) -> &str {
+    value.as_deref().unwrap_or_default()
+}
+
+fn list(value: &Option<Vec<String>>) -> &[String] {
+    value.as_deref().unwrap_or_default()
+}
+
 /// Go's `%v` of the internal ServicePort, as 1.36 renders a duplicate port (JSON of the
 /// internal struct: only protocol and port are compared).
-fn port_value(protocol: &str, port: i64) -> Value {
+fn port_value(protocol: &str, port: i32) -> Value {
     let mut map = serde_json::Map::new();
     map.insert("Name".into(), json!(""));
     map.insert("Protocol".into(), json!(protocol));
@@ -68,27 +71,20 @@ fn iana_service_name(name: &str) -> Vec<&'static str> {
 }
 
 /// Validates a Service (create, and the object side of update).
-pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
+pub fn validate(service: &Service) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let empty = json!({});
-    let spec = object.get("spec").unwrap_or(&empty);
-    let kind = str_at(spec, "type");
-    let cluster_ips: Vec<&str> = spec
-        .get("clusterIPs")
-        .and_then(Value::as_array)
-        .map(|l| l.iter().map(|v| v.as_str().unwrap_or("")).collect())
-        .unwrap_or_default();
-    let cluster_ip = str_at(spec, "clusterIP");
-    let headless = cluster_ip == "None" || cluster_ips.first() == Some(&"None");
-    let ports: Vec<Value> = spec
-        .get("ports")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let annotations = object
-        .pointer("/metadata/annotations")
-        .and_then(Value::as_object);
-    let annotation = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+    let spec = super::spec::of(service);
+    let kind = kind(&spec);
+    let headless = cluster_ip(&spec) == "None"
+        || list(&spec.cluster_ips).first().map(String::as_ref) == Some("None");
+    let annotation = |key: &str| {
+        service
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_ref)
+    };
     if let (Some(mode), Some(hints)) = (
         annotation("service.kubernetes.io/topology-mode"),
         annotation("service.kubernetes.io/topology-aware-hints"),
@@ -100,60 +96,103 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             "must match annotations[service.kubernetes.io/topology-aware-hints] when both are specified",
         ));
     }
+    let ports = spec.ports.as_deref().unwrap_or_default();
     if ports.is_empty() && !headless && kind != "ExternalName" {
         errors.push(FieldError::required("spec.ports", ""));
     }
-    if headless && kind == "LoadBalancer" {
-        errors.push(FieldError::invalid(
-            "spec.clusterIPs[0]",
-            &json!("None"),
-            "may not be set to 'None' for LoadBalancer services",
-        ));
-    }
-    if headless && kind == "NodePort" {
-        errors.push(FieldError::invalid(
-            "spec.clusterIPs[0]",
-            &json!("None"),
-            "may not be set to 'None' for NodePort services",
-        ));
+    for refused in ["LoadBalancer", "NodePort"] {
+        if headless && kind == refused {
+            errors.push(FieldError::invalid(
+                "spec.clusterIPs[0]",
+                &json!("None"),
+                format!("may not be set to 'None' for {refused} services"),
+            ));
+        }
     }
     if kind == "ExternalName" {
-        for field in ["clusterIPs", "ipFamilies"] {
-            if spec
-                .get(field)
-                .and_then(Value::as_array)
-                .is_some_and(|l| !l.is_empty())
-            {
-                errors.push(FieldError::forbidden(
-                    format!("spec.{field}"),
-                    "may not be set for ExternalName services",
-                ));
-            }
+        errors.extend(validate_external_name(&spec));
+    }
+    errors.extend(validate_ports(kind, ports, headless));
+    if let Some(selector) = &spec.selector {
+        errors.extend(validate_label_pairs(
+            selector.iter().map(|(k, v)| (&**k, &**v)),
+            "spec.selector",
+        ));
+    }
+    errors.extend(validate_session_affinity(&spec));
+    errors.extend(validate_cluster_ip_fields(&spec));
+    for (i, ip) in list(&spec.external_ips).iter().enumerate() {
+        let path = format!("spec.externalIPs[{i}]");
+        if let Some(problem) = strict_problem(ip) {
+            errors.push(FieldError::invalid(path, &json!(ip), problem));
+        } else if let Some(why) = ip.parse().ok().and_then(|a| special_problem(a, ip)) {
+            errors.push(FieldError::invalid(path, &json!(ip), why));
         }
-        if spec.get("ipFamilyPolicy").is_some_and(|v| !v.is_null()) {
+    }
+    match kind {
+        "" => errors.push(FieldError::required("spec.type", "")),
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName" => {}
+        other => errors.push(FieldError::not_supported(
+            "spec.type",
+            &json!(other),
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        )),
+    }
+    errors.extend(validate_duplicate_ports(ports));
+    errors.extend(validate_source_ranges(
+        kind,
+        &spec,
+        annotation("service.beta.kubernetes.io/load-balancer-source-ranges"),
+    ));
+    if spec.allocate_load_balancer_node_ports.is_some() && kind != "LoadBalancer" {
+        errors.push(FieldError::forbidden(
+            "spec.allocateLoadBalancerNodePorts",
+            LB_ONLY,
+        ));
+    }
+    errors.extend(validate_load_balancer_class(&spec));
+    errors.extend(validate_traffic_policies(&spec));
+    errors
+}
+
+fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    for (field, values) in [("clusterIPs", &spec.cluster_ips), ("ipFamilies", &spec.ip_families)] {
+        if !list(values).is_empty() {
             errors.push(FieldError::forbidden(
-                "spec.ipFamilyPolicy",
+                format!("spec.{field}"),
                 "may not be set for ExternalName services",
             ));
         }
-        let name = str_at(spec, "externalName");
-        let name = name.strip_suffix('.').unwrap_or(name);
-        if name.is_empty() {
-            errors.push(FieldError::required("spec.externalName", ""));
-        } else {
-            for message in dns1123_subdomain(name) {
-                errors.push(FieldError::invalid(
-                    "spec.externalName",
-                    &json!(name),
-                    message,
-                ));
-            }
+    }
+    if spec.ip_family_policy.is_some() {
+        errors.push(FieldError::forbidden(
+            "spec.ipFamilyPolicy",
+            "may not be set for ExternalName services",
+        ));
+    }
+    let name = text(&spec.external_name);
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        errors.push(FieldError::required("spec.externalName", ""));
+    } else {
+        for message in dns1123_subdomain(name) {
+            errors.push(FieldError::invalid(
+                "spec.externalName",
+                &json!(name),
+                message,
+            ));
         }
     }
+    errors
+}
+
+fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErrors {
+    let mut errors = FieldErrors::new();
     let mut names: Vec<&str> = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let path = format!("spec.ports[{i}]");
-        let name = str_at(port, "name");
+        let name = text(&port.name);
         if ports.len() > 1 && name.is_empty() {
             errors.push(FieldError::required(format!("{path}.name"), ""));
         } else if !name.is_empty() {
@@ -169,33 +208,31 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             }
         }
         names.push(name);
-        let number = port.get("port").cloned().unwrap_or(json!(0));
-        if !is_port(&number) {
+        if !(1..=65535).contains(&port.port) {
             errors.push(FieldError::invalid(
                 format!("{path}.port"),
-                &number,
+                &json!(port.port),
                 PORT_RANGE,
             ));
         }
-        let protocol = str_at(port, "protocol");
-        if protocol.is_empty() {
-            errors.push(FieldError::required(format!("{path}.protocol"), ""));
-        } else if !["SCTP", "TCP", "UDP"].contains(&protocol) {
-            errors.push(FieldError::not_supported(
+        match text(&port.protocol) {
+            "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
+            "SCTP" | "TCP" | "UDP" => {}
+            other => errors.push(FieldError::not_supported(
                 format!("{path}.protocol"),
-                &json!(protocol),
+                &json!(other),
                 &["SCTP", "TCP", "UDP"],
-            ));
+            )),
         }
-        match port.get("targetPort") {
-            Some(Value::Number(n)) if !is_port(&Value::Number(n.clone())) && !headless => {
+        match &port.target_port {
+            Some(IntOrString::Int(n)) if !(1..=65535).contains(n) && !headless => {
                 errors.push(FieldError::invalid(
                     format!("{path}.targetPort"),
-                    &Value::Number(n.clone()),
+                    &json!(n),
                     PORT_RANGE,
                 ));
             }
-            Some(Value::String(s)) => {
+            Some(IntOrString::String(s)) => {
                 for message in iana_service_name(s) {
                     errors.push(FieldError::invalid(
                         format!("{path}.targetPort"),
@@ -206,8 +243,8 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             }
             _ => {}
         }
-        if let Some(app) = port.get("appProtocol").and_then(Value::as_str) {
-            for message in capstan_machinery::validation::qualified_name(app) {
+        if let Some(app) = port.app_protocol.as_deref() {
+            for message in qualified_name(app) {
                 errors.push(FieldError::invalid(
                     format!("{path}.appProtocol"),
                     &json!(app),
@@ -215,21 +252,27 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
                 ));
             }
         }
-        if kind == "ClusterIP" && port.get("nodePort").and_then(Value::as_i64).unwrap_or(0) != 0 {
+        if kind == "ClusterIP" && port.node_port.unwrap_or(0) != 0 {
             errors.push(FieldError::forbidden(
                 format!("{path}.nodePort"),
                 "may not be used when `type` is 'ClusterIP'",
             ));
         }
     }
-    if let Some(selector) = spec.get("selector").and_then(Value::as_object) {
-        errors.extend(validate_labels(selector, "spec.selector"));
-    }
-    match str_at(spec, "sessionAffinity") {
+    errors
+}
+
+fn validate_session_affinity(spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    match text(&spec.session_affinity) {
         "" => errors.push(FieldError::required("spec.sessionAffinity", "")),
         "ClientIP" => {
-            let timeout = spec.pointer("/sessionAffinityConfig/clientIP/timeoutSeconds");
-            if let Some(t) = timeout.and_then(Value::as_i64)
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            if let Some(t) = timeout
                 && !(1..=86400).contains(&t)
             {
                 errors.push(FieldError::invalid(
@@ -246,61 +289,46 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             &["ClientIP", "None"],
         )),
     }
-    errors.extend(validate_cluster_ip_fields(spec));
-    if let Some(ips) = spec.get("externalIPs").and_then(Value::as_array) {
-        for (i, ip) in ips.iter().enumerate() {
-            let text = ip.as_str().unwrap_or("");
-            let path = format!("spec.externalIPs[{i}]");
-            if let Some(problem) = strict_problem(text) {
-                errors.push(FieldError::invalid(path, ip, problem));
-            } else if let Some(why) = text.parse().ok().and_then(|a| special_problem(a, text)) {
-                errors.push(FieldError::invalid(path, ip, why));
-            }
-        }
-    }
-    match kind {
-        "" => errors.push(FieldError::required("spec.type", "")),
-        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName" => {}
-        other => errors.push(FieldError::not_supported(
-            "spec.type",
-            &json!(other),
-            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
-        )),
-    }
-    let mut seen_ports: Vec<(String, i64)> = Vec::new();
+    errors
+}
+
+/// Two ports on one node port and protocol, or two ports with one port and protocol.
+fn validate_duplicate_ports(ports: &[ServicePort]) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let mut seen_node_ports: Vec<(&str, i32)> = Vec::new();
     for (i, port) in ports.iter().enumerate() {
-        let node_port = port.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
+        let node_port = port.node_port.unwrap_or(0);
         if node_port == 0 {
             continue;
         }
-        let key = (str_at(port, "protocol").to_string(), node_port);
-        if seen_ports.contains(&key) {
+        let key = (text(&port.protocol), node_port);
+        if seen_node_ports.contains(&key) {
             errors.push(FieldError::duplicate(
                 format!("spec.ports[{i}].nodePort"),
                 &json!(node_port),
             ));
         }
-        seen_ports.push(key);
+        seen_node_ports.push(key);
     }
-    let mut seen_protocol_ports: Vec<(String, i64)> = Vec::new();
+    let mut seen: Vec<(&str, i32)> = Vec::new();
     for (i, port) in ports.iter().enumerate() {
-        let key = (
-            str_at(port, "protocol").to_string(),
-            port.get("port").and_then(Value::as_i64).unwrap_or(0),
-        );
-        if seen_protocol_ports.contains(&key) {
+        let key = (text(&port.protocol), port.port);
+        if seen.contains(&key) {
             errors.push(FieldError::duplicate(
                 format!("spec.ports[{i}]"),
-                &port_value(&key.0, key.1),
+                &port_value(key.0, key.1),
             ));
         }
-        seen_protocol_ports.push(key);
+        seen.push(key);
     }
-    let ranges = spec
-        .get("loadBalancerSourceRanges")
-        .and_then(Value::as_array)
-        .filter(|r| !r.is_empty());
-    if let Some(ranges) = ranges {
+    errors
+}
+
+/// `loadBalancerSourceRanges`, or the older annotation when the field is empty.
+fn validate_source_ranges(kind: &str, spec: &ServiceSpec, annotation: Option<&str>) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let ranges = list(&spec.load_balancer_source_ranges);
+    if !ranges.is_empty() {
         if kind != "LoadBalancer" {
             errors.push(FieldError::forbidden(
                 "spec.LoadBalancerSourceRanges",
@@ -308,7 +336,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             ));
         }
         for (i, range) in ranges.iter().enumerate() {
-            let trimmed = range.as_str().unwrap_or("").trim();
+            let trimmed = range.trim();
             if !valid_cidr(trimmed) {
                 errors.push(FieldError::invalid(
                     format!("spec.LoadBalancerSourceRanges[{i}]"),
@@ -317,8 +345,7 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
                 ));
             }
         }
-    } else if let Some(value) = annotation("service.beta.kubernetes.io/load-balancer-source-ranges")
-    {
+    } else if let Some(value) = annotation {
         let path = "metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]";
         if kind != "LoadBalancer" {
             errors.push(FieldError::forbidden(path, LB_ONLY));
@@ -328,19 +355,13 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             errors.push(FieldError::invalid(path, &json!(value), CIDR));
         }
     }
-    if spec
-        .get("allocateLoadBalancerNodePorts")
-        .is_some_and(|v| !v.is_null())
-        && kind != "LoadBalancer"
-    {
-        errors.push(FieldError::forbidden(
-            "spec.allocateLoadBalancerNodePorts",
-            LB_ONLY,
-        ));
-    }
-    errors.extend(validate_load_balancer_class(spec));
-    let external = spec.as_object().is_some_and(externally_accessible);
-    let etp = str_at(spec, "externalTrafficPolicy");
+    errors
+}
+
+fn validate_traffic_policies(spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let external = externally_accessible(spec);
+    let etp = text(&spec.external_traffic_policy);
     if !external && !etp.is_empty() {
         errors.push(FieldError::invalid(
             "spec.externalTrafficPolicy",
@@ -356,19 +377,15 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             &["Cluster", "Local"],
         ));
     }
-    let health = spec
-        .get("healthCheckNodePort")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let needs_health = spec.as_object().is_some_and(needs_health_check);
-    if !needs_health && health != 0 {
+    let health = spec.health_check_node_port.unwrap_or(0);
+    if !needs_health_check(spec) && health != 0 {
         errors.push(FieldError::invalid(
             "spec.healthCheckNodePort",
             &json!(health),
             "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'",
         ));
     }
-    if let Some(itp) = spec.get("internalTrafficPolicy").and_then(Value::as_str)
+    if let Some(itp) = spec.internal_traffic_policy.as_deref()
         && itp != "Cluster"
         && itp != "Local"
     {
@@ -378,109 +395,101 @@ pub fn validate(object: &Value, allocator: &ServiceAllocator) -> FieldErrors {
             &["Cluster", "Local"],
         ));
     }
-    if let Some(distribution) = spec.get("trafficDistribution").and_then(Value::as_str)
-        && !["PreferClose", "PreferSameZone", "PreferSameNode"].contains(&distribution)
+    const DISTRIBUTIONS: &[&str] = &["PreferClose", "PreferSameZone", "PreferSameNode"];
+    if let Some(distribution) = spec.traffic_distribution.as_deref()
+        && !DISTRIBUTIONS.contains(&distribution)
     {
         errors.push(FieldError::not_supported(
             "spec.trafficDistribution",
             &json!(distribution),
-            &["PreferClose", "PreferSameZone", "PreferSameNode"],
+            DISTRIBUTIONS,
         ));
     }
-    let _ = allocator;
     errors
 }
 
 /// `ValidateServiceClusterIPsRelatedFields` (skipped for ExternalName): also run by the
 /// allocator before it allocates, so malformed input gets these errors and only these.
-pub fn validate_cluster_ip_fields(spec: &Value) -> FieldErrors {
+pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let kind = str_at(spec, "type");
-    let cluster_ip = str_at(spec, "clusterIP");
-    let cluster_ips: Vec<&str> = spec
-        .get("clusterIPs")
-        .and_then(Value::as_array)
-        .map(|l| l.iter().map(|v| v.as_str().unwrap_or("")).collect())
-        .unwrap_or_default();
-    if kind != "ExternalName" {
-        if !cluster_ip.is_empty() && cluster_ips.is_empty() {
-            errors.push(FieldError::required("spec.clusterIPs", ""));
-        } else if !cluster_ip.is_empty() && cluster_ips.first() != Some(&cluster_ip) {
-            errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "first value must match `clusterIP`",
-            ));
-        } else if cluster_ip.is_empty() && !cluster_ips.is_empty() {
-            errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "must be empty when `clusterIP` is not specified",
-            ));
-        }
-        for (i, ip) in cluster_ips.iter().enumerate() {
-            if *ip == "None" && i == 0 {
-                if cluster_ips.len() > 1 {
-                    errors.push(FieldError::invalid(
-                        "spec.clusterIPs",
-                        &json!(cluster_ips),
-                        "'None' must be the first and only value",
-                    ));
-                }
-            } else if let Some(problem) = strict_problem(ip) {
+    if kind(spec) == "ExternalName" {
+        return errors;
+    }
+    let cluster_ip = cluster_ip(spec);
+    let cluster_ips = list(&spec.cluster_ips);
+    if !cluster_ip.is_empty() && cluster_ips.is_empty() {
+        errors.push(FieldError::required("spec.clusterIPs", ""));
+    } else if !cluster_ip.is_empty() && cluster_ips.first().map(String::as_ref) != Some(cluster_ip) {
+        errors.push(FieldError::invalid(
+            "spec.clusterIPs",
+            &json!(cluster_ips),
+            "first value must match `clusterIP`",
+        ));
+    } else if cluster_ip.is_empty() && !cluster_ips.is_empty() {
+        errors.push(FieldError::invalid(
+            "spec.clusterIPs",
+            &json!(cluster_ips),
+            "must be empty when `clusterIP` is not specified",
+        ));
+    }
+    for (i, ip) in cluster_ips.iter().enumerate() {
+        if ip == "None" && i == 0 {
+            if cluster_ips.len() > 1 {
                 errors.push(FieldError::invalid(
-                    format!("spec.clusterIPs[{i}]"),
-                    &json!(ip),
-                    problem,
+                    "spec.clusterIPs",
+                    &json!(cluster_ips),
+                    "'None' must be the first and only value",
                 ));
             }
-        }
-        if cluster_ips.len() > 2 {
+        } else if let Some(problem) = strict_problem(ip) {
             errors.push(FieldError::invalid(
-                "spec.clusterIPs",
-                &json!(cluster_ips),
-                "may only hold up to 2 values",
+                format!("spec.clusterIPs[{i}]"),
+                &json!(ip),
+                problem,
             ));
         }
-        if let Some(families) = spec.get("ipFamilies").and_then(Value::as_array) {
-            let mut seen = Vec::new();
-            for (i, family) in families.iter().enumerate() {
-                let text = family.as_str().unwrap_or("");
-                if text != "IPv4" && text != "IPv6" {
-                    errors.push(FieldError::not_supported(
-                        format!("spec.ipFamilies[{i}]"),
-                        family,
-                        &["IPv4", "IPv6"],
-                    ));
-                } else if seen.contains(&text) {
-                    errors.push(FieldError::duplicate(
-                        format!("spec.ipFamilies[{i}]"),
-                        family,
-                    ));
-                }
-                seen.push(text);
-            }
-        }
-        let policy = str_at(spec, "ipFamilyPolicy");
-        if !policy.is_empty()
-            && !["PreferDualStack", "RequireDualStack", "SingleStack"].contains(&policy)
-        {
+    }
+    if cluster_ips.len() > 2 {
+        errors.push(FieldError::invalid(
+            "spec.clusterIPs",
+            &json!(cluster_ips),
+            "may only hold up to 2 values",
+        ));
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, family) in list(&spec.ip_families).iter().enumerate() {
+        if family != "IPv4" && family != "IPv6" {
             errors.push(FieldError::not_supported(
-                "spec.ipFamilyPolicy",
-                &json!(policy),
-                &["PreferDualStack", "RequireDualStack", "SingleStack"],
+                format!("spec.ipFamilies[{i}]"),
+                &json!(family),
+                &["IPv4", "IPv6"],
+            ));
+        } else if seen.contains(&&**family) {
+            errors.push(FieldError::duplicate(
+                format!("spec.ipFamilies[{i}]"),
+                &json!(family),
             ));
         }
+        seen.push(family);
+    }
+    const POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
+    let policy = text(&spec.ip_family_policy);
+    if !policy.is_empty() && !POLICIES.contains(&policy) {
+        errors.push(FieldError::not_supported(
+            "spec.ipFamilyPolicy",
+            &json!(policy),
+            POLICIES,
+        ));
     }
     errors
 }
 
 /// §4.1 #30/#31.
-fn validate_load_balancer_class(spec: &Value) -> FieldErrors {
+fn validate_load_balancer_class(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    if let Some(class) = spec.get("loadBalancerClass").and_then(Value::as_str) {
-        if str_at(spec, "type") == "LoadBalancer" {
-            for message in capstan_machinery::validation::qualified_name(class) {
+    if let Some(class) = spec.load_balancer_class.as_deref() {
+        if kind(spec) == "LoadBalancer" {
+            for message in qualified_name(class) {
                 errors.push(FieldError::invalid(
                     "spec.loadBalancerClass",
                     &json!(class),
@@ -494,145 +503,121 @@ fn validate_load_balancer_class(spec: &Value) -> FieldErrors {
     errors
 }
 
+fn validate_ingress(errors: &mut FieldErrors, path: &str, entry: &LoadBalancerIngress) {
+    let ip = text(&entry.ip);
+    if !ip.is_empty() && !valid_ip(ip) {
+        errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
+    }
+    match entry.ip_mode.as_deref() {
+        None if !ip.is_empty() => errors.push(FieldError::required(
+            format!("{path}.ipMode"),
+            "must be specified when `ip` is set",
+        )),
+        Some(_) if ip.is_empty() => errors.push(FieldError::forbidden(
+            format!("{path}.ipMode"),
+            "may not be specified when `ip` is not set",
+        )),
+        Some(mode) if mode != "Proxy" && mode != "VIP" => errors.push(FieldError::not_supported(
+            format!("{path}.ipMode"),
+            &json!(mode),
+            &["Proxy", "VIP"],
+        )),
+        _ => {}
+    }
+    let hostname = text(&entry.hostname);
+    if !hostname.is_empty() {
+        for message in dns1123_subdomain(hostname) {
+            errors.push(FieldError::invalid(
+                format!("{path}.hostname"),
+                &json!(hostname),
+                message,
+            ));
+        }
+        if valid_ip(hostname) {
+            errors.push(FieldError::invalid(
+                format!("{path}.hostname"),
+                &json!(hostname),
+                "must be a DNS name, not an IP address",
+            ));
+        }
+    }
+}
+
 /// `ValidateServiceStatusUpdate`: the load balancer status.
-pub fn validate_status(new: &Value) -> FieldErrors {
+pub fn validate_status(new: &Service) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let ingress = new
-        .pointer("/status/loadBalancer/ingress")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let ingress: Vec<&LoadBalancerIngress> = new
+        .status
+        .iter()
+        .filter_map(|s| s.load_balancer.as_ref())
+        .flat_map(|l| l.ingress.iter().flatten())
+        .collect();
     if ingress.is_empty() {
         return errors;
     }
-    if new.pointer("/spec/type").and_then(Value::as_str) != Some("LoadBalancer") {
+    if new.spec.as_ref().map(kind) != Some("LoadBalancer") {
         errors.push(FieldError::forbidden(
             "status.loadBalancer.ingress",
             "may only be used when `spec.type` is 'LoadBalancer'",
         ));
         return errors;
     }
-    for (i, entry) in ingress.iter().enumerate() {
-        let path = format!("status.loadBalancer.ingress[{i}]");
-        let ip = str_at(entry, "ip");
-        if !ip.is_empty() && !valid_ip(ip) {
-            errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
-        }
-        match entry.get("ipMode").and_then(Value::as_str) {
-            None if !ip.is_empty() => errors.push(FieldError::required(
-                format!("{path}.ipMode"),
-                "must be specified when `ip` is set",
-            )),
-            Some(_) if ip.is_empty() => errors.push(FieldError::forbidden(
-                format!("{path}.ipMode"),
-                "may not be specified when `ip` is not set",
-            )),
-            Some(mode) if mode != "Proxy" && mode != "VIP" => {
-                errors.push(FieldError::not_supported(
-                    format!("{path}.ipMode"),
-                    &json!(mode),
-                    &["Proxy", "VIP"],
-                ))
-            }
-            _ => {}
-        }
-        let hostname = str_at(entry, "hostname");
-        if !hostname.is_empty() {
-            for message in dns1123_subdomain(hostname) {
-                errors.push(FieldError::invalid(
-                    format!("{path}.hostname"),
-                    &json!(hostname),
-                    message,
-                ));
-            }
-            if valid_ip(hostname) {
-                errors.push(FieldError::invalid(
-                    format!("{path}.hostname"),
-                    &json!(hostname),
-                    "must be a DNS name, not an IP address",
-                ));
-            }
-        }
+    for (i, entry) in ingress.into_iter().enumerate() {
+        validate_ingress(&mut errors, &format!("status.loadBalancer.ingress[{i}]"), entry);
     }
     errors
 }
 
 /// The `Warning` texts upstream sends for a Service (§9).
-pub fn warnings(object: &Value) -> Vec<String> {
+pub fn warnings(service: &Service) -> Vec<String> {
     let mut out = Vec::new();
-    let empty = json!({});
-    let spec = object.get("spec").unwrap_or(&empty);
-    let kind = str_at(spec, "type");
-    if object
-        .pointer("/metadata/annotations/service.kubernetes.io~1topology-aware-hints")
-        .is_some()
+    let spec = super::spec::of(service);
+    let kind = kind(&spec);
+    if service
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("service.kubernetes.io/topology-aware-hints"))
     {
         out.push("annotation service.kubernetes.io/topology-aware-hints is deprecated, please use service.kubernetes.io/topology-mode instead".to_string());
     }
-    let external_ips = spec
-        .get("externalIPs")
-        .and_then(Value::as_array)
-        .is_some_and(|l| !l.is_empty());
+    let external_ips = !list(&spec.external_ips).is_empty();
     if kind == "ExternalName" && external_ips {
         out.push("spec.externalIPs is ignored when spec.type is \"ExternalName\"".to_string());
     }
-    if kind != "ExternalName" && !str_at(spec, "externalName").is_empty() {
+    if kind != "ExternalName" && !text(&spec.external_name).is_empty() {
         out.push("spec.externalName is ignored when spec.type is not \"ExternalName\"".to_string());
     }
-    if kind == "ClusterIP" && str_at(spec, "clusterIP") == "None" {
-        if !str_at(spec, "loadBalancerIP").is_empty() {
+    if kind == "ClusterIP" && cluster_ip(&spec) == "None" {
+        if !text(&spec.load_balancer_ip).is_empty() {
             out.push("spec.loadBalancerIP is ignored for headless services".to_string());
         }
         if external_ips {
             out.push("spec.externalIPs is ignored for headless services".to_string());
         }
-        if !matches!(str_at(spec, "sessionAffinity"), "" | "None") {
+        if !matches!(text(&spec.session_affinity), "" | "None") {
             out.push("spec.SessionAffinity is ignored for headless services".to_string());
         }
     }
-    if str_at(spec, "clusterIP") != "None" {
-        for (i, ip) in spec
-            .get("clusterIPs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            out.extend(canonical_ip_warning(
-                &format!("spec.clusterIPs[{i}]"),
-                ip.as_str().unwrap_or(""),
-            ));
+    if cluster_ip(&spec) != "None" {
+        for (i, ip) in list(&spec.cluster_ips).iter().enumerate() {
+            out.extend(canonical_ip_warning(&format!("spec.clusterIPs[{i}]"), ip));
         }
     }
-    for (i, ip) in spec
-        .get("externalIPs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        out.extend(canonical_ip_warning(
-            &format!("spec.externalIPs[{i}]"),
-            ip.as_str().unwrap_or(""),
-        ));
+    for (i, ip) in list(&spec.external_ips).iter().enumerate() {
+        out.extend(canonical_ip_warning(&format!("spec.externalIPs[{i}]"), ip));
     }
     out.extend(canonical_ip_warning(
         "spec.loadBalancerIP",
-        str_at(spec, "loadBalancerIP"),
+        text(&spec.load_balancer_ip),
     ));
-    for (i, range) in spec
-        .get("loadBalancerSourceRanges")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, range) in list(&spec.load_balancer_source_ranges).iter().enumerate() {
         out.extend(cidr_warning(
             &format!("spec.loadBalancerSourceRanges[{i}]"),
-            range.as_str().unwrap_or("").trim(),
+            range.trim(),
         ));
     }
-    if str_at(spec, "trafficDistribution") == "PreferClose" {
+    if text(&spec.traffic_distribution) == "PreferClose" {
         out.push(
             "spec.trafficDistribution: \"PreferClose\" is deprecated; use \"PreferSameZone\""
                 .to_string(),
@@ -647,84 +632,73 @@ pub fn warnings(object: &Value) -> Vec<String> {
     out
 }
 
-/// The update-only rules.
-pub fn validate_update(new: &Value, old: &Value) -> FieldErrors {
+/// The clusterIPs rules of an update (`validateServiceClusterIPsRelatedFields`' update half).
+fn validate_cluster_ips_update(old_spec: &ServiceSpec, new_spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let empty = json!({});
-    let old_spec = old.get("spec").unwrap_or(&empty);
-    let new_spec = new.get("spec").unwrap_or(&empty);
-    let old_type = str_at(old_spec, "type");
-    let new_type = str_at(new_spec, "type");
-    let list = |spec: &Value, field: &str| -> Vec<Value> {
-        spec.get(field)
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let old_ips = list(old_spec, "clusterIPs");
-    let new_ips = list(new_spec, "clusterIPs");
-    let headless = |ips: &[Value]| ips.first().and_then(Value::as_str) == Some("None");
-    let policy = str_at(new_spec, "ipFamilyPolicy");
-    if old_type != "ExternalName"
-        && new_type != "ExternalName"
-        && !(headless(&old_ips) && headless(&new_ips))
+    let old_ips = list(&old_spec.cluster_ips);
+    let new_ips = list(&new_spec.cluster_ips);
+    let headless = |ips: &[String]| ips.first().map(String::as_ref) == Some("None");
+    if kind(old_spec) == "ExternalName"
+        || kind(new_spec) == "ExternalName"
+        || (headless(old_ips) && headless(new_ips))
     {
-        let ips = json!(new_ips);
-        if new_ips.len() == old_ips.len() {
-            for i in 0..new_ips.len() {
-                if new_ips[i] != old_ips[i] {
-                    errors.push(FieldError::invalid(
-                        format!("spec.clusterIPs[{i}]"),
-                        &ips,
-                        "may not change once set",
-                    ));
-                }
-            }
-        } else if new_ips.len() < old_ips.len() {
-            if new_ips.is_empty() {
-                errors.push(FieldError::invalid(
-                    "spec.clusterIPs[0]",
-                    &ips,
-                    "primary clusterIP can not be unset",
-                ));
-            } else if new_ips[0] != old_ips[0] {
-                errors.push(FieldError::invalid(
-                    "spec.clusterIPs[0]",
-                    &ips,
-                    "may not change once set",
-                ));
-            }
-            if new_ips.len() == 1 && policy != "SingleStack" {
-                errors.push(FieldError::invalid(
-                    "spec.ipFamilyPolicy",
-                    &json!(policy),
-                    "must be set to 'SingleStack' when releasing the secondary clusterIP",
-                ));
-            }
-        } else if !old_ips.is_empty() && new_ips[0] != old_ips[0] {
+        return errors;
+    }
+    let policy = text(&new_spec.ip_family_policy);
+    let ips = json!(new_ips);
+    let changed = |errors: &mut FieldErrors, i: usize| {
+        errors.push(FieldError::invalid(
+            format!("spec.clusterIPs[{i}]"),
+            &ips,
+            "may not change once set",
+        ));
+    };
+    if new_ips.len() == old_ips.len() {
+        for i in (0..new_ips.len()).filter(|i| new_ips[*i] != old_ips[*i]) {
+            changed(&mut errors, i);
+        }
+    } else if new_ips.len() < old_ips.len() {
+        if new_ips.is_empty() {
             errors.push(FieldError::invalid(
                 "spec.clusterIPs[0]",
                 &ips,
-                "may not change once set",
+                "primary clusterIP can not be unset",
             ));
+        } else if new_ips[0] != old_ips[0] {
+            changed(&mut errors, 0);
         }
-    }
-    if old_type == "LoadBalancer" && new_type == "LoadBalancer" {
-        let before = old_spec.get("loadBalancerClass").filter(|v| !v.is_null());
-        let after = new_spec.get("loadBalancerClass").filter(|v| !v.is_null());
-        if before != after {
+        if new_ips.len() == 1 && policy != "SingleStack" {
             errors.push(FieldError::invalid(
-                "spec.loadBalancerClass",
-                after.unwrap_or(&json!("null")),
-                "may not change once set",
+                "spec.ipFamilyPolicy",
+                &json!(policy),
+                "must be set to 'SingleStack' when releasing the secondary clusterIP",
             ));
         }
+    } else if !old_ips.is_empty() && new_ips[0] != old_ips[0] {
+        changed(&mut errors, 0);
     }
-    errors.extend(validate_load_balancer_class(new_spec));
-    let needs = |spec: &Value| spec.as_object().is_some_and(needs_health_check);
-    if needs(old_spec)
-        && needs(new_spec)
-        && old_spec.get("healthCheckNodePort") != new_spec.get("healthCheckNodePort")
+    errors
+}
+
+/// The update-only rules.
+pub fn validate_update(new: &Service, old: &Service) -> FieldErrors {
+    let old_spec = super::spec::of(old);
+    let new_spec = super::spec::of(new);
+    let mut errors = validate_cluster_ips_update(&old_spec, &new_spec);
+    if kind(&old_spec) == "LoadBalancer"
+        && kind(&new_spec) == "LoadBalancer"
+        && old_spec.load_balancer_class != new_spec.load_balancer_class
+    {
+        errors.push(FieldError::invalid(
+            "spec.loadBalancerClass",
+            &json!(new_spec.load_balancer_class.as_deref().unwrap_or("null")),
+            "may not change once set",
+        ));
+    }
+    errors.extend(validate_load_balancer_class(&new_spec));
+    if needs_health_check(&old_spec)
+        && needs_health_check(&new_spec)
+        && old_spec.health_check_node_port != new_spec.health_check_node_port
     {
         errors.push(FieldError::forbidden(
             "spec.healthCheckNodePort",
@@ -755,8 +729,10 @@ mod ip_tests {
             Some("spec.loadBalancerSourceRanges[0]: IPv6 CIDR value \"FD00::/64\" should be in RFC 5952 canonical format (\"fd00::/64\")".into())
         );
         assert!(!valid_cidr("1.2.3.4/33") && !valid_cidr("foo.bar"));
-        let service =
-            json!({"spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": [" 10.1.2.3/8 "]}});
+        let service: Service = serde_json::from_value(
+            json!({"spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": [" 10.1.2.3/8 "]}}),
+        )
+        .expect("a Service");
         assert!(warnings(&service).iter().any(|w| w.starts_with(
             "spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous"
         )));

@@ -1,0 +1,252 @@
+//! Cluster IPs: the IP family policy and families a Service resolves to (upstream's
+//! `initIPFamilyFields`), and the addresses it is given.
+
+use std::net::IpAddr;
+
+use capstan_machinery::ApiError;
+use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_storage::Storage;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use serde_json::json;
+
+use super::allocator::{Allocations, IP_PREFIX, ServiceAllocator, invalid};
+
+/// What a Service asks for: its cluster IPs, policy and families as sent (or kept).
+struct Request {
+    ips: Vec<String>,
+    policy: String,
+    families: Vec<String>,
+    headless: bool,
+    has_selector: bool,
+}
+
+impl Request {
+    fn of(spec: &ServiceSpec) -> Self {
+        let mut ips = spec.cluster_ips.clone().unwrap_or_default();
+        let cluster_ip = super::spec::cluster_ip(spec);
+        if !cluster_ip.is_empty() && ips.is_empty() {
+            ips.push(cluster_ip.to_string());
+        }
+        let headless = ips.first().is_some_and(|ip| ip == "None");
+        let has_selector = spec.selector.as_ref().is_some_and(|m| !m.is_empty());
+        let policy = match spec.ip_family_policy.as_deref().unwrap_or_default() {
+            "" if headless && !has_selector => "RequireDualStack".to_string(),
+            "" => "SingleStack".to_string(),
+            given => given.to_string(),
+        };
+        Request {
+            ips,
+            policy,
+            families: spec.ip_families.clone().unwrap_or_default(),
+            headless,
+            has_selector,
+        }
+    }
+
+    /// An update's downgrade to single-stack releases the secondary address and family; any
+    /// other policy may not drop them.
+    fn follow_old(&mut self, old: &Service) -> FieldErrors {
+        let old_spec = super::spec::of(old);
+        let old_ips = old_spec.cluster_ips.clone().unwrap_or_default();
+        let old_families = old_spec.ip_families.clone().unwrap_or_default();
+        let mut errors = FieldErrors::new();
+        if self.policy == "SingleStack" {
+            if self.ips == old_ips && self.ips.len() == 2 {
+                self.ips.truncate(1);
+            }
+            if self.families == old_families && self.families.len() == 2 {
+                self.families.truncate(1);
+            }
+            return errors;
+        }
+        for (released, what) in [
+            (old_ips.len() == 2 && self.ips.len() == 1, "cluster IP"),
+            (
+                old_families.len() == 2 && self.families.len() == 1,
+                "IP family",
+            ),
+        ] {
+            if released {
+                errors.push(FieldError::invalid(
+                    "spec.ipFamilyPolicy",
+                    &json!(self.policy),
+                    format!("must be 'SingleStack' to release the secondary {what}"),
+                ));
+            }
+        }
+        errors
+    }
+
+    /// Fills the families from the addresses, the cluster's configuration and the policy.
+    fn resolve_families(&mut self, configured: &[&'static str]) -> FieldErrors {
+        let primary = configured[0];
+        let other = |family: &str| if family == "IPv4" { "IPv6" } else { "IPv4" };
+        let mut errors = FieldErrors::new();
+        if self.headless {
+            if self.families.is_empty() {
+                self.families.push(primary.to_string());
+            }
+            if !self.has_selector && self.policy != "SingleStack" && self.families.len() == 1 {
+                let second = other(&self.families[0]);
+                self.families.push(second.to_string());
+            }
+            return errors;
+        }
+        for (i, ip) in self.ips.iter().enumerate().skip(self.families.len()) {
+            let Ok(addr) = ip.parse::<IpAddr>() else {
+                continue;
+            };
+            let family = if addr.is_ipv4() { "IPv4" } else { "IPv6" };
+            if configured.contains(&family) {
+                self.families.push(family.into());
+            } else {
+                errors.push(FieldError::invalid(
+                    format!("spec.clusterIPs[{i}]"),
+                    &json!(self.ips),
+                    format!("{family} is not configured on this cluster"),
+                ));
+            }
+        }
+        if self.policy == "RequireDualStack" && configured.len() < 2 {
+            errors.push(FieldError::invalid(
+                "spec.ipFamilyPolicy",
+                &json!(self.policy),
+                "this cluster is not configured for dual-stack services",
+            ));
+        }
+        for (i, family) in self.families.iter().enumerate() {
+            if (family == "IPv4" || family == "IPv6") && !configured.contains(&&**family) {
+                errors.push(FieldError::invalid(
+                    format!("spec.ipFamilies[{i}]"),
+                    &json!(family),
+                    "not configured on this cluster",
+                ));
+            }
+        }
+        if !errors.is_empty() {
+            return errors;
+        }
+        if self.families.is_empty() {
+            self.families.push(primary.to_string());
+        }
+        if self.policy != "SingleStack" && self.families.len() == 1 && configured.len() == 2 {
+            let second = other(primary);
+            self.families.push(second.to_string());
+        }
+        errors
+    }
+}
+
+/// Resolves `service`'s families and policy and gives it its cluster IPs (requested ones
+/// checked against the range and other Services; the rest picked). A dry run reserves nothing.
+pub(super) async fn allocate(
+    allocator: &ServiceAllocator,
+    storage: &dyn Storage,
+    service: &mut Service,
+    old: Option<&Service>,
+    owner: &str,
+    dry_run: bool,
+) -> Result<(), ApiError> {
+    let problems = super::validation::validate_cluster_ip_fields(&super::spec::of(service));
+    if !problems.is_empty() {
+        return Err(invalid(service, problems));
+    }
+    let Some(spec) = service.spec.as_ref() else {
+        return Err(ApiError::bad_request("spec is required"));
+    };
+    let mut request = Request::of(spec);
+    if let Some(old) = old {
+        let errors = request.follow_old(old);
+        if !errors.is_empty() {
+            return Err(invalid(service, errors));
+        }
+    }
+    let errors = request.resolve_families(&allocator.families());
+    if !errors.is_empty() {
+        return Err(invalid(service, errors));
+    }
+    let addresses = if request.headless {
+        vec!["None".to_string()]
+    } else {
+        let held = old.map(Allocations::of).unwrap_or_default().ips;
+        addresses(allocator, storage, service, &request, &held, owner, dry_run).await?
+    };
+    let Some(spec) = service.spec.as_mut() else {
+        return Err(ApiError::bad_request("spec is required"));
+    };
+    spec.ip_family_policy = Some(request.policy);
+    spec.ip_families = Some(request.families);
+    if let Some(first) = addresses.first() {
+        spec.cluster_ip = Some(first.clone());
+    }
+    spec.cluster_ips = Some(addresses);
+    Ok(())
+}
+
+/// One address per family: the requested one (if the Service held it already, or it is in
+/// range and free), else a fresh pick (a dry run's placeholder is the network address).
+async fn addresses(
+    allocator: &ServiceAllocator,
+    storage: &dyn Storage,
+    service: &Service,
+    request: &Request,
+    held: &[String],
+    owner: &str,
+    dry_run: bool,
+) -> Result<Vec<String>, ApiError> {
+    let refuse = |message: String| {
+        invalid(
+            service,
+            FieldErrors(vec![FieldError::invalid(
+                "spec.clusterIPs",
+                &json!(request.ips),
+                message,
+            )]),
+        )
+    };
+    let mut allocated = Vec::new();
+    for (i, family) in request.families.iter().enumerate() {
+        let Some(index) = allocator.ranges().iter().position(|r| r.family() == family) else {
+            continue;
+        };
+        let range = &allocator.ranges()[index];
+        match request.ips.get(i) {
+            Some(requested) if held.contains(requested) => allocated.push(requested.clone()),
+            Some(requested) => {
+                if range.offset_of(requested).is_none() {
+                    return Err(refuse(if range.contains_network(requested) {
+                        format!(
+                            "failed to allocate IP {requested}: the provided IP ({requested}) is not in the valid range. The range of valid IPs is {range}"
+                        )
+                    } else {
+                        format!(
+                            "failed to allocate IP {requested}: the provided network does not match the current range"
+                        )
+                    }));
+                }
+                // A dry run checks the range only, as upstream's dry-run allocator does.
+                let key = format!("{IP_PREFIX}{requested}");
+                if !dry_run && ServiceAllocator::held_by_other(storage, &key, owner).await? {
+                    return Err(refuse(format!(
+                        "failed to allocate IP {requested}: provided IP is already allocated"
+                    )));
+                }
+                allocated.push(requested.clone());
+            }
+            None if dry_run => allocated.push(range.address(0)),
+            None => allocated.push(allocator.dynamic_ip(storage, index).await?),
+        }
+    }
+    Ok(allocated)
+}
+
+/// `normalizeClusterIPs`: a `clusterIP` without `clusterIPs` fills them.
+pub fn normalize(service: &mut Service) {
+    let Some(spec) = service.spec.as_mut() else {
+        return;
+    };
+    let ip = super::spec::cluster_ip(spec).to_string();
+    if !ip.is_empty() && spec.cluster_ips.as_ref().is_none_or(Vec::is_empty) {
+        spec.cluster_ips = Some(vec![ip]);
+    }
+}
