@@ -3,19 +3,18 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use capstan_controllers::apiservice::{ProxyClient, connect, resolve, service_ref, tls_config};
-use capstan_machinery::meta;
+use capstan_aggregation::{Backends, ProxyClient, service_ref};
 use capstan_registry::{ListOptions, ReadAt, Registry};
-use capstan_resources::apiservice::{is_available, is_local};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::Incoming;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use serde_json::{Value, json};
 
 use crate::discovery;
@@ -41,50 +40,20 @@ const HOP_BY_HOP: &[&str] = &[
 const REMOTE_USER: &str = "admin";
 const REMOTE_GROUPS: &[&str] = &["system:masters", "system:authenticated"];
 
-/// An idle connection to a backend.
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>;
-
-/// Idle backend connections, by APIService (name and resourceVersion: a changed caBundle never
-/// reuses a connection made under the old one) and address.
-type Pool = Arc<Mutex<HashMap<(String, SocketAddr), Vec<Sender>>>>;
-
-/// Idle connections kept per backend address.
-const IDLE_PER_BACKEND: usize = 32;
-
-/// A connection in use; [`Lease::release`] returns it to the pool.
-struct Lease {
-    pool: Pool,
-    key: (String, SocketAddr),
-    sender: Sender,
-}
-
-impl Lease {
-    fn release(self) {
-        if self.sender.is_closed() {
-            return;
-        }
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let idle = pool.entry(self.key).or_default();
-        if idle.len() < IDLE_PER_BACKEND {
-            idle.push(self.sender);
-        }
-    }
-}
-
 /// What the aggregation layer knows.
 pub struct Aggregator {
-    pool: Pool,
+    backends: Backends,
     apiservices: Option<Arc<Registry>>,
     services: Option<Arc<Registry>>,
     endpoints: Option<Arc<Registry>>,
     /// Discovery fetched from backends: APIService name → (its resourceVersion, when, the
     /// version's aggregated discovery).
     fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
-    /// The client certificate presented to backends.
-    client: Option<Arc<ProxyClient>>,
     /// How long a backend may take to send its response headers (`--request-timeout`: even
     /// a proxied watch, which has no request deadline, must start within it).
     response_header_timeout: Duration,
+    /// Served groups (the server's own, never taken from APIServices).
+    local_groups: Vec<&'static str>,
 }
 
 fn registry(registries: &[Arc<Registry>], group: &str, plural: &str) -> Option<Arc<Registry>> {
@@ -97,18 +66,45 @@ fn registry(registries: &[Arc<Registry>], group: &str, plural: &str) -> Option<A
         .cloned()
 }
 
-fn spec_str<'a>(apiservice: &'a Value, field: &str) -> &'a str {
-    apiservice
-        .pointer(&format!("/spec/{field}"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
+fn spec(
+    apiservice: &APIService,
+) -> std::borrow::Cow<
+    '_,
+    k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIServiceSpec,
+> {
+    match &apiservice.spec {
+        Some(spec) => std::borrow::Cow::Borrowed(spec),
+        None => std::borrow::Cow::Owned(Default::default()),
+    }
 }
 
-fn spec_int(apiservice: &Value, field: &str) -> i64 {
+fn group_of(apiservice: &APIService) -> &str {
     apiservice
-        .pointer(&format!("/spec/{field}"))
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
+        .spec
+        .as_ref()
+        .and_then(|s| s.group.as_deref())
+        .unwrap_or_default()
+}
+
+fn version_of(apiservice: &APIService) -> &str {
+    apiservice
+        .spec
+        .as_ref()
+        .and_then(|s| s.version.as_deref())
+        .unwrap_or_default()
+}
+
+fn name_of(apiservice: &APIService) -> &str {
+    apiservice.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Whether the `Available` condition is `True`.
+fn is_available(apiservice: &APIService) -> bool {
+    apiservice
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Available" && c.status == "True")
 }
 
 /// `503 service unavailable` as upstream's proxy answers it (plain text, not a Status).
@@ -119,15 +115,18 @@ fn unavailable(text: &str) -> Response<Body> {
 impl Aggregator {
     /// Backends are sent this client certificate.
     pub fn set_proxy_client(&mut self, client: Option<Arc<ProxyClient>>) {
-        self.client = client;
+        self.backends = Backends::new(client, self.response_header_timeout);
     }
 
     /// The aggregation layer over these registries (APIServices, Services, Endpoints).
     pub fn new(registries: &[Arc<Registry>], response_header_timeout: Duration) -> Self {
         Aggregator {
-            client: None,
+            backends: Backends::new(None, response_header_timeout),
             response_header_timeout,
-            pool: Pool::default(),
+            local_groups: discovery::local_groups(registries)
+                .into_iter()
+                .map(|(group, _, _)| group)
+                .collect(),
             apiservices: registry(registries, "apiregistration.k8s.io", "apiservices"),
             services: registry(registries, "", "services"),
             endpoints: registry(registries, "", "endpoints"),
@@ -135,7 +134,7 @@ impl Aggregator {
         }
     }
 
-    async fn all(&self) -> Vec<Value> {
+    async fn all(&self) -> Vec<APIService> {
         let Some(apiservices) = &self.apiservices else {
             return Vec::new();
         };
@@ -148,44 +147,53 @@ impl Aggregator {
                 },
             )
             .await
-            .map(|list| list.items.iter().map(|o| o.object()).collect())
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
     /// The service-backed APIService that claims `group/version`, if any (a local one is
     /// served by the server itself).
-    pub async fn find_remote(&self, group: &str, version: &str) -> Option<Value> {
-        self.apiservices
+    pub async fn find_remote(&self, group: &str, version: &str) -> Option<APIService> {
+        let object = self
+            .apiservices
             .as_ref()?
             .get("", &format!("{version}.{group}"), ReadAt::Any)
             .await
+            .ok()?;
+        serde_json::from_value::<APIService>(object)
             .ok()
-            .filter(|apiservice| !is_local(apiservice))
+            .filter(|apiservice| service_ref(apiservice).is_some())
     }
 
     /// The APIServices of non-core groups, ordered as legacy discovery walks them:
     /// groupPriorityMinimum descending, then name.
-    async fn sorted(&self) -> Vec<Value> {
-        let mut all: Vec<Value> = self
+    async fn sorted(&self) -> Vec<APIService> {
+        let mut all: Vec<APIService> = self
             .all()
             .await
             .into_iter()
-            .filter(|a| !spec_str(a, "group").is_empty())
+            .filter(|a| !group_of(a).is_empty())
             .collect();
         all.sort_by(|a, b| {
-            spec_int(b, "groupPriorityMinimum")
-                .cmp(&spec_int(a, "groupPriorityMinimum"))
-                .then_with(|| meta::name(a).cmp(meta::name(b)))
+            spec(b)
+                .group_priority_minimum
+                .cmp(&spec(a).group_priority_minimum)
+                .then_with(|| name_of(a).cmp(name_of(b)))
         });
         all
     }
 
     /// Groups and their versions in legacy order (§9.1), local groups left out.
-    async fn groups(&self) -> Vec<(String, Vec<Value>)> {
-        let mut groups: Vec<(String, Vec<Value>)> = Vec::new();
+    async fn groups(&self) -> Vec<(String, Vec<APIService>)> {
+        let mut groups: Vec<(String, Vec<APIService>)> = Vec::new();
         for apiservice in self.sorted().await {
-            let group = spec_str(&apiservice, "group").to_string();
-            if discovery::LOCAL_GROUPS.iter().any(|(g, _, _)| *g == group) {
+            let group = group_of(&apiservice).to_string();
+            if self.local_groups.contains(&&*group) {
                 continue;
             }
             match groups.iter_mut().find(|(g, _)| *g == group) {
@@ -195,11 +203,10 @@ impl Aggregator {
         }
         for (_, versions) in groups.iter_mut() {
             versions.sort_by(|a, b| {
-                spec_int(b, "versionPriority")
-                    .cmp(&spec_int(a, "versionPriority"))
-                    .then_with(|| {
-                        discovery::version_order(spec_str(a, "version"), spec_str(b, "version"))
-                    })
+                spec(b)
+                    .version_priority
+                    .cmp(&spec(a).version_priority)
+                    .then_with(|| discovery::version_order(version_of(a), version_of(b)))
             });
         }
         groups
@@ -211,10 +218,8 @@ impl Aggregator {
             .await
             .into_iter()
             .map(|(group, versions)| {
-                let versions: Vec<String> = versions
-                    .iter()
-                    .map(|a| spec_str(a, "version").to_string())
-                    .collect();
+                let versions: Vec<String> =
+                    versions.iter().map(|a| version_of(a).to_string()).collect();
                 discovery::api_group(&group, &versions)
             })
             .collect()
@@ -243,22 +248,23 @@ impl Aggregator {
         // Discovery fetched for APIServices that no longer exist is forgotten.
         let names: std::collections::HashSet<String> = groups
             .iter()
-            .flat_map(|(_, versions)| versions.iter().map(|a| meta::name(a).to_string()))
+            .flat_map(|(_, versions)| versions.iter().map(|a| name_of(a).to_string()))
             .collect();
         self.fetched
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|name, _| names.contains(name));
+        self.backends.retain(&names);
         for (group, versions) in groups {
             let priority = versions
                 .iter()
-                .map(|a| spec_int(a, "groupPriorityMinimum"))
+                .map(|a| i64::from(spec(a).group_priority_minimum))
                 .max()
                 .unwrap_or(1000);
             let mut entries = Vec::new();
             for apiservice in &versions {
-                let version = spec_str(apiservice, "version");
-                if is_local(apiservice) {
+                let version = version_of(apiservice);
+                if service_ref(apiservice).is_none() {
                     continue;
                 }
                 entries.push(self.version_discovery(apiservice, &group, version).await);
@@ -274,9 +280,18 @@ impl Aggregator {
         out
     }
 
-    async fn version_discovery(&self, apiservice: &Value, group: &str, version: &str) -> Value {
-        let name = meta::name(apiservice).to_string();
-        let rv = meta::resource_version(apiservice).to_string();
+    async fn version_discovery(
+        &self,
+        apiservice: &APIService,
+        group: &str,
+        version: &str,
+    ) -> Value {
+        let name = name_of(apiservice).to_string();
+        let rv = apiservice
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
         let cached = self
             .fetched
             .lock()
@@ -313,7 +328,7 @@ impl Aggregator {
 
     async fn fetch_resources(
         &self,
-        apiservice: &Value,
+        apiservice: &APIService,
         group: &str,
         version: &str,
     ) -> Result<Value, String> {
@@ -322,14 +337,13 @@ impl Aggregator {
             .body(http_body_util::Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let response = tokio::time::timeout(DISCOVERY_TIMEOUT, async {
-            let (response, lease) = self.send(apiservice, request).await?;
+            let response = self.send(apiservice, request).await?;
             let status = response.status();
             let body = http_body_util::Limited::new(response.into_body(), MAX_BODY)
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?
                 .to_bytes();
-            lease.release();
             if !status.is_success() {
                 return Err(format!("bad status {}", status.as_u16()));
             }
@@ -340,88 +354,47 @@ impl Aggregator {
         Ok(response)
     }
 
-    /// Sends a request to an APIService's backend over verified TLS, on an idle pooled
-    /// connection when there is one. Returns the response and the connection's pool slot: hand
-    /// it to [`Aggregator::release`] once the response body has been read to its end.
+    /// Sends a request to an APIService's backend (pooled, verified TLS), as the
+    /// aggregator's identity.
     async fn send(
         &self,
-        apiservice: &Value,
+        apiservice: &APIService,
         mut request: Request<http_body_util::Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, Lease), String> {
-        let (namespace, name, port) =
-            service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
+    ) -> Result<Response<Incoming>, String> {
+        let target = service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
         let (Some(services), Some(endpoints)) = (&self.services, &self.endpoints) else {
             return Err("no Services".into());
         };
-        let service = services
-            .get(&namespace, &name, ReadAt::Any)
+        let service: Service = services
+            .get(&target.namespace, &target.name, ReadAt::Any)
             .await
-            .map_err(|e| e.message)?;
-        let endpoints = endpoints.get(&namespace, &name, ReadAt::Any).await.ok();
-        let addr = resolve(&name, port, &service, endpoints.as_ref())?;
-        let key = (
-            format!(
-                "{}@{}",
-                meta::name(apiservice),
-                meta::resource_version(apiservice)
-            ),
-            addr,
-        );
-        let idle = {
-            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-            // Connections made for another version of this APIService (another caBundle,
-            // say) are closed.
-            let name = meta::name(apiservice);
-            pool.retain(|(other, _), _| *other == key.0 || other.split('@').next() != Some(name));
-            let mut found = None;
-            if let Some(senders) = pool.get_mut(&key) {
-                while let Some(sender) = senders.pop() {
-                    if !sender.is_closed() && sender.is_ready() {
-                        found = Some(sender);
-                        break;
-                    }
-                }
-            }
-            found
-        };
-        let mut sender = match idle {
-            Some(sender) => sender,
-            None => {
-                let config = tls_config(apiservice, true, self.client.as_deref())?;
-                connect(addr, &format!("{name}.{namespace}.svc"), config).await?
-            }
-        };
+            .map_err(|e| e.message)
+            .and_then(|s| serde_json::from_value(s).map_err(|e| e.to_string()))?;
+        let endpoints: Option<Endpoints> = endpoints
+            .get(&target.namespace, &target.name, ReadAt::Any)
+            .await
+            .ok()
+            .and_then(|e| serde_json::from_value(e).ok());
         let headers = request.headers_mut();
-        if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
-            headers.insert(header::HOST, host);
-        }
         headers.insert("x-remote-user", HeaderValue::from_static(REMOTE_USER));
         for group in REMOTE_GROUPS {
             headers.append("x-remote-group", HeaderValue::from_static(group));
         }
-        // A backend that takes the connection and never answers does not hold the request
-        // (a proxied watch has no request deadline) for longer than this.
-        let response =
-            tokio::time::timeout(self.response_header_timeout, sender.send_request(request))
-                .await
-                .map_err(|_| "timeout awaiting response headers".to_string())?
-                .map_err(|e| e.to_string())?;
-        Ok((
-            response,
-            Lease {
-                pool: self.pool.clone(),
-                key,
-                sender,
-            },
-        ))
+        self.backends
+            .send(apiservice, &service, endpoints.as_ref(), request)
+            .await
     }
 
     /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend (§10).
-    pub async fn proxy(&self, apiservice: &Value, request: Request<Incoming>) -> Response<Body> {
+    pub async fn proxy(
+        &self,
+        apiservice: &APIService,
+        request: Request<Incoming>,
+    ) -> Response<Body> {
         if !is_available(apiservice) {
             return unavailable("service unavailable");
         }
-        if let Err(error) = tls_config(apiservice, true, self.client.as_deref()) {
+        if let Err(error) = self.backends.check_tls(apiservice) {
             return text_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"));
         }
         let (parts, body) = request.into_parts();
@@ -462,7 +435,7 @@ impl Aggregator {
         } else {
             sent.await
         };
-        let (response, lease) = match response {
+        let response = match response {
             Ok(sent) => sent,
             Err(error) => return unavailable(&error),
         };
@@ -475,21 +448,12 @@ impl Aggregator {
         let (parts, body) = response.into_parts();
         // Streamed as it arrives (watches through the proxy); a backend error ends the body.
         // The connection goes back to the pool when the body has been read to its end.
-        let frames = futures_util::stream::unfold(
-            (BodyStream::new(body), Some(lease)),
-            |(mut body, lease)| async move {
-                match body.next().await {
-                    Some(Ok(frame)) => Some((Ok::<_, Infallible>(frame), (body, lease))),
-                    Some(Err(_)) => None,
-                    None => {
-                        if let Some(lease) = lease {
-                            lease.release();
-                        }
-                        None
-                    }
-                }
-            },
-        );
+        let frames = futures_util::stream::unfold(BodyStream::new(body), |mut body| async move {
+            match body.next().await {
+                Some(Ok(frame)) => Some((Ok::<_, Infallible>(frame), body)),
+                _ => None,
+            }
+        });
         let mut out = Response::new(BodyExt::boxed(StreamBody::new(frames)));
         *out.status_mut() = parts.status;
         for (name, value) in &parts.headers {

@@ -59,7 +59,11 @@ pub fn local_groups(registries: &[Arc<Registry>]) -> Vec<(&'static str, &'static
     let mut groups: Vec<(&'static str, &'static str, i64)> = Vec::new();
     for registry in registries {
         let info = registry.strategy().info();
-        if !info.group.is_empty() && !groups.iter().any(|(g, v, _)| *g == info.group && *v == info.version) {
+        if !info.group.is_empty()
+            && !groups
+                .iter()
+                .any(|(g, v, _)| *g == info.group && *v == info.version)
+        {
             groups.push((info.group, info.version, info.priority.0));
         }
     }
@@ -110,7 +114,7 @@ fn legacy_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
         let info = registry.strategy().info();
         let mut entry = json!({
             "name": info.plural,
-            "singularName": info.singular,
+            "singularName": info.singular(),
             "namespaced": info.namespaced,
             "kind": info.kind,
             "verbs": info.verbs,
@@ -192,7 +196,7 @@ fn aggregated_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
             "resource": info.plural,
             "responseKind": {"group": "", "version": "", "kind": info.kind},
             "scope": if info.namespaced { "Namespaced" } else { "Cluster" },
-            "singularResource": info.singular,
+            "singularResource": info.singular(),
             "verbs": info.verbs,
         });
         if !info.short_names.is_empty() {

@@ -70,7 +70,7 @@ impl ApiServer {
     /// (`--proxy-client-cert-file`, `--proxy-client-key-file`).
     pub fn with_proxy_client(
         mut self,
-        client: Option<Arc<capstan_controllers::apiservice::ProxyClient>>,
+        client: Option<Arc<capstan_aggregation::ProxyClient>>,
     ) -> Self {
         self.aggregator.set_proxy_client(client);
         self
@@ -229,7 +229,10 @@ impl ApiServer {
                             version,
                         )
                     }
-                    None => discovery(discovery::api_groups(&self.registries, self.aggregator.legacy_groups().await)),
+                    None => discovery(discovery::api_groups(
+                        &self.registries,
+                        self.aggregator.legacy_groups().await,
+                    )),
                 };
             }
             _ => {}

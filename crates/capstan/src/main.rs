@@ -10,8 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use capstan_apiserver::ApiServer;
 use capstan_registry::cache::CacheSet;
-use capstan_registry::{Registry, Strategy, WriteOptions};
-use capstan_resources::namespace::NamespaceStrategy;
+use capstan_registry::{Registry, Subresource, WriteOptions};
 use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{Compactor, EmbeddedOptions, EmbeddedStore, Storage};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -199,13 +198,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _compactor = (!args.etcd_compaction_interval.is_zero())
         .then(|| Compactor::start(store.clone(), args.etcd_compaction_interval));
     let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
-    let strategies: Vec<Arc<dyn DynStrategy>> = vec![
-        Arc::new(NamespaceStrategy),
-        service_strategy.clone(),
-        Arc::new(capstan_resources::endpoints::EndpointsStrategy),
-        Arc::new(capstan_resources::pod::PodStrategy),
-        Arc::new(capstan_resources::apiservice::ApiServiceStrategy),
-    ];
+    let strategies = capstan_resources::registered(service_strategy.clone());
     let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
         .iter()
         .map(|strategy| {
@@ -274,7 +267,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let proxy_client = match (&args.proxy_client_cert_file, &args.proxy_client_key_file) {
         (Some(cert), Some(key)) => Some(Arc::new(
-            capstan_controllers::apiservice::ProxyClient::load(cert, key)
+            capstan_aggregation::ProxyClient::load(cert, key)
                 .map_err(|e| anyhow::anyhow!("--proxy-client-cert-file: {e}"))?,
         )),
         _ => None,
@@ -412,7 +405,7 @@ async fn register_local_apiservices(
             if managed && existing.is_object() && existing.get("spec") != Some(&spec) {
                 existing["spec"] = spec;
                 apiservices
-                    .update("", "v1.", existing, options, false)
+                    .update("", "v1.", existing, options, Subresource::Main)
                     .await
                     .map_err(|e| anyhow::anyhow!("resetting APIService v1.: {}", e.message))?;
             }

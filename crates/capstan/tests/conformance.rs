@@ -144,10 +144,7 @@ fn contains(have: &Value, want: &Value) -> bool {
 }
 
 fn in_cidr(ip: &str, cidr: &str) -> bool {
-    match (
-        ip.parse::<std::net::IpAddr>(),
-        cidr.parse::<ipnet::IpNet>(),
-    ) {
+    match (ip.parse::<std::net::IpAddr>(), cidr.parse::<ipnet::IpNet>()) {
         (Ok(ip), Ok(net)) => net.contains(&ip),
         _ => false,
     }
@@ -257,7 +254,11 @@ async fn body_bytes(client: &kube::Client, request: &Value, path: &str) -> Vec<u
     }
     if let Some(repeat) = request.get("repeat") {
         let count = usize::try_from(repeat["count"].as_u64().unwrap_or(0)).unwrap_or(0);
-        return repeat["text"].as_str().unwrap_or_default().repeat(count).into_bytes();
+        return repeat["text"]
+            .as_str()
+            .unwrap_or_default()
+            .repeat(count)
+            .into_bytes();
     }
     let Some(body) = request.get("body") else {
         return Vec::new();
@@ -265,7 +266,11 @@ async fn body_bytes(client: &kube::Client, request: &Value, path: &str) -> Vec<u
     if !body.to_string().contains('$') {
         return body.to_string().into_bytes();
     }
-    let object_path = path.split('?').next().unwrap_or(path).trim_end_matches("/status");
+    let object_path = path
+        .split('?')
+        .next()
+        .unwrap_or(path)
+        .trim_end_matches("/status");
     let (_, current, _) = raw(client, "GET", object_path, None, Vec::new()).await;
     substitute(body, &current).to_string().into_bytes()
 }
@@ -453,16 +458,26 @@ fn load_cases() -> Result<Vec<(String, Value)>, String> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let cases: Vec<Value> =
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         for case in cases {
             let problems = shape_problems(&case);
             if !problems.is_empty() {
-                return Err(format!("{}: case {}: {}", path.display(), case["id"], problems.join("; ")));
+                return Err(format!(
+                    "{}: case {}: {}",
+                    path.display(),
+                    case["id"],
+                    problems.join("; ")
+                ));
             }
             if !ids.insert(case["id"].as_str().unwrap_or_default().to_string()) {
-                return Err(format!("{}: duplicate case id {}", path.display(), case["id"]));
+                return Err(format!(
+                    "{}: duplicate case id {}",
+                    path.display(),
+                    case["id"]
+                ));
             }
             out.push((stem.clone(), case));
         }
@@ -478,7 +493,8 @@ fn main() -> std::process::ExitCode {
             .map(|(file, case)| {
                 let name = format!("{file}::{}", case["id"].as_str().unwrap_or_default());
                 let ignored = case.get("skip").is_some();
-                Trial::test(name, move || runtime().block_on(run_case(case))).with_ignored_flag(ignored)
+                Trial::test(name, move || runtime().block_on(run_case(case)))
+                    .with_ignored_flag(ignored)
             })
             .collect(),
         // A malformed case file is one failing test, not a silently shorter run.

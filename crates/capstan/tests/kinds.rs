@@ -54,7 +54,9 @@ async fn every_registered_kind_is_discovered_described_and_cleanable() {
         assert_eq!(entry["namespaced"], info.namespaced);
         for verb in ["list", "delete"] {
             assert!(
-                entry["verbs"].as_array().is_some_and(|v| v.iter().any(|v| v == verb)),
+                entry["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v == verb)),
                 "{}: no {verb} verb",
                 info.plural
             );
@@ -66,7 +68,9 @@ async fn every_registered_kind_is_discovered_described_and_cleanable() {
                 .and_then(|g| g.iter().find(|g| g["metadata"]["name"] == info.group))
                 .unwrap_or_else(|| panic!("{} missing from aggregated /apis", info.group));
             assert!(
-                group.to_string().contains(&format!("\"resource\":\"{}\"", info.plural)),
+                group
+                    .to_string()
+                    .contains(&format!("\"resource\":\"{}\"", info.plural)),
                 "{} missing from {group}",
                 info.plural
             );
@@ -87,7 +91,14 @@ async fn every_registered_kind_is_discovered_described_and_cleanable() {
             info.definition
         );
         // Listable where the clean-up lists it.
-        let (code, items, _) = raw(&client, "GET", &format!("{root}/{}", info.plural), None, Vec::new()).await;
+        let (code, items, _) = raw(
+            &client,
+            "GET",
+            &format!("{root}/{}", info.plural),
+            None,
+            Vec::new(),
+        )
+        .await;
         assert_eq!(code, 200, "{}: {items}", info.plural);
         assert_eq!(items["kind"], info.list_kind());
     }

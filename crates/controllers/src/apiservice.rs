@@ -1,21 +1,25 @@
-//! APIService availability (`spec/apiservice.md` §5–§7) and what the aggregation proxy shares
-//! with it: resolving an APIService's backend address through its Service's Endpoints, and
-//! TLS connections to it.
+//! APIService availability (`spec/apiservice.md` §5–§7): the `Available` condition of every
+//! APIService, from its Service, Endpoints and a discovery probe of its backend, reached
+//! exactly as the aggregation proxy reaches it (`capstan-aggregation`).
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::watch_all;
-use base64::Engine;
 use bytes::Bytes;
-use capstan_machinery::meta;
+use capstan_aggregation::{
+    BackendError, ProxyClient, ServiceRef, connect, endpoint_addresses, resolve, service_port_name,
+    service_ref, tls_config,
+};
+use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
+use capstan_registry::strategy::{from_typed, to_typed};
 use capstan_registry::watch::WatchItem;
-use capstan_registry::{ReadAt, Registry, WriteOptions};
+use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
 /// How many APIServices are checked at once.
 const WORKERS: usize = 5;
@@ -24,284 +28,20 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// How often service-backed APIServices are probed again: a backend that stops (or starts)
 /// answering shows in the condition within seconds, not only at the next 30 s resync.
 const REPROBE: Duration = Duration::from_secs(5);
-/// The system trust anchors used when an APIService has no caBundle.
-const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The discovery probe's timeout per attempt.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long connecting to a backend may take (upstream's proxy dialer: 30 s).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the TLS handshake with a backend may take (upstream's transport: 10 s).
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of a probe's response body that is read (the status is what counts).
 const PROBE_BODY_LIMIT: usize = 1024 * 1024;
 
-/// The client certificate the aggregator presents to backends (upstream's
-/// `--proxy-client-cert-file` / `--proxy-client-key-file`), so a backend can tell requests
-/// from the aggregator — whose `X-Remote-User` and `X-Remote-Group` it may then trust — from
-/// anyone else's.
-pub struct ProxyClient {
-    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
-    key: rustls::pki_types::PrivateKeyDer<'static>,
-}
-
-impl ProxyClient {
-    /// Loads the certificate chain and key (PEM files).
-    pub fn load(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, String> {
-        use rustls::pki_types::pem::PemObject;
-        let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("{}: {e}", cert.display()))?;
-        if chain.is_empty() {
-            return Err(format!("{}: no certificate found", cert.display()));
-        }
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
-            .map_err(|e| format!("{}: {e}", key.display()))?;
-        let client = ProxyClient { chain, key };
-        // Refuse a mismatched pair at start, not at the first proxied request.
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_client_auth_cert(client.chain.clone(), client.key.clone_key())
-            .map_err(|e| format!("the proxy client certificate and key: {e}"))?;
-        Ok(client)
-    }
-}
-
-/// The Service an APIService names: `(namespace, name, port)`.
-pub fn service_ref(apiservice: &Value) -> Option<(String, String, i64)> {
-    let service = apiservice
-        .pointer("/spec/service")
-        .filter(|s| !s.is_null())?;
-    Some((
-        service.get("namespace")?.as_str()?.to_string(),
-        service.get("name")?.as_str()?.to_string(),
-        service.get("port").and_then(Value::as_i64).unwrap_or(443),
-    ))
-}
-
-/// Endpoint routing (§10.1, `--enable-aggregator-routing=true`: Capstan has no kube-proxy data
-/// plane): the Service port numbered `port`, then a random Endpoints subset with addresses and
-/// a port of that port's name, then a random address.
-pub fn resolve(
-    service_name: &str,
-    port: i64,
-    service: &Value,
-    endpoints: Option<&Value>,
-) -> Result<SocketAddr, String> {
-    let port_name = service_port_name(service, port)
-        .ok_or_else(|| format!("no service port {port} found for service {service_name:?}"))?;
-    let candidates = endpoint_addresses(endpoints, &port_name);
-    if candidates.is_empty() {
-        return Err(format!(
-            "no endpoints available for service {service_name:?}"
-        ));
-    }
-    let (ip, port) = candidates[fastrand::usize(..candidates.len())];
-    Ok(SocketAddr::new(ip, port))
-}
-
-/// The name of the Service port numbered `port` (`""` when unnamed), if there is one.
-fn service_port_name(service: &Value, port: i64) -> Option<String> {
-    service
-        .pointer("/spec/ports")
-        .and_then(Value::as_array)?
-        .iter()
-        .find(|p| p.get("port").and_then(Value::as_i64) == Some(port))
-        .map(|p| {
-            p.get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        })
-}
-
-/// The ready addresses of the Endpoints subsets that have a port named `port_name`, each with
-/// that port's number.
-fn endpoint_addresses(endpoints: Option<&Value>, port_name: &str) -> Vec<(IpAddr, u16)> {
-    let mut candidates = Vec::new();
-    for subset in endpoints
-        .and_then(|e| e.get("subsets"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let Some(endpoint_port) = subset
-            .get("ports")
-            .and_then(Value::as_array)
-            .and_then(|ports| {
-                ports
-                    .iter()
-                    .find(|p| p.get("name").and_then(Value::as_str).unwrap_or("") == port_name)
-            })
-            .and_then(|p| p.get("port").and_then(Value::as_u64))
-            .and_then(|p| u16::try_from(p).ok())
-        else {
-            continue;
-        };
-        for address in subset
-            .get("addresses")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(ip) = address
-                .get("ip")
-                .and_then(Value::as_str)
-                .and_then(|ip| ip.parse().ok())
-            {
-                candidates.push((ip, endpoint_port));
-            }
-        }
-    }
-    candidates
-}
-
-/// Accepts any server certificate (the availability probe, and `insecureSkipTLSVerify`).
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// The TLS client configuration for an APIService's backend (§10.2): its `caBundle` as the
-/// only trust anchors, or no verification at all when `verify` is false or the APIService
-/// says `insecureSkipTLSVerify`; presenting the proxy client certificate when there is one.
-pub fn tls_config(
-    apiservice: &Value,
-    verify: bool,
-    client: Option<&ProxyClient>,
-) -> Result<Arc<rustls::ClientConfig>, String> {
-    let authenticate = |builder: rustls::ConfigBuilder<
-        rustls::ClientConfig,
-        rustls::client::WantsClientCert,
-    >| match client {
-        Some(client) => builder
-            .with_client_auth_cert(client.chain.clone(), client.key.clone_key())
-            .map_err(|e| e.to_string()),
-        None => Ok(builder.with_no_client_auth()),
-    };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let insecure = apiservice
-        .pointer("/spec/insecureSkipTLSVerify")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let mut config = if !verify || insecure {
-        authenticate(
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerification(provider))),
-        )?
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        let bundle = apiservice
-            .pointer("/spec/caBundle")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        // Without a caBundle the system's trust anchors apply (Debian's bundle file).
-        let pem = if bundle.is_empty() {
-            std::fs::read(SYSTEM_ROOTS).unwrap_or_default()
-        } else {
-            base64::engine::general_purpose::STANDARD
-                .decode(bundle)
-                .map_err(|e| format!("unable to load root certificates: {e}"))?
-        };
-        use rustls::pki_types::pem::PemObject;
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("unable to load root certificates: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("unable to load root certificates: {e}"))?;
-        }
-        if roots.is_empty() && !bundle.is_empty() {
-            return Err(
-                "unable to load root certificates: no certificates found in caBundle".into(),
-            );
-        }
-        authenticate(builder.with_root_certificates(roots))?
-    };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
-/// Opens an HTTP/1.1 connection over TLS to `addr`, verifying the certificate for
-/// `server_name` (`<service>.<namespace>.svc`).
-pub async fn connect(
-    addr: SocketAddr,
-    server_name: &str,
-    config: Arc<rustls::ClientConfig>,
-) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, String> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
-        .map_err(|e| {
-            format!(
-                "dial tcp {addr}: connect: {}",
-                e.kind().to_string().to_lowercase()
-            )
-        })?;
-    let _ = stream.set_nodelay(true);
-    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
-        .map_err(|e| e.to_string())?;
-    let handshake = tokio_rustls::TlsConnector::from(config).connect(name, stream);
-    let tls = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake)
-        .await
-        .map_err(|_| "net/http: TLS handshake timeout".to_string())?
-        .map_err(|e| format!("tls: {e}"))?;
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
+/// A check that did not complete (it is retried with back-off).
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// The registry refused a read or write.
+    #[error("{}", .0.message)]
+    Api(#[from] ApiError),
+    /// The stored APIService did not decode.
+    #[error("undecodable APIService: {0}")]
+    Undecodable(String),
 }
 
 /// Keeps the `Available` condition of every APIService (§6, §7).
@@ -393,8 +133,10 @@ impl AvailabilityController {
                         last_full = tokio::time::Instant::now();
                     }
                     for apiservice in controller.all().await {
-                        if full || service_ref(&apiservice).is_some() {
-                            queue.add(meta::name(&apiservice).to_string());
+                        if (full || service_ref(&apiservice).is_some())
+                            && let Some(name) = apiservice.metadata.name
+                        {
+                            queue.add(name);
                         }
                     }
                 }
@@ -421,7 +163,7 @@ impl AvailabilityController {
         }
     }
 
-    async fn all(&self) -> Vec<Value> {
+    async fn all(&self) -> Vec<APIService> {
         self.apiservices
             .list(
                 "",
@@ -431,7 +173,12 @@ impl AvailabilityController {
                 },
             )
             .await
-            .map(|list| list.items.iter().map(|o| o.object()).collect())
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -439,16 +186,16 @@ impl AvailabilityController {
         self.all()
             .await
             .iter()
-            .filter(|a| service_ref(a).is_some_and(|(ns, n, _)| ns == namespace && n == name))
-            .map(|a| meta::name(a).to_string())
+            .filter(|a| service_ref(a).is_some_and(|s| s.namespace == namespace && s.name == name))
+            .filter_map(|a| a.metadata.name.clone())
             .collect()
     }
 
-    async fn sync(&self, name: &str) -> Result<(), String> {
-        let apiservice = match self.apiservices.get("", name, ReadAt::Latest).await {
-            Ok(object) => object,
-            Err(e) if e.code == 404 => return Ok(()),
-            Err(e) => return Err(e.message),
+    async fn sync(&self, name: &str) -> Result<(), SyncError> {
+        let apiservice: APIService = match self.apiservices.get("", name, ReadAt::Latest).await {
+            Ok(object) => to_typed(&object).map_err(SyncError::Undecodable)?,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
         };
         let (status, reason, message) = if is_local(&apiservice) {
             ("True", "Local", LOCAL_MESSAGE.to_string())
@@ -466,23 +213,36 @@ impl AvailabilityController {
         };
         match self
             .apiservices
-            .update("", name, updated, &options, true)
+            .update(
+                "",
+                name,
+                from_typed(&updated),
+                &options,
+                Subresource::Status,
+            )
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.message),
+            Err(e) if !e.is_not_found() => Err(e.into()),
+            _ => Ok(()),
         }
     }
 
     /// §7: the Service, its port and Endpoints, then the discovery probe.
-    async fn check(&self, apiservice: &Value) -> Verdict {
-        let Some((namespace, name, port)) = service_ref(apiservice) else {
+    async fn check(&self, apiservice: &APIService) -> Verdict {
+        let Some(target) = service_ref(apiservice) else {
             return ("True", "Local", LOCAL_MESSAGE.to_string());
         };
-        let service = match self.services.get(&namespace, &name, ReadAt::Latest).await {
-            Ok(service) => service,
-            Err(e) if e.code == 404 => {
+        let ServiceRef {
+            namespace,
+            name,
+            port,
+        } = &target;
+        let service: Service = match self.services.get(namespace, name, ReadAt::Latest).await {
+            Ok(service) => match to_typed(&service) {
+                Ok(service) => service,
+                Err(e) => return ("Unknown", "ServiceAccessError", e),
+            },
+            Err(e) if e.is_not_found() => {
                 return (
                     "False",
                     "ServiceNotFound",
@@ -500,27 +260,24 @@ impl AvailabilityController {
                 );
             }
         };
-        let endpoints = match self.endpoints.get(&namespace, &name, ReadAt::Latest).await {
-            Ok(endpoints) => Some(endpoints),
-            Err(e) if e.code == 404 => None,
-            Err(e) => {
-                return (
-                    "Unknown",
-                    "EndpointsAccessError",
-                    format!(
-                        "service/{name} in {namespace:?} cannot be checked due to: {}",
-                        e.message
-                    ),
-                );
-            }
-        };
-        let cluster_ip_type = service
-            .pointer("/spec/type")
-            .and_then(Value::as_str)
-            .unwrap_or("ClusterIP")
-            == "ClusterIP";
-        if cluster_ip_type {
-            let Some(port_name) = service_port_name(&service, port) else {
+        let endpoints: Option<Endpoints> =
+            match self.endpoints.get(namespace, name, ReadAt::Latest).await {
+                Ok(endpoints) => to_typed(&endpoints).ok(),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => {
+                    return (
+                        "Unknown",
+                        "EndpointsAccessError",
+                        format!(
+                            "service/{name} in {namespace:?} cannot be checked due to: {}",
+                            e.message
+                        ),
+                    );
+                }
+            };
+        let service_type = service.spec.as_ref().and_then(|s| s.type_.as_deref());
+        if service_type.unwrap_or("ClusterIP") == "ClusterIP" {
+            let Some(port_name) = service_port_name(&service, *port) else {
                 return (
                     "False",
                     "ServicePortError",
@@ -546,14 +303,7 @@ impl AvailabilityController {
             }
         }
         match self
-            .probe(
-                apiservice,
-                &service,
-                endpoints.as_ref(),
-                &namespace,
-                &name,
-                port,
-            )
+            .probe(apiservice, &service, endpoints.as_ref(), &target)
             .await
         {
             Ok(()) => ("True", "Passed", "all checks passed".to_string()),
@@ -569,31 +319,26 @@ impl AvailabilityController {
     /// instead of `Available`, as the issue asks.
     async fn probe(
         &self,
-        apiservice: &Value,
-        service: &Value,
-        endpoints: Option<&Value>,
-        namespace: &str,
-        name: &str,
-        port: i64,
+        apiservice: &APIService,
+        service: &Service,
+        endpoints: Option<&Endpoints>,
+        target: &ServiceRef,
     ) -> Result<(), String> {
-        let group = apiservice
-            .pointer("/spec/group")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let version = apiservice
-            .pointer("/spec/version")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let spec = apiservice.spec.clone().unwrap_or_default();
+        let group = spec.group.as_deref().unwrap_or_default();
+        let version = spec.version.as_deref().unwrap_or_default();
         let path = if group.is_empty() {
             format!("/api/{version}")
         } else {
             format!("/apis/{group}/{version}")
         };
-        let config = tls_config(apiservice, true, self.client.as_deref())?;
-        let server_name = format!("{name}.{namespace}.svc");
+        let config = tls_config(apiservice, true, self.client.as_deref())
+            .map_err(|e: BackendError| e.to_string())?;
+        let server_name = target.server_name();
         let mut attempts = tokio::task::JoinSet::new();
         for _ in 0..5 {
-            let addr = resolve(name, port, service, endpoints)?;
+            let addr = resolve(&target.name, target.port, service, endpoints)
+                .map_err(|e| e.to_string())?;
             let (config, server_name, path) = (config.clone(), server_name.clone(), path.clone());
             attempts.spawn(async move {
                 let url = format!("https://{addr}{path}");

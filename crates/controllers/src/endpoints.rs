@@ -1,26 +1,37 @@
-//! The endpoints controller (`spec/endpoints.md` §3).
+//! The endpoints controller (`spec/endpoints.md` §3), on typed Services, Pods and Endpoints:
+//! the registry's JSON is decoded at the edge (the watch events, the reads and the write).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use capstan_machinery::ApiError;
 use capstan_machinery::labels::LabelSelector;
-use capstan_machinery::meta;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
+use capstan_registry::strategy::{from_typed, to_typed};
+use k8s_openapi::api::core::v1::{
+    Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
+    PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::queue::WorkQueue;
 use crate::watch_all;
 use capstan_registry::watch::WatchItem;
-use capstan_registry::{DeleteOptions, ReadAt, Registry, WriteOptions};
-use serde_json::{Map, Value, json};
+use capstan_registry::{DeleteOptions, ReadAt, Registry, Subresource, WriteOptions};
 
 const MAX_ADDRESSES: usize = 1000;
 const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
 const MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
 const HEADLESS: &str = "service.kubernetes.io/headless";
 const MANAGER: &str = "kube-controller-manager";
+const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
 
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Labels (and selectors): `map[string]string`.
+type Labels = BTreeMap<String, String>;
 
 /// Keeps Endpoints in step with Services and Pods.
 pub struct EndpointsController {
@@ -52,7 +63,7 @@ struct Namespace {
     anchors: HashMap<(String, String), BTreeSet<String>>,
     /// Pods by name: what the controller reads of each ([`pod_view`]) and the Services that
     /// select it.
-    pods: HashMap<String, (Arc<Value>, Vec<String>)>,
+    pods: HashMap<String, (Arc<Pod>, Vec<String>)>,
 }
 
 /// A Service's selector (its `key=value` pairs) and the names of the pods it selects.
@@ -61,12 +72,8 @@ struct Selected {
     members: BTreeSet<String>,
 }
 
-fn selects(selector: &[(String, String)], labels: Option<&Map<String, Value>>) -> bool {
-    labels.is_some_and(|labels| {
-        selector
-            .iter()
-            .all(|(k, v)| labels.get(k).and_then(Value::as_str) == Some(v.as_str()))
-    })
+fn selects(selector: &[(String, String)], labels: Option<&Labels>) -> bool {
+    labels.is_some_and(|labels| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
 impl Namespace {
@@ -92,14 +99,14 @@ impl Namespace {
 
 impl Index {
     /// A Service's selector was set, changed or removed (`None`, or an empty map).
-    fn set_selector(&mut self, key: &Key, selector: Option<&Map<String, Value>>) {
+    fn set_selector(&mut self, key: &Key, selector: Option<&Labels>) {
         let (namespace, service) = key;
         let ns = self.namespaces.entry(namespace.clone()).or_default();
         ns.forget_service(service);
         let selector: Vec<(String, String)> = selector
             .into_iter()
             .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let Some(anchor) = selector.first().cloned() else {
             return;
@@ -121,14 +128,13 @@ impl Index {
 
     /// A pod was written (`Some` view) or deleted (`None`); returns the Services to sync:
     /// those that select it now or selected it before.
-    fn pod_changed(&mut self, namespace: &str, name: &str, pod: Option<Arc<Value>>) -> Vec<Key> {
+    fn pod_changed(&mut self, namespace: &str, name: &str, pod: Option<Arc<Pod>>) -> Vec<Key> {
         let ns = self.namespaces.entry(namespace.to_string()).or_default();
         let before = ns.pods.remove(name).map(|(_, s)| s).unwrap_or_default();
         let mut now: Vec<String> = Vec::new();
         if let Some(labels) = pod.as_deref().and_then(labels_of) {
             for (k, v) in labels {
-                let Some(v) = v.as_str() else { continue };
-                let Some(anchored) = ns.anchors.get(&(k.clone(), v.to_string())) else {
+                let Some(anchored) = ns.anchors.get(&(k.clone(), v.clone())) else {
                     continue;
                 };
                 for service in anchored {
@@ -202,7 +208,7 @@ impl Index {
     }
 
     /// The views of the pods a Service's selector matches.
-    fn members(&self, key: &Key) -> Vec<Arc<Value>> {
+    fn members(&self, key: &Key) -> Vec<Arc<Pod>> {
         let (namespace, service) = key;
         let Some(ns) = self.namespaces.get(namespace) else {
             return Vec::new();
@@ -218,63 +224,53 @@ impl Index {
     }
 }
 
-fn labels_of(pod: &Value) -> Option<&Map<String, Value>> {
-    pod.pointer("/metadata/labels").and_then(Value::as_object)
+fn labels_of(pod: &Pod) -> Option<&Labels> {
+    pod.metadata.labels.as_ref()
 }
 
 /// The part of a pod the controller reads (labels, identity, hostname and subdomain, node,
 /// container ports, IPs, phase, the Ready condition), kept per pod from the pod watch so a
 /// sync decodes nothing: a Service of 50 pods costs 50 map lookups, not 50 JSON decodes.
-pub fn pod_view(pod: &Value) -> Value {
-    let pick = |from: Option<&Value>, fields: &[&str]| -> Value {
-        let mut out = Map::new();
-        if let Some(from) = from.and_then(Value::as_object) {
-            for field in fields {
-                if let Some(value) = from.get(*field) {
-                    out.insert((*field).to_string(), value.clone());
-                }
-            }
-        }
-        Value::Object(out)
+pub fn pod_view(pod: &Pod) -> Pod {
+    let container = |c: &Container| Container {
+        name: c.name.clone(),
+        ports: c.ports.clone(),
+        restart_policy: c.restart_policy.clone(),
+        ..Container::default()
     };
-    let containers = |field: &str| -> Value {
-        pod.pointer(&format!("/spec/{field}"))
-            .and_then(Value::as_array)
-            .map(|list| {
-                Value::Array(
-                    list.iter()
-                        .map(|c| pick(Some(c), &["name", "ports", "restartPolicy"]))
-                        .collect(),
-                )
-            })
-            .unwrap_or(Value::Null)
-    };
-    let mut spec = pick(pod.get("spec"), &["hostname", "subdomain", "nodeName"]);
-    if let Value::Object(spec) = &mut spec {
-        for field in ["containers", "initContainers"] {
-            let list = containers(field);
-            if !list.is_null() {
-                spec.insert(field.into(), list);
-            }
-        }
+    let spec = pod.spec.as_ref().map(|spec| PodSpec {
+        hostname: spec.hostname.clone(),
+        subdomain: spec.subdomain.clone(),
+        node_name: spec.node_name.clone(),
+        containers: spec.containers.iter().map(container).collect(),
+        init_containers: spec
+            .init_containers
+            .as_ref()
+            .map(|list| list.iter().map(container).collect()),
+        ..PodSpec::default()
+    });
+    let status = pod.status.as_ref().map(|status| PodStatus {
+        phase: status.phase.clone(),
+        pod_ip: status.pod_ip.clone(),
+        pod_ips: status.pod_ips.clone(),
+        conditions: status
+            .conditions
+            .as_ref()
+            .map(|c| c.iter().filter(|c| c.type_ == "Ready").cloned().collect()),
+        ..PodStatus::default()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
+            labels: pod.metadata.labels.clone(),
+            deletion_timestamp: pod.metadata.deletion_timestamp.clone(),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status,
     }
-    let mut status = pick(pod.get("status"), &["phase", "podIP", "podIPs"]);
-    if let (Value::Object(status), Some(conditions)) = (
-        &mut status,
-        pod.pointer("/status/conditions").and_then(Value::as_array),
-    ) {
-        let ready: Vec<Value> = conditions
-            .iter()
-            .filter(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
-            .cloned()
-            .collect();
-        status.insert("conditions".into(), Value::Array(ready));
-    }
-    json!({
-        "metadata": pick(pod.get("metadata"), &["name", "namespace", "uid", "labels", "deletionTimestamp"]),
-        "spec": spec,
-        "status": status,
-    })
 }
 
 /// What §3.5 remembers per Service: the trigger time last seen of each pod and of the Service.
@@ -287,9 +283,9 @@ struct TriggerState {
 type Key = (String, String);
 
 /// One address as the repack sees it: ip, target uid, the address, ready.
-type Entry = (String, String, Value, bool);
+type Entry = (String, String, EndpointAddress, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
-type PortAddresses = BTreeMap<(String, String), (Value, bool)>;
+type PortAddresses = BTreeMap<(String, String), (EndpointAddress, bool)>;
 
 /// The part of a Service the index keeps.
 #[derive(serde::Deserialize)]
@@ -299,7 +295,28 @@ struct SelectorOf {
 
 #[derive(serde::Deserialize)]
 struct SelectorSpec {
-    selector: Option<Map<String, Value>>,
+    selector: Option<Labels>,
+}
+
+/// A sync that did not complete (it is retried with back-off).
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// The registry refused a read or write.
+    #[error("{}", .0.message)]
+    Api(#[from] ApiError),
+    /// A stored object did not decode into its type.
+    #[error("undecodable {0}: {1}")]
+    Undecodable(&'static str, String),
+}
+
+/// An RFC 3339 time as the API writes it (`""` for none), so times compare as text.
+fn time_text(time: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> String {
+    time.and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|v| match v {
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 fn key_of(selectable: &Selectable) -> Key {
@@ -417,8 +434,10 @@ impl EndpointsController {
                 controller.pods.clone(),
                 move |kind, object, _| {
                     let s = &object.selectable;
-                    let view =
-                        (kind != EventType::Deleted).then(|| Arc::new(pod_view(&object.object())));
+                    let view = (kind != EventType::Deleted)
+                        .then(|| serde_json::from_slice::<Pod>(object.raw_json()).ok())
+                        .flatten()
+                        .map(|pod| Arc::new(pod_view(&pod)));
                     let wake = on_event.index().pod_changed(s.namespace(), s.name(), view);
                     for key in wake {
                         event_queue.add(key);
@@ -442,12 +461,10 @@ impl EndpointsController {
                     // Only the start-up pass reads the object (for the leader annotation);
                     // later events are not decoded at all.
                     let orphan_check = replaying
-                        && object
-                            .object()
-                            .pointer(
-                                "/metadata/annotations/control-plane.alpha.kubernetes.io~1leader",
-                            )
-                            .is_none();
+                        && serde_json::from_slice::<Endpoints>(object.raw_json())
+                            .ok()
+                            .and_then(|e| e.metadata.annotations)
+                            .is_none_or(|a| !a.contains_key(LEADER));
                     if orphan_check || kind == EventType::Deleted {
                         event_queue.add(key_of(&object.selectable));
                     }
@@ -487,23 +504,14 @@ impl EndpointsController {
     /// The last-change-trigger-time (§3.5): the Service's creation on the first sync, then the
     /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
     /// Timestamps are RFC 3339 strings in UTC, which order as text.
-    fn trigger_time(&self, key: &Key, service: &Value, pods: &[Arc<Value>]) -> String {
-        let created = meta::meta_str(service, "creationTimestamp").to_string();
+    fn trigger_time(&self, key: &Key, service: &Service, pods: &[Arc<Pod>]) -> String {
+        let created = time_text(service.metadata.creation_timestamp.as_ref());
         let pod_times: std::collections::HashMap<String, String> = pods
             .iter()
             .map(|pod| {
-                let time = pod
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .and_then(|c| {
-                        c.iter()
-                            .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
-                    })
-                    .and_then(|c| c.get("lastTransitionTime"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                (meta::meta_str(pod, "uid").to_string(), time)
+                let ready = ready_condition(pod);
+                let time = time_text(ready.and_then(|c| c.last_transition_time.as_ref()));
+                (pod.metadata.uid.clone().unwrap_or_default(), time)
             })
             .collect();
         let mut triggers = self.triggers.lock().unwrap_or_else(|e| e.into_inner());
@@ -526,161 +534,147 @@ impl EndpointsController {
         trigger
     }
 
-    async fn sync(&self, namespace: &str, name: &str) -> Result<(), String> {
-        let write = WriteOptions {
-            dry_run: false,
-            field_manager: MANAGER.into(),
-            applied: false,
-        };
+    async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
         let service = match self.services.get(namespace, name, ReadAt::Latest).await {
-            Ok(service) => service,
-            Err(e) if e.code == 404 => {
+            Ok(service) => {
+                to_typed::<Service>(&service).map_err(|e| SyncError::Undecodable("Service", e))?
+            }
+            Err(e) if e.is_not_found() => {
                 return match self
                     .endpoints
                     .delete(namespace, name, &DeleteOptions::default())
                     .await
                 {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.code == 404 => Ok(()),
-                    Err(e) => Err(e.message),
+                    Err(e) if !e.is_not_found() => Err(e.into()),
+                    _ => Ok(()),
                 };
             }
-            Err(e) => return Err(e.message),
+            Err(e) => return Err(e.into()),
         };
-        let spec = service.get("spec").cloned().unwrap_or(json!({}));
-        if spec.get("type").and_then(Value::as_str) == Some("ExternalName") {
+        let spec = service.spec.clone().unwrap_or_default();
+        if spec.type_.as_deref() == Some("ExternalName") {
             return Ok(());
         }
-        let Some(selector) = spec
-            .get("selector")
-            .and_then(Value::as_object)
-            .filter(|s| !s.is_empty())
-        else {
+        let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
             return Ok(());
         };
         // The pods the selector matches, as the pod watch last showed them (as upstream's
         // controller reads its informer).
-        let selector = LabelSelector::from_map(selector);
-        let pods: Vec<Arc<Value>> = self
+        let selector = LabelSelector::from_pairs(selector.iter().map(|(k, v)| (&**k, &**v)));
+        let key = (namespace.to_string(), name.to_string());
+        let pods: Vec<Arc<Pod>> = self
             .index()
-            .members(&(namespace.to_string(), name.to_string()))
+            .members(&key)
             .into_iter()
-            .filter(|pod| selector.matches(labels_of(pod)))
+            .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
             .collect();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
-        let trigger =
-            self.trigger_time(&(namespace.to_string(), name.to_string()), &service, &pods);
-
-        let mut labels: Map<String, Value> = service
-            .pointer("/metadata/labels")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let cluster_ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("");
-        if cluster_ip.is_empty() || cluster_ip == "None" {
-            labels.insert(HEADLESS.into(), json!(""));
-        }
-        labels.insert(MANAGED_BY.into(), json!("endpoint-controller"));
-        let subsets = Value::Array(subsets);
-        // The desired Endpoints, from the current ones (None: to be created).
-        let desired_from = |current: Option<&Value>| -> Value {
-            let mut desired = current
-                .cloned()
-                .unwrap_or_else(|| json!({"metadata": {"name": name, "namespace": namespace}}));
-            let metadata = meta::metadata_mut(&mut desired);
-            metadata.insert("labels".into(), Value::Object(labels.clone()));
-            let annotations = metadata
-                .entry("annotations")
-                .or_insert_with(|| json!({}))
-                .as_object_mut()
-                .map(|a| {
-                    if truncated {
-                        a.insert(OVER_CAPACITY.into(), json!("truncated"));
-                    } else {
-                        a.shift_remove(OVER_CAPACITY);
-                    }
-                    if trigger.is_empty() {
-                        a.shift_remove(TRIGGER_TIME);
-                    } else {
-                        a.insert(TRIGGER_TIME.into(), json!(trigger));
-                    }
-                    a.is_empty()
-                });
-            if annotations == Some(true) {
-                metadata.shift_remove("annotations");
-            }
-            if let Value::Object(map) = &mut desired {
-                if subsets.as_array().is_some_and(Vec::is_empty) {
-                    map.shift_remove("subsets");
-                } else {
-                    map.insert("subsets".into(), subsets.clone());
-                }
-            }
-            desired
+        let desired = Desired {
+            labels: desired_labels(&service, &spec),
+            subsets,
+            truncated,
+            trigger: self.trigger_time(&key, &service, &pods),
         };
-        // §3.2 step 10: nothing to write when subsets and labels already match and nothing is
-        // over capacity (the trigger-time annotation alone never causes a write, so a restart
-        // rewrites nothing). The stored Endpoints are read once, inside the registry's write
-        // (which retries on a concurrent change).
-        let unchanged = |current: &Value, desired: &Value| {
-            let strip = |object: &Value| {
-                let mut labels = object
-                    .pointer("/metadata/labels")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
-                labels.remove(HEADLESS);
-                labels
-            };
-            let subsets_of = |object: &Value| {
-                object
-                    .get("subsets")
-                    .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
-                    .cloned()
-            };
-            let managed = current
-                .pointer("/metadata/labels")
-                .and_then(|l| l.get(MANAGED_BY))
-                .is_some();
-            let over = current
-                .pointer("/metadata/annotations")
-                .and_then(|a| a.get(OVER_CAPACITY))
-                .is_some();
-            managed
-                && !truncated
-                && !over
-                && subsets_of(current) == subsets_of(desired)
-                && strip(current) == strip(desired)
+        self.write(namespace, name, &desired).await
+    }
+
+    /// Writes the desired Endpoints: patched over the stored ones (read once, inside the
+    /// registry's write, which retries on a concurrent change), or created.
+    async fn write(&self, namespace: &str, name: &str, desired: &Desired) -> Result<(), SyncError> {
+        let options = WriteOptions {
+            dry_run: false,
+            field_manager: MANAGER.into(),
+            applied: false,
         };
         let written = self
             .endpoints
-            .patch(namespace, name, &write, false, |current| {
-                // The registry hands the object over with its kind and apiVersion.
-                let mut current = current.clone();
-                meta::strip_type_meta(&mut current);
-                let desired = desired_from(Some(&current));
-                Ok(if unchanged(&current, &desired) {
+            .patch(namespace, name, &options, Subresource::Main, |current| {
+                let current: Endpoints = to_typed(current).map_err(ApiError::internal)?;
+                Ok(from_typed(&if desired.unchanged(&current) {
                     current
                 } else {
-                    desired
-                })
+                    desired.applied_to(current)
+                }))
             })
             .await;
         match written {
             Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => {
-                match self
-                    .endpoints
-                    .create(namespace, desired_from(None), &write)
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.code == 403 => Ok(()), // namespace terminating
-                    Err(e) => Err(e.message),
+            Err(e) if e.is_not_found() => {
+                let fresh = Endpoints {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        namespace: Some(namespace.to_string()),
+                        ..ObjectMeta::default()
+                    },
+                    subsets: None,
+                };
+                let created = from_typed(&desired.applied_to(fresh));
+                match self.endpoints.create(namespace, created, &options).await {
+                    // A namespace being deleted takes no new objects.
+                    Err(e) if !e.is_forbidden() => Err(e.into()),
+                    _ => Ok(()),
                 }
             }
-            Err(e) => Err(e.message),
+            Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// The Endpoints' labels: the Service's, with the headless and managed-by marks.
+fn desired_labels(service: &Service, spec: &ServiceSpec) -> Labels {
+    let mut labels = service.metadata.labels.clone().unwrap_or_default();
+    let cluster_ip = spec.cluster_ip.as_deref().unwrap_or_default();
+    if cluster_ip.is_empty() || cluster_ip == "None" {
+        labels.insert(HEADLESS.into(), String::new());
+    }
+    labels.insert(MANAGED_BY.into(), "endpoint-controller".into());
+    labels
+}
+
+/// What a sync wants the Endpoints to hold.
+struct Desired {
+    labels: Labels,
+    subsets: Vec<EndpointSubset>,
+    truncated: bool,
+    trigger: String,
+}
+
+impl Desired {
+    /// `current` with the desired labels, annotations and subsets.
+    fn applied_to(&self, mut endpoints: Endpoints) -> Endpoints {
+        endpoints.metadata.labels = Some(self.labels.clone());
+        let mut annotations = endpoints.metadata.annotations.take().unwrap_or_default();
+        if self.truncated {
+            annotations.insert(OVER_CAPACITY.into(), "truncated".into());
+        } else {
+            annotations.remove(OVER_CAPACITY);
+        }
+        if self.trigger.is_empty() {
+            annotations.remove(TRIGGER_TIME);
+        } else {
+            annotations.insert(TRIGGER_TIME.into(), self.trigger.clone());
+        }
+        endpoints.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
+        endpoints.subsets = (!self.subsets.is_empty()).then(|| self.subsets.clone());
+        endpoints
+    }
+
+    /// §3.2 step 10: nothing to write when subsets and labels already match and nothing is
+    /// over capacity (the trigger-time annotation alone never causes a write, so a restart
+    /// rewrites nothing).
+    fn unchanged(&self, current: &Endpoints) -> bool {
+        let without_headless = |labels: &Labels| {
+            let mut labels = labels.clone();
+            labels.remove(HEADLESS);
+            labels
+        };
+        let current_labels = current.metadata.labels.clone().unwrap_or_default();
+        let annotations = current.metadata.annotations.as_ref();
+        current_labels.contains_key(MANAGED_BY)
+            && !self.truncated
+            && annotations.is_none_or(|a| !a.contains_key(OVER_CAPACITY))
+            && current.subsets.as_deref().unwrap_or_default() == self.subsets.as_slice()
+            && without_headless(&current_labels) == without_headless(&self.labels)
     }
 }
 
@@ -691,145 +685,151 @@ fn family_of(ip: &str) -> Option<&'static str> {
     }
 }
 
+fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
 /// The target port of a Service port for one pod (§3.2 step 8).
-fn target_port(service_port: &Value, pod: &Value) -> Option<i64> {
-    let protocol = service_port
-        .get("protocol")
-        .and_then(Value::as_str)
-        .unwrap_or("TCP");
-    match service_port.get("targetPort") {
-        Some(Value::Number(n)) => n.as_i64(),
-        Some(Value::String(name)) => {
-            let search = |containers: Option<&Value>, sidecars_only: bool| {
-                containers.and_then(Value::as_array).and_then(|list| {
-                    list.iter()
-                        .filter(|c| {
-                            !sidecars_only
-                                || c.get("restartPolicy").and_then(Value::as_str) == Some("Always")
-                        })
-                        .flat_map(|c| {
-                            c.get("ports")
-                                .and_then(Value::as_array)
-                                .cloned()
-                                .unwrap_or_default()
-                        })
-                        .find(|p| {
-                            p.get("name").and_then(Value::as_str) == Some(name.as_str())
-                                && p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
-                                    == protocol
-                        })
-                        .and_then(|p| p.get("containerPort").and_then(Value::as_i64))
-                })
-            };
-            search(pod.pointer("/spec/containers"), false)
-                .or_else(|| search(pod.pointer("/spec/initContainers"), true))
-        }
-        _ => service_port.get("port").and_then(Value::as_i64),
+fn target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
+    let protocol = service_port.protocol.as_deref().unwrap_or("TCP");
+    let name = match &service_port.target_port {
+        Some(IntOrString::Int(n)) => return Some(*n),
+        Some(IntOrString::String(name)) => name,
+        None => return Some(service_port.port),
+    };
+    let spec = pod.spec.as_ref()?;
+    let search = |containers: &[Container], sidecars_only: bool| {
+        containers
+            .iter()
+            .filter(|c| !sidecars_only || c.restart_policy.as_deref() == Some("Always"))
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| {
+                p.name.as_deref() == Some(name.as_str())
+                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
+            })
+            .map(|p| p.container_port)
+    };
+    search(&spec.containers, false)
+        .or_else(|| search(spec.init_containers.as_deref().unwrap_or_default(), true))
+}
+
+/// The address a pod gets in its Service's Endpoints, if it has one (§3.2 steps 6–7): of the
+/// Service's family, not terminating (unless not-ready addresses are published), and one
+/// Endpoints may hold.
+fn pod_address(
+    pod: &Pod,
+    family: Option<&str>,
+    publish: bool,
+    service_name: &str,
+) -> Option<(IpAddr, EndpointAddress)> {
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let mut ips: Vec<&str> = status.pod_ips.iter().flatten().map(|e| &*e.ip).collect();
+    if ips.is_empty()
+        && let Some(ip) = status.pod_ip.as_deref().filter(|ip| !ip.is_empty())
+    {
+        ips.push(ip);
+    }
+    let first = *ips.first()?;
+    if !publish && pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let wanted = family.or_else(|| family_of(first));
+    let ip = ips
+        .iter()
+        .find(|ip| family_of(ip) == wanted)
+        .and_then(|ip| ip.parse::<IpAddr>().ok())?;
+    // An address Endpoints may not hold (loopback, link-local, unspecified) would make the
+    // whole write fail validation and keep every other pod of the Service out too: such a
+    // pod is left out instead.
+    if capstan_machinery::ip::special_problem(ip, &ip.to_string()).is_some() {
+        return None;
+    }
+    let spec = pod.spec.as_ref();
+    let hostname = spec
+        .and_then(|s| s.hostname.as_deref())
+        .filter(|h| !h.is_empty())
+        .filter(|_| spec.and_then(|s| s.subdomain.as_deref()) == Some(service_name));
+    let address = EndpointAddress {
+        ip: ip.to_string(),
+        hostname: hostname.map(str::to_string),
+        node_name: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        target_ref: Some(ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: Some(pod.metadata.namespace.clone().unwrap_or_default()),
+            name: Some(pod.metadata.name.clone().unwrap_or_default()),
+            uid: Some(pod.metadata.uid.clone().unwrap_or_default()),
+            ..ObjectReference::default()
+        }),
+    };
+    Some((ip, address))
+}
+
+/// The order ports are listed in: port, protocol, name, app protocol.
+fn port_order(port: &EndpointPort) -> (i32, String, String, String) {
+    (
+        port.port,
+        port.protocol.clone().unwrap_or_default(),
+        port.name.clone().unwrap_or_default(),
+        port.app_protocol.clone().unwrap_or_default(),
+    )
+}
+
+/// The Endpoints port of a Service port, for one pod.
+fn endpoint_port(service_port: &ServicePort, port: i32) -> EndpointPort {
+    EndpointPort {
+        name: service_port.name.clone().filter(|n| !n.is_empty()),
+        port,
+        protocol: Some(
+            service_port
+                .protocol
+                .clone()
+                .unwrap_or_else(|| "TCP".into()),
+        ),
+        app_protocol: service_port.app_protocol.clone(),
     }
 }
 
 /// Subsets for a Service and its selected pods (§3.2 steps 6–9, §3.3, §3.4); `true` when
 /// truncated to 1000 addresses.
-pub fn build_subsets<P: std::borrow::Borrow<Value>>(
-    spec: &Value,
+pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
+    spec: &ServiceSpec,
     service_name: &str,
     pods: &[P],
-) -> (Vec<Value>, bool) {
-    let publish = spec
-        .get("publishNotReadyAddresses")
-        .and_then(Value::as_bool)
-        == Some(true);
-    let cluster_ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("");
+) -> (Vec<EndpointSubset>, bool) {
+    let publish = spec.publish_not_ready_addresses == Some(true);
+    let cluster_ip = spec.cluster_ip.as_deref().unwrap_or_default();
     let family = spec
-        .pointer("/ipFamilies/0")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| family_of(cluster_ip).map(str::to_string));
-    let service_ports = spec
-        .get("ports")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    // port key (JSON) -> (port, addresses keyed by (ip, uid) with their ready flag)
-    let mut by_port: BTreeMap<String, (Option<Value>, PortAddresses)> = BTreeMap::new();
+        .ip_families
+        .as_ref()
+        .and_then(|f| f.first())
+        .map(String::as_str)
+        .or_else(|| family_of(cluster_ip));
+    let service_ports = spec.ports.as_deref().unwrap_or_default();
+    // port (in list order) -> (port, addresses keyed by (ip, uid) with their ready flag)
+    let mut by_port: BTreeMap<
+        Option<(i32, String, String, String)>,
+        (Option<EndpointPort>, PortAddresses),
+    > = BTreeMap::new();
     for pod in pods {
-        let pod: &Value = pod.borrow();
-        let phase = pod
-            .pointer("/status/phase")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if phase == "Succeeded" || phase == "Failed" {
-            continue;
-        }
-        let mut ips: Vec<String> = pod
-            .pointer("/status/podIPs")
-            .and_then(Value::as_array)
-            .map(|l| {
-                l.iter()
-                    .filter_map(|e| e.get("ip").and_then(Value::as_str))
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if ips.is_empty()
-            && let Some(ip) = pod
-                .pointer("/status/podIP")
-                .and_then(Value::as_str)
-                .filter(|ip| !ip.is_empty())
-        {
-            ips.push(ip.to_string());
-        }
-        if ips.is_empty() {
-            continue;
-        }
-        if !publish && !meta::meta_str(pod, "deletionTimestamp").is_empty() {
-            continue;
-        }
-        let wanted = family
-            .clone()
-            .or_else(|| family_of(&ips[0]).map(str::to_string));
-        let Some(ip) = ips
-            .iter()
-            .find(|ip| family_of(ip).map(str::to_string) == wanted)
-            .and_then(|ip| ip.parse::<IpAddr>().ok())
-        else {
+        let pod: &Pod = pod.borrow();
+        let Some((ip, address)) = pod_address(pod, family, publish, service_name) else {
             continue;
         };
-        // An address Endpoints may not hold (loopback, link-local, unspecified) would make
-        // the whole write fail validation and keep every other pod of the Service out too:
-        // such a pod is left out instead.
-        if capstan_machinery::ip::special_problem(ip, &ip.to_string()).is_some() {
-            continue;
-        }
-        let mut address = Map::new();
-        address.insert("ip".into(), json!(ip.to_string()));
-        let hostname = pod
-            .pointer("/spec/hostname")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if !hostname.is_empty()
-            && pod.pointer("/spec/subdomain").and_then(Value::as_str) == Some(service_name)
-        {
-            address.insert("hostname".into(), json!(hostname));
-        }
-        let node = pod
-            .pointer("/spec/nodeName")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if !node.is_empty() {
-            address.insert("nodeName".into(), json!(node));
-        }
-        let uid = meta::meta_str(pod, "uid").to_string();
-        address.insert(
-            "targetRef".into(),
-            json!({"kind": "Pod", "namespace": meta::namespace(pod), "name": meta::name(pod), "uid": uid}),
-        );
-        let address = Value::Object(address);
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
         let is_ready = publish || capstan_resources::pod::is_ready(pod);
-        let mut add = |port: Option<Value>| {
-            let key = port.as_ref().map_or_else(String::new, |p| p.to_string());
+        let mut add = |port: Option<EndpointPort>| {
             let entry = by_port
-                .entry(key)
+                .entry(port.as_ref().map(port_order))
                 .or_insert_with(|| (port, BTreeMap::new()));
             let slot = entry
                 .1
@@ -843,36 +843,39 @@ pub fn build_subsets<P: std::borrow::Borrow<Value>>(
             }
             continue;
         }
-        for service_port in &service_ports {
-            let Some(port) = target_port(service_port, pod) else {
-                continue;
-            };
-            let mut endpoint_port = Map::new();
-            if let Some(name) = service_port
-                .get("name")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-            {
-                endpoint_port.insert("name".into(), json!(name));
+        for service_port in service_ports {
+            if let Some(port) = target_port(service_port, pod) {
+                add(Some(endpoint_port(service_port, port)));
             }
-            endpoint_port.insert("port".into(), json!(port));
-            endpoint_port.insert(
-                "protocol".into(),
-                json!(
-                    service_port
-                        .get("protocol")
-                        .and_then(Value::as_str)
-                        .unwrap_or("TCP")
-                ),
-            );
-            if let Some(app) = service_port.get("appProtocol") {
-                endpoint_port.insert("appProtocol".into(), app.clone());
-            }
-            add(Some(Value::Object(endpoint_port)));
         }
     }
-    // Ports with identical address sets share a subset.
-    let mut groups: Vec<(Vec<Value>, Vec<Entry>)> = Vec::new();
+    let mut subsets = group_by_addresses(by_port);
+    let truncated = truncate(&mut subsets);
+    let subsets = subsets
+        .into_iter()
+        .filter(|(r, n, _)| !r.is_empty() || !n.is_empty())
+        .map(|(ready, not_ready, ports)| EndpointSubset {
+            addresses: (!ready.is_empty()).then_some(ready),
+            not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
+            ports: (!ports.is_empty()).then_some(ports),
+        })
+        .collect();
+    (subsets, truncated)
+}
+
+/// One subset before it is written: ready addresses, not-ready addresses, ports.
+type Subset = (
+    Vec<EndpointAddress>,
+    Vec<EndpointAddress>,
+    Vec<EndpointPort>,
+);
+
+/// Ports with identical address sets share a subset; subsets, their ports and their
+/// addresses in upstream's order.
+fn group_by_addresses<K>(
+    by_port: BTreeMap<K, (Option<EndpointPort>, PortAddresses)>,
+) -> Vec<Subset> {
+    let mut groups: Vec<(Vec<EndpointPort>, Vec<Entry>)> = Vec::new();
     for (_, (port, addresses)) in by_port {
         let list: Vec<Entry> = addresses
             .into_iter()
@@ -889,108 +892,88 @@ pub fn build_subsets<P: std::borrow::Borrow<Value>>(
             None => groups.push((port.into_iter().collect(), list)),
         }
     }
-    let sort_key = |p: &Value| {
-        (
-            p.get("port").and_then(Value::as_i64).unwrap_or(0),
-            p.get("protocol")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            p.get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            p.get("appProtocol")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        )
-    };
-    let mut subsets: Vec<(Vec<Value>, Vec<Value>, Vec<Value>)> = groups
+    let mut subsets: Vec<Subset> = groups
         .into_iter()
         .map(|(mut ports, mut list)| {
-            ports.sort_by_key(sort_key);
+            ports.sort_by_key(port_order);
             list.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()).then(a.1.cmp(&b.1)));
             let (ready, not_ready): (Vec<Entry>, Vec<Entry>) = list.into_iter().partition(|e| e.3);
-            let ready: Vec<Value> = ready.into_iter().map(|e| e.2).collect();
-            let not_ready: Vec<Value> = not_ready.into_iter().map(|e| e.2).collect();
+            let ready = ready.into_iter().map(|e| e.2).collect();
+            let not_ready = not_ready.into_iter().map(|e| e.2).collect();
             (ready, not_ready, ports)
         })
         .collect();
     subsets.sort_by_key(|(ready, not_ready, ports)| {
         (
-            ports.first().map(sort_key),
+            ports.first().map(port_order),
             ready
                 .first()
                 .or(not_ready.first())
-                .and_then(|a| a.get("ip"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
+                .map(|a| a.ip.clone())
+                .unwrap_or_default(),
         )
     });
+    subsets
+}
+
+/// §3.4: more than 1000 addresses are cut down, each subset keeping its share (ready
+/// addresses first); `true` when anything was cut.
+fn truncate(subsets: &mut [Subset]) -> bool {
     let total: usize = subsets.iter().map(|(r, n, _)| r.len() + n.len()).sum();
-    let truncated = total > MAX_ADDRESSES;
-    if truncated {
-        let ready_total: usize = subsets.iter().map(|(r, _, _)| r.len()).sum();
-        let mut budget = MAX_ADDRESSES;
-        if ready_total > MAX_ADDRESSES {
-            for (ready, not_ready, _) in subsets.iter_mut() {
-                let share = (ready.len() * MAX_ADDRESSES)
-                    .div_ceil(ready_total)
-                    .min(budget);
-                ready.truncate(share);
-                budget -= ready.len();
-                not_ready.clear();
-            }
-        } else {
-            let not_ready_total: usize = subsets.iter().map(|(_, n, _)| n.len()).sum();
-            budget -= ready_total;
-            for (_, not_ready, _) in subsets.iter_mut() {
-                let share = (not_ready.len() * (MAX_ADDRESSES - ready_total))
-                    .div_ceil(not_ready_total.max(1))
-                    .min(budget);
-                not_ready.truncate(share);
-                budget -= not_ready.len();
-            }
+    if total <= MAX_ADDRESSES {
+        return false;
+    }
+    let ready_total: usize = subsets.iter().map(|(r, _, _)| r.len()).sum();
+    let mut budget = MAX_ADDRESSES;
+    if ready_total > MAX_ADDRESSES {
+        for (ready, not_ready, _) in subsets.iter_mut() {
+            let share = (ready.len() * MAX_ADDRESSES)
+                .div_ceil(ready_total)
+                .min(budget);
+            ready.truncate(share);
+            budget -= ready.len();
+            not_ready.clear();
+        }
+    } else {
+        let not_ready_total: usize = subsets.iter().map(|(_, n, _)| n.len()).sum();
+        budget -= ready_total;
+        for (_, not_ready, _) in subsets.iter_mut() {
+            let share = (not_ready.len() * (MAX_ADDRESSES - ready_total))
+                .div_ceil(not_ready_total.max(1))
+                .min(budget);
+            not_ready.truncate(share);
+            budget -= not_ready.len();
         }
     }
-    let subsets = subsets
-        .into_iter()
-        .filter(|(r, n, _)| !r.is_empty() || !n.is_empty())
-        .map(|(ready, not_ready, ports)| {
-            let mut subset = Map::new();
-            if !ready.is_empty() {
-                subset.insert("addresses".into(), Value::Array(ready));
-            }
-            if !not_ready.is_empty() {
-                subset.insert("notReadyAddresses".into(), Value::Array(not_ready));
-            }
-            if !ports.is_empty() {
-                subset.insert("ports".into(), Value::Array(ports));
-            }
-            Value::Object(subset)
-        })
-        .collect();
-    (subsets, truncated)
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn labelled(name: &str, app: &str) -> Option<Arc<Value>> {
-        Some(Arc::new(pod_view(&json!({
+    fn labelled(name: &str, app: &str) -> Option<Arc<Pod>> {
+        let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ns", "labels": {"app": app, "tier": "x"}},
-            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Other"}]},
-        }))))
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Other", "status": "True"}]},
+        }))
+        .ok()?;
+        Some(Arc::new(pod_view(&pod)))
     }
 
     fn names(index: &Index, service: &str) -> Vec<String> {
         index
             .members(&("ns".into(), service.into()))
             .iter()
-            .map(|p| meta::name(p).to_string())
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    fn selector(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     }
 
@@ -1000,8 +983,7 @@ mod tests {
         let key: Key = ("ns".into(), "web".into());
         index.pod_changed("ns", "p1", labelled("p1", "web"));
         index.pod_changed("ns", "p2", labelled("p2", "db"));
-        let selector = json!({"app": "web", "tier": "x"});
-        index.set_selector(&key, selector.as_object());
+        index.set_selector(&key, Some(&selector(&[("app", "web"), ("tier", "x")])));
         assert_eq!(names(&index, "web"), ["p1"]);
         // A pod that starts to match wakes the Service and joins it.
         assert_eq!(
@@ -1030,7 +1012,7 @@ mod tests {
         assert_eq!(index.pod_changed("ns", "p2", None), vec![key.clone()]);
         assert!(names(&index, "web").is_empty());
         // A changed selector re-reads the pods; a removed one forgets them.
-        index.set_selector(&key, json!({"app": "db"}).as_object());
+        index.set_selector(&key, Some(&selector(&[("app", "db")])));
         assert_eq!(names(&index, "web"), ["p1", "p3"]);
         // A Service not replayed after a watch restart was deleted meanwhile: forgotten.
         assert_eq!(
@@ -1038,7 +1020,7 @@ mod tests {
             vec![key.clone()]
         );
         assert!(names(&index, "web").is_empty());
-        index.set_selector(&key, json!({"app": "db"}).as_object());
+        index.set_selector(&key, Some(&selector(&[("app", "db")])));
         index.set_selector(&key, None);
         assert!(names(&index, "web").is_empty());
         assert!(
@@ -1050,14 +1032,14 @@ mod tests {
 
     #[test]
     fn the_pod_view_keeps_what_the_controller_reads() {
-        let view = labelled("p1", "web").unwrap_or_default();
+        let view = labelled("p1", "web").expect("a pod");
+        let view = serde_json::to_value(&*view).expect("json");
         assert_eq!(view["metadata"]["labels"]["app"], "web");
         assert_eq!(view["status"]["podIP"], "10.0.0.1");
         assert_eq!(
             view["status"]["conditions"],
             json!([{"type": "Ready", "status": "True"}])
         );
-        assert!(capstan_resources::pod::is_ready(&view));
     }
 
     #[tokio::test]
@@ -1092,15 +1074,26 @@ mod tests {
         );
     }
 
-    fn pod(name: &str, ip: &str, ready_status: &str) -> Value {
-        json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+    fn pod(name: &str, ip: &str, ready_status: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
                "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]}]},
-               "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": ready_status}]}})
+               "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": ready_status}]}}))
+            .expect("a pod")
+    }
+
+    fn spec(value: serde_json::Value) -> ServiceSpec {
+        serde_json::from_value(value).expect("a spec")
+    }
+
+    fn ips(addresses: &Option<Vec<EndpointAddress>>) -> Vec<&str> {
+        addresses.iter().flatten().map(|a| &*a.ip).collect()
     }
 
     #[test]
     fn ready_and_unready_pods_with_a_named_target_port() {
-        let spec = json!({"clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"], "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}]});
+        let spec = spec(
+            json!({"clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"], "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}]}),
+        );
         let pods = [
             pod("p2", "10.244.0.12", "True"),
             pod("p1", "10.244.0.11", "True"),
@@ -1109,43 +1102,38 @@ mod tests {
         let (subsets, truncated) = build_subsets(&spec, "web", &pods);
         assert!(!truncated);
         assert_eq!(subsets.len(), 1);
-        let ips: Vec<&str> = subsets[0]["addresses"]
-            .as_array()
-            .expect("addresses")
-            .iter()
-            .filter_map(|a| a["ip"].as_str())
-            .collect();
-        assert_eq!(ips, ["10.244.0.11", "10.244.0.12"]);
-        assert_eq!(subsets[0]["notReadyAddresses"][0]["ip"], "10.244.0.13");
+        assert_eq!(ips(&subsets[0].addresses), ["10.244.0.11", "10.244.0.12"]);
+        assert_eq!(ips(&subsets[0].not_ready_addresses), ["10.244.0.13"]);
         assert_eq!(
-            subsets[0]["ports"],
+            serde_json::to_value(&subsets[0].ports).expect("json"),
             json!([{"name": "http", "port": 8080, "protocol": "TCP"}])
         );
-        assert_eq!(subsets[0]["addresses"][0]["targetRef"]["kind"], "Pod");
+        let target = subsets[0]
+            .addresses
+            .as_ref()
+            .and_then(|a| a[0].target_ref.as_ref());
+        assert_eq!(target.and_then(|t| t.kind.as_deref()), Some("Pod"));
     }
 
     #[test]
     fn a_pod_with_an_address_endpoints_cannot_hold_is_left_out() {
-        let spec = json!({"clusterIP": "10.96.0.10", "ports": [{"port": 80, "targetPort": 8080}]});
+        let spec =
+            spec(json!({"clusterIP": "10.96.0.10", "ports": [{"port": 80, "targetPort": 8080}]}));
         let pods = vec![
             pod("good", "10.244.0.5", "True"),
             pod("loopback", "127.0.0.1", "True"),
             pod("link-local", "169.254.1.1", "True"),
         ];
         let (subsets, _) = build_subsets(&spec, "web", &pods);
-        let ips: Vec<&str> = subsets[0]["addresses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a["ip"].as_str())
-            .collect();
-        assert_eq!(ips, ["10.244.0.5"]);
+        assert_eq!(ips(&subsets[0].addresses), ["10.244.0.5"]);
     }
 
     #[test]
     fn more_than_a_thousand_addresses_are_truncated() {
-        let spec = json!({"clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"], "ports": [{"port": 80, "protocol": "TCP", "targetPort": 80}]});
-        let pods: Vec<Value> = (0..1001)
+        let spec = spec(
+            json!({"clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"], "ports": [{"port": 80, "protocol": "TCP", "targetPort": 80}]}),
+        );
+        let pods: Vec<Pod> = (0..1001)
             .map(|i| {
                 pod(
                     &format!("p{i}"),
@@ -1156,6 +1144,6 @@ mod tests {
             .collect();
         let (subsets, truncated) = build_subsets(&spec, "many", &pods);
         assert!(truncated);
-        assert_eq!(subsets[0]["addresses"].as_array().map(Vec::len), Some(1000));
+        assert_eq!(subsets[0].addresses.as_ref().map(Vec::len), Some(1000));
     }
 }

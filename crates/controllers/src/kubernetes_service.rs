@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capstan_registry::{ReadAt, Registry, WriteOptions};
+use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use serde_json::Value;
 
 /// How often the Service is checked.
@@ -52,10 +52,10 @@ impl KubernetesServiceController {
         };
         let options = Self::options();
         match endpoints.get("default", "kubernetes", ReadAt::Latest).await {
-            Err(e) if e.code == 404 => {
+            Err(e) if e.is_not_found() => {
                 match endpoints.create("default", wanted.clone(), &options).await {
                     Ok(_) => Ok(()),
-                    Err(e) if e.code == 409 => Ok(()),
+                    Err(e) if e.is_conflict() => Ok(()),
                     Err(e) => Err(format!("creating the kubernetes Endpoints: {}", e.message)),
                 }
             }
@@ -67,7 +67,7 @@ impl KubernetesServiceController {
                 let mut fixed = current;
                 fixed["subsets"] = wanted["subsets"].clone();
                 endpoints
-                    .update("default", "kubernetes", fixed, &options, false)
+                    .update("default", "kubernetes", fixed, &options, Subresource::Main)
                     .await
                     .map(|_| ())
                     .map_err(|e| format!("repairing the kubernetes Endpoints: {}", e.message))
@@ -96,14 +96,14 @@ impl KubernetesServiceController {
             .get("default", "kubernetes", ReadAt::Latest)
             .await
         {
-            Err(e) if e.code == 404 => {
+            Err(e) if e.is_not_found() => {
                 match self
                     .services
                     .create("default", self.wanted.clone(), &options)
                     .await
                 {
                     Ok(_) => Ok(()),
-                    Err(e) if e.code == 409 => Ok(()),
+                    Err(e) if e.is_conflict() => Ok(()),
                     Err(e) => Err(format!("creating the kubernetes Service: {}", e.message)),
                 }
             }
@@ -118,7 +118,7 @@ impl KubernetesServiceController {
                 fixed["spec"]["type"] = self.wanted["spec"]["type"].clone();
                 fixed["spec"]["ports"] = self.wanted["spec"]["ports"].clone();
                 self.services
-                    .update("default", "kubernetes", fixed, &options, false)
+                    .update("default", "kubernetes", fixed, &options, Subresource::Main)
                     .await
                     .map(|_| ())
                     .map_err(|e| format!("repairing the kubernetes Service: {}", e.message))

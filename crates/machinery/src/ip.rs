@@ -141,7 +141,10 @@ mod tests {
         );
         assert_eq!(parse_cidr("1.2.3.4/33"), None);
         assert_eq!(parse_cidr("0.0.0.0/0").map(|c| c.prefix_len()), Some(0));
-        assert_eq!(parse_cidr("010.0.0.0/8").map(|c| c.to_string()), Some("10.0.0.0/8".into()));
+        assert_eq!(
+            parse_cidr("010.0.0.0/8").map(|c| c.to_string()),
+            Some("10.0.0.0/8".into())
+        );
     }
 
     #[test]

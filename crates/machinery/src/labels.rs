@@ -95,16 +95,34 @@ impl LabelSelector {
 
     /// A selector requiring exactly these `key: value` pairs (a Service's `spec.selector`).
     pub fn from_map(map: &Map<String, Value>) -> Self {
+        Self::from_pairs(
+            map.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default())),
+        )
+    }
+
+    /// A selector requiring exactly these `key`, `value` pairs (a typed `spec.selector`).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         LabelSelector {
-            requirements: map
-                .iter()
+            requirements: pairs
+                .into_iter()
                 .map(|(k, v)| Requirement {
-                    key: k.clone(),
+                    key: k.to_string(),
                     operator: Operator::In,
-                    values: BTreeSet::from([v.as_str().unwrap_or_default().to_string()]),
+                    values: BTreeSet::from([v.to_string()]),
                 })
                 .collect(),
         }
+    }
+
+    /// Whether an object with these labels (typed `map[string]string` pairs) matches.
+    pub fn matches_pairs<'a>(
+        &self,
+        labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> bool {
+        let labels: std::collections::HashMap<&str, &str> =
+            labels.into_iter().map(|(k, v)| (&**k, &**v)).collect();
+        self.matches_with(|key| labels.get(key).copied())
     }
 }
 

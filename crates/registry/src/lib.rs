@@ -14,6 +14,6 @@ pub mod watch;
 
 pub use store::{
     DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
-    WriteOptions,
+    Subresource, WriteOptions,
 };
 pub use strategy::{DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};

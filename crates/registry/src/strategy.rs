@@ -433,7 +433,10 @@ impl<S: Strategy> DynStrategy for S {
         dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
         let mut typed: S::Object = to_typed(object).map_err(ApiError::internal)?;
-        let old = old.map(to_typed::<S::Object>).transpose().map_err(ApiError::internal)?;
+        let old = old
+            .map(to_typed::<S::Object>)
+            .transpose()
+            .map_err(ApiError::internal)?;
         let extras = Strategy::allocate(self, storage, &mut typed, old.as_ref(), dry_run).await?;
         mutate(object, |o: &mut S::Object| *o = typed);
         Ok(extras)

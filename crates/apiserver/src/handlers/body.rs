@@ -2,6 +2,8 @@
 
 use super::*;
 
+/// Decodes a create/update body and checks its kind and apiVersion; returns the object, the
+/// unknown-field warnings and the body's length.
 pub(super) async fn decode_body(
     request: &ResourceRequest,
     call: &Call,
@@ -116,7 +118,10 @@ pub(super) fn check_name(
 
 /// Puts the URL's namespace on a body (a namespaced kind's; a cluster-scoped object has
 /// none), refusing a body that names another.
-pub(super) fn settle_namespace(request: &ResourceRequest, object: &mut Value) -> Result<(), ApiError> {
+pub(super) fn settle_namespace(
+    request: &ResourceRequest,
+    object: &mut Value,
+) -> Result<(), ApiError> {
     if !request.registry.strategy().info().namespaced {
         meta::metadata_mut(object).shift_remove("namespace");
         return Ok(());

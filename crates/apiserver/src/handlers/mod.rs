@@ -93,6 +93,15 @@ pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
     with_warnings(response, &warnings)
 }
 
+/// The registry's name for the part of an object a request addresses.
+fn subresource(status: bool) -> capstan_registry::Subresource {
+    if status {
+        capstan_registry::Subresource::Status
+    } else {
+        capstan_registry::Subresource::Main
+    }
+}
+
 async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let is_watch = request.watch_path
         || (request.name.is_none()
@@ -145,7 +154,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     }
 }
 
-
+/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
 fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
     let mut seen = std::collections::HashSet::new();
     for warning in warnings {
@@ -159,6 +168,3 @@ fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<
     }
     response
 }
-
-/// Decodes a create/update body and checks its kind and apiVersion; returns the object, the
-/// unknown-field warnings and the body's length.

@@ -32,7 +32,10 @@ pub(super) fn selectors(
     Ok((labels, fields))
 }
 
-pub(super) fn list_options(request: &ResourceRequest, query: &Query) -> Result<ListOptions, ApiError> {
+pub(super) fn list_options(
+    request: &ResourceRequest,
+    query: &Query,
+) -> Result<ListOptions, ApiError> {
     let (labels, fields) = selectors(request, query)?;
     let limit = query.int("limit")?.unwrap_or(0).max(0) as usize;
     let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
@@ -89,7 +92,6 @@ pub(super) fn list_options(request: &ResourceRequest, query: &Query) -> Result<L
         read_at,
     })
 }
-
 
 pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     let dry_run = dry_run(&call.query, "CreateOptions")?;
@@ -190,8 +192,7 @@ pub(super) fn field_validation(query: &Query) -> FieldValidation {
     }
 }
 
-/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
-
+/// The options of a DELETE: query parameters, then a `DeleteOptions` body over them.
 pub(super) async fn delete_options(
     call: &Call,
     body: Option<hyper::body::Incoming>,

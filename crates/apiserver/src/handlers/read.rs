@@ -52,7 +52,7 @@ pub(super) fn list_response(
     match encoding.negotiated.output {
         Output::Json if !encoding.pretty => {
             // The hot path: splice the cached item bytes instead of re-serializing them.
-            let head = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta});
+            let head = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": list_meta});
             let body = ListBody::new(&head, result.items);
             response(
                 StatusCode::OK,
@@ -62,7 +62,7 @@ pub(super) fn list_response(
         }
         Output::Json | Output::Yaml => {
             let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
-            let list = json!({"kind": info.list_kind, "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
+            let list = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
             if encoding.negotiated.output == Output::Yaml {
                 let yaml = yaml::to_string(&list).unwrap_or_default();
                 response(StatusCode::OK, "application/yaml", full(yaml))
@@ -104,7 +104,6 @@ pub(super) fn list_response(
         }
     }
 }
-
 
 pub(super) struct ListBody {
     /// `{"kind":…,"apiVersion":…,"metadata":{…},"items":[`, sent first.
@@ -172,5 +171,3 @@ impl hyper::body::Body for ListBody {
         hyper::body::SizeHint::with_exact(self.remaining)
     }
 }
-
-/// Ready after `timeout`, or when `shutdown` turns true.

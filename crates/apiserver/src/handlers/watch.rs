@@ -2,7 +2,11 @@
 
 use super::*;
 
-pub(super) async fn watch(request: &ResourceRequest, call: &Call, encoding: Encoding) -> Response<Body> {
+pub(super) async fn watch(
+    request: &ResourceRequest,
+    call: &Call,
+    encoding: Encoding,
+) -> Response<Body> {
     match start_watch(request, call, encoding).await {
         Ok(response) => response,
         Err(error) => error_response(&error, encoding),
@@ -125,6 +129,7 @@ pub(super) async fn start_watch(
 /// list (megabytes for thousands of Services) is allocated and faulted in. The length is known
 /// up front, so the response carries a Content-Length.
 
+/// Ready after `timeout`, or when `shutdown` turns true.
 pub(super) fn ended(
     timeout: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -140,7 +145,7 @@ pub(super) fn ended(
 /// One watch response: turns watch items into JSON lines.
 pub(super) struct WatchStream {
     watcher: capstan_registry::watch::Watcher,
-    strategy: std::sync::Arc<dyn capstan_registry::Strategy>,
+    strategy: std::sync::Arc<dyn capstan_registry::DynStrategy>,
     output: Output,
     include: IncludeObject,
     bookmarks: bool,

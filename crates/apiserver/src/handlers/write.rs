@@ -55,7 +55,13 @@ pub(super) async fn update(
     let (stored, created) = call
         .finish(body_len, async move {
             registry
-                .update(&namespace, &owned_name, object, &options, status)
+                .update(
+                    &namespace,
+                    &owned_name,
+                    object,
+                    &options,
+                    subresource(status),
+                )
                 .await
         })
         .await?;
@@ -139,11 +145,17 @@ pub(super) async fn patch_object(
                 validation,
             };
             let patched = registry
-                .patch(&namespace, &owned_name, &options, status, |current| {
-                    let (result, problems) = patched_object(&input, current)?;
-                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                    Ok(result)
-                })
+                .patch(
+                    &namespace,
+                    &owned_name,
+                    &options,
+                    subresource(status),
+                    |current| {
+                        let (result, problems) = patched_object(&input, current)?;
+                        *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                        Ok(result)
+                    },
+                )
                 .await?;
             Ok((
                 patched,
@@ -329,7 +341,14 @@ pub(super) async fn apply_object(
     let (stored, created) = call
         .finish(bytes.len(), async move {
             registry
-                .apply(&namespace, &owned_name, config, &options, status, force)
+                .apply(
+                    &namespace,
+                    &owned_name,
+                    config,
+                    &options,
+                    subresource(status),
+                    force,
+                )
                 .await
         })
         .await?;

@@ -191,4 +191,3 @@ impl ResourceVersionMember {
         &self.bytes[..self.len]
     }
 }
-

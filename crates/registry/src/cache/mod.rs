@@ -616,4 +616,3 @@ mod tests {
         assert!(!selects("", "metadata.name=other"));
     }
 }
-

@@ -229,4 +229,3 @@ impl CachedObject {
         Self::from_object(self.key.clone(), &mut object, revision, project)
     }
 }
-

@@ -87,4 +87,3 @@ impl Selectable {
         labels.matches_with(|key| self.label(key)) && fields.matches(|f| self.field(f))
     }
 }
-

@@ -386,4 +386,3 @@ fn merge_into(
         _ => *live = applied.clone(),
     }
 }
-

@@ -423,4 +423,3 @@ fn without_times(object: &Value) -> Value {
 pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
     without_times(new) == without_times(old)
 }
-

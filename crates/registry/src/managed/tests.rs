@@ -1,7 +1,7 @@
 //! managedFields and server-side apply, case by case.
 
-use super::*;
 use super::apply::render_path;
+use super::*;
 
 fn service_schema() -> Option<&'static Value> {
     capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
@@ -333,4 +333,3 @@ fn a_status_write_keeps_the_main_resource_managers_and_the_reverse() {
         "{after}"
     );
 }
-

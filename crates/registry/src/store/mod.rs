@@ -29,6 +29,15 @@ const WRITE_ATTEMPTS: usize = 16;
 const GENERATE_NAME_ATTEMPTS: usize = 8;
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
+/// Which part of an object a write addresses: the object, or its `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subresource {
+    /// The main resource (status is kept as stored).
+    Main,
+    /// The `/status` subresource (everything but status is kept as stored).
+    Status,
+}
+
 /// Options of create, update and patch.
 #[derive(Debug, Clone, Default)]
 pub struct WriteOptions {
@@ -433,5 +442,4 @@ impl Registry {
             other => storage_error(other),
         }
     }
-
 }

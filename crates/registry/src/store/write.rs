@@ -263,7 +263,7 @@ impl Registry {
         name: &str,
         new: Value,
         options: &WriteOptions,
-        status: bool,
+        subresource: Subresource,
     ) -> Result<(Value, bool), ApiError> {
         let info = self.strategy.info();
         let pinned = meta::resource_version(&new).to_string();
@@ -287,7 +287,7 @@ impl Registry {
             namespace,
             name,
             options,
-            status,
+            subresource,
             |_current| Ok(new.clone()),
             if pinned.is_empty() {
                 OnConflict::Retry
@@ -304,7 +304,7 @@ impl Registry {
         namespace: &str,
         name: &str,
         options: &WriteOptions,
-        status: bool,
+        subresource: Subresource,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let info = self.strategy.info();
@@ -314,7 +314,7 @@ impl Registry {
                 namespace,
                 name,
                 options,
-                status,
+                subresource,
                 |current| {
                     let Some(current) = current else {
                         return Err(self.not_found(name));
@@ -345,16 +345,17 @@ impl Registry {
         name: &str,
         config: Value,
         options: &WriteOptions,
-        status: bool,
+        subresource: Subresource,
         force: bool,
     ) -> Result<(Value, bool), ApiError> {
+        let status = subresource == Subresource::Status;
         let info = self.strategy.info();
         let api_version = info.api_version();
         let options = WriteOptions {
             applied: true,
             ..options.clone()
         };
-        let subresource = status.then_some("status");
+        let fields_of = status.then_some("status");
         let conflicts = |conflicts: Vec<crate::managed::Conflict>| {
             let message = if let [one] = conflicts.as_slice() {
                 format!(
@@ -399,7 +400,7 @@ impl Registry {
                 &config,
                 &options.field_manager,
                 &api_version,
-                subresource,
+                fields_of,
                 self.strategy.schema(),
                 force,
             )
@@ -410,8 +411,15 @@ impl Registry {
             }
             Ok(object)
         };
-        self.write_loop(namespace, name, &options, status, merge, OnConflict::Retry)
-            .await
+        self.write_loop(
+            namespace,
+            name,
+            &options,
+            subresource,
+            merge,
+            OnConflict::Retry,
+        )
+        .await
     }
 
     async fn write_loop(
@@ -419,10 +427,11 @@ impl Registry {
         namespace: &str,
         name: &str,
         options: &WriteOptions,
-        status: bool,
+        subresource: Subresource,
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
         on_conflict: OnConflict,
     ) -> Result<(Value, bool), ApiError> {
+        let status = subresource == Subresource::Status;
         let info = self.strategy.info();
         let key = info.key(namespace, name);
         for _ in 0..WRITE_ATTEMPTS {
@@ -584,4 +593,3 @@ mod tests {
         assert_eq!(generate_name(&"a".repeat(70)).len(), 63);
     }
 }
-

@@ -8,7 +8,9 @@ use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{ResourceInfo, Strategy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceCondition};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
+    APIService, APIServiceCondition,
+};
 use serde_json::{Value, json};
 
 /// APIService's identity.
@@ -35,10 +37,7 @@ pub struct ApiServiceStrategy;
 
 /// Whether an APIService is served by the server itself (no `spec.service`).
 pub fn is_local(apiservice: &APIService) -> bool {
-    apiservice
-        .spec
-        .as_ref()
-        .is_none_or(|s| s.service.is_none())
+    apiservice.spec.as_ref().is_none_or(|s| s.service.is_none())
 }
 
 /// The `Available` condition, if any.
@@ -59,7 +58,12 @@ pub fn is_available(apiservice: &APIService) -> bool {
 
 /// Sets the `Available` condition as upstream's helper does: reason and message replaced,
 /// `lastTransitionTime` changed only when the status changes. Returns whether anything changed.
-pub fn set_available(apiservice: &mut APIService, status: &str, reason: &str, message: &str) -> bool {
+pub fn set_available(
+    apiservice: &mut APIService,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> bool {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let conditions = apiservice
         .status
@@ -121,7 +125,9 @@ impl Strategy for ApiServiceStrategy {
     /// A `/status` write changes none of the labels, annotations, finalizers or owners.
     fn prepare_for_status_update(&self, new: &mut APIService, old: &APIService) {
         new.metadata.labels.clone_from(&old.metadata.labels);
-        new.metadata.annotations.clone_from(&old.metadata.annotations);
+        new.metadata
+            .annotations
+            .clone_from(&old.metadata.annotations);
         new.metadata.finalizers.clone_from(&old.metadata.finalizers);
         new.metadata
             .owner_references
@@ -199,8 +205,10 @@ mod tests {
     #[test]
     fn cells_show_local_and_reasons() {
         let strategy = ApiServiceStrategy;
-        let mut local = apiservice(json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
-            "groupPriorityMinimum": 1, "versionPriority": 1}}));
+        let mut local = apiservice(
+            json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
+            "groupPriorityMinimum": 1, "versionPriority": 1}}),
+        );
         strategy.prepare_for_create(&mut local);
         assert_eq!(
             strategy.cells(&local)[1..3],

@@ -28,12 +28,7 @@ fn endpoints_cell(endpoints: &Endpoints) -> String {
     };
     let mut entries = Vec::new();
     for subset in subsets {
-        let ips: Vec<&str> = subset
-            .addresses
-            .iter()
-            .flatten()
-            .map(|a| &*a.ip)
-            .collect();
+        let ips: Vec<&str> = subset.addresses.iter().flatten().map(|a| &*a.ip).collect();
         let ports: Vec<i32> = subset.ports.iter().flatten().map(|p| p.port).collect();
         if ports.is_empty() {
             entries.extend(ips.iter().map(|ip| ip.to_string()));

@@ -2,9 +2,7 @@
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip;
-use capstan_machinery::validation::{
-    PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name,
-};
+use capstan_machinery::validation::{PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name};
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, Endpoints};
 use serde_json::json;
 
@@ -112,7 +110,12 @@ pub fn validate(endpoints: &Endpoints) -> FieldErrors {
             address(&mut errors, &format!("{path}.notReadyAddresses[{j}]"), a);
         }
         for (k, p) in ports.iter().enumerate() {
-            port(&mut errors, &format!("{path}.ports[{k}]"), p, ports.len() > 1);
+            port(
+                &mut errors,
+                &format!("{path}.ports[{k}]"),
+                p,
+                ports.len() > 1,
+            );
         }
     }
     errors

@@ -57,7 +57,10 @@ impl Strategy for NamespaceStrategy {
         spec.finalizers
             .get_or_insert_with(|| vec!["kubernetes".to_string()]);
         let name = namespace.metadata.name.clone().unwrap_or_default();
-        let labels = namespace.metadata.labels.get_or_insert_with(Default::default);
+        let labels = namespace
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default);
         if !name.is_empty() {
             labels.insert(NAME_LABEL.to_string(), name);
         }

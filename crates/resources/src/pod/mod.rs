@@ -298,9 +298,7 @@ impl Strategy for PodStrategy {
             "spec.nodeName" | "spec.host" => node_name(pod).to_string(),
             "spec.restartPolicy" => text(spec.and_then(|s| s.restart_policy.as_ref())),
             "spec.schedulerName" => text(spec.and_then(|s| s.scheduler_name.as_ref())),
-            "spec.serviceAccountName" => {
-                text(spec.and_then(|s| s.service_account_name.as_ref()))
-            }
+            "spec.serviceAccountName" => text(spec.and_then(|s| s.service_account_name.as_ref())),
             "status.phase" => phase(pod).to_string(),
             "status.podIP" => pod_ip(pod).to_string(),
             _ => return None,

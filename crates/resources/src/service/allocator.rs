@@ -40,7 +40,12 @@ impl Allocations {
             .filter(|ip| *ip != "None" && !ip.is_empty())
             .cloned()
             .collect();
-        let mut ports: Vec<i32> = spec.ports.iter().flatten().filter_map(|p| p.node_port).collect();
+        let mut ports: Vec<i32> = spec
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.node_port)
+            .collect();
         ports.extend(spec.health_check_node_port);
         ports.retain(|p| *p > 0);
         ports.sort_unstable();
@@ -280,7 +285,11 @@ impl ServiceAllocator {
             .is_some_and(|kv| kv.value.as_ref() != owner.as_bytes()))
     }
 
-    pub(super) async fn dynamic_ip(&self, storage: &dyn Storage, index: usize) -> Result<String, ApiError> {
+    pub(super) async fn dynamic_ip(
+        &self,
+        storage: &dyn Storage,
+        index: usize,
+    ) -> Result<String, ApiError> {
         let range = &self.ranges[index];
         for attempt in 0..2 {
             {

@@ -103,7 +103,9 @@ impl Strategy for ServiceStrategy {
         old: Option<&Service>,
         dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
-        self.allocator.allocate(storage, service, old, dry_run).await
+        self.allocator
+            .allocate(storage, service, old, dry_run)
+            .await
     }
 
     fn release(&self, service: &Service) -> WriteExtras {

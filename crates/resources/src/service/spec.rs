@@ -36,7 +36,10 @@ pub fn node_ports(spec: &ServiceSpec) -> Vec<i32> {
 pub fn externally_accessible(spec: &ServiceSpec) -> bool {
     match spec.type_.as_deref() {
         Some("NodePort" | "LoadBalancer") => true,
-        Some("ClusterIP") => spec.external_ips.as_ref().is_some_and(|ips| !ips.is_empty()),
+        Some("ClusterIP") => spec
+            .external_ips
+            .as_ref()
+            .is_some_and(|ips| !ips.is_empty()),
         _ => false,
     }
 }

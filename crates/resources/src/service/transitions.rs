@@ -82,10 +82,14 @@ mod tests {
 
     #[test]
     fn node_port_to_cluster_ip_drops_what_only_node_ports_use() {
-        let old = service(json!({"spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster",
-            "ports": [{"port": 80, "nodePort": 30080}]}}));
-        let mut new = service(json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": "Cluster",
-            "ports": [{"port": 80, "nodePort": 30080}]}}));
+        let old = service(
+            json!({"spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80, "nodePort": 30080}]}}),
+        );
+        let mut new = service(
+            json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80, "nodePort": 30080}]}}),
+        );
         drop_type_dependent_fields(&mut new, &old);
         assert_eq!(
             serde_json::to_value(new.spec).expect("json"),
@@ -95,10 +99,16 @@ mod tests {
 
     #[test]
     fn a_new_node_port_on_conversion_is_kept_for_validation_to_refuse() {
-        let old = service(json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}}));
-        let mut new =
-            service(json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30099}]}}));
+        let old = service(
+            json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}}),
+        );
+        let mut new = service(
+            json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30099}]}}),
+        );
         drop_type_dependent_fields(&mut new, &old);
-        assert_eq!(new.spec.and_then(|s| s.ports).map(|p| p[0].node_port), Some(Some(30099)));
+        assert_eq!(
+            new.spec.and_then(|s| s.ports).map(|p| p[0].node_port),
+            Some(Some(30099))
+        );
     }
 }

@@ -157,7 +157,10 @@ pub fn validate(service: &Service) -> FieldErrors {
 
 fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    for (field, values) in [("clusterIPs", &spec.cluster_ips), ("ipFamilies", &spec.ip_families)] {
+    for (field, values) in [
+        ("clusterIPs", &spec.cluster_ips),
+        ("ipFamilies", &spec.ip_families),
+    ] {
         if !list(values).is_empty() {
             errors.push(FieldError::forbidden(
                 format!("spec.{field}"),
@@ -419,7 +422,8 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
     let cluster_ips = list(&spec.cluster_ips);
     if !cluster_ip.is_empty() && cluster_ips.is_empty() {
         errors.push(FieldError::required("spec.clusterIPs", ""));
-    } else if !cluster_ip.is_empty() && cluster_ips.first().map(String::as_ref) != Some(cluster_ip) {
+    } else if !cluster_ip.is_empty() && cluster_ips.first().map(String::as_ref) != Some(cluster_ip)
+    {
         errors.push(FieldError::invalid(
             "spec.clusterIPs",
             &json!(cluster_ips),
@@ -563,7 +567,11 @@ pub fn validate_status(new: &Service) -> FieldErrors {
         return errors;
     }
     for (i, entry) in ingress.into_iter().enumerate() {
-        validate_ingress(&mut errors, &format!("status.loadBalancer.ingress[{i}]"), entry);
+        validate_ingress(
+            &mut errors,
+            &format!("status.loadBalancer.ingress[{i}]"),
+            entry,
+        );
     }
     errors
 }
