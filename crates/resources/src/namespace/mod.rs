@@ -73,6 +73,24 @@ impl Strategy for NamespaceStrategy {
         });
     }
 
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["status.phase"]
+    }
+
+    fn field_value(&self, namespace: &Namespace, field: &str) -> Option<String> {
+        (field == "status.phase").then(|| {
+            namespace
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default()
+        })
+    }
+
+    fn unsupported_field_message(&self, field: &str) -> String {
+        format!("field label not supported: {field}")
+    }
+
     fn validate_create(&self, _namespace: &Namespace) -> FieldErrors {
         FieldErrors::new()
     }

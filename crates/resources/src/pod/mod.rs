@@ -286,8 +286,11 @@ impl Strategy for PodStrategy {
             "spec.restartPolicy",
             "spec.schedulerName",
             "spec.serviceAccountName",
+            "spec.hostNetwork",
             "status.phase",
             "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
         ]
     }
 
@@ -299,8 +302,21 @@ impl Strategy for PodStrategy {
             "spec.restartPolicy" => text(spec.and_then(|s| s.restart_policy.as_ref())),
             "spec.schedulerName" => text(spec.and_then(|s| s.scheduler_name.as_ref())),
             "spec.serviceAccountName" => text(spec.and_then(|s| s.service_account_name.as_ref())),
+            // Go's strconv.FormatBool; unset is false.
+            "spec.hostNetwork" => spec
+                .and_then(|s| s.host_network)
+                .unwrap_or(false)
+                .to_string(),
             "status.phase" => phase(pod).to_string(),
             "status.podIP" => pod_ip(pod).to_string(),
+            "status.nominatedNodeName" => text(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_ref()),
+            ),
+            // Upstream's field label conversion accepts it, but its field set has no value
+            // for it: it selects as the empty string.
+            "status.podIPs" => String::new(),
             _ => return None,
         })
     }
@@ -355,5 +371,65 @@ impl Strategy for PodStrategy {
             json!(or_none(pod_ip(pod))),
             json!(or_none(node_name(pod))),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(object: Value) -> Pod {
+        serde_json::from_value(object).expect("a Pod")
+    }
+
+    #[test]
+    fn host_network_selects_as_go_formats_a_bool() {
+        let strategy = PodStrategy;
+        let unset = pod(json!({"metadata": {"name": "a"}}));
+        let set = pod(
+            json!({"metadata": {"name": "b"}, "spec": {"containers": [], "hostNetwork": true}}),
+        );
+        assert_eq!(
+            strategy.field_value(&unset, "spec.hostNetwork").as_deref(),
+            Some("false")
+        );
+        assert_eq!(
+            strategy.field_value(&set, "spec.hostNetwork").as_deref(),
+            Some("true")
+        );
+        assert_eq!(strategy.field_value(&set, "spec.ports"), None);
+    }
+
+    #[test]
+    fn pod_ip_wins_over_the_first_pod_ips_entry() {
+        let strategy = PodStrategy;
+        let mut both =
+            pod(json!({"status": {"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.1"}]}}));
+        strategy.default(&mut both);
+        assert_eq!(
+            strategy.field_value(&both, "status.podIP").as_deref(),
+            Some("10.0.0.2")
+        );
+        assert_eq!(pod_ips(&both), ["10.0.0.2"]);
+        let mut list_only = pod(json!({"status": {"podIPs": [{"ip": "fd00::1"}]}}));
+        strategy.default(&mut list_only);
+        assert_eq!(pod_ip(&list_only), "fd00::1");
+    }
+
+    #[test]
+    fn two_ips_of_one_family_are_refused_like_upstream() {
+        let old = pod(json!({}));
+        let new = pod(json!({"status": {"podIPs": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}]}}));
+        let texts: Vec<String> = validate_pod_ips(&new, &old)
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                "status.podIPs: Invalid value: [{\"IP\":\"10.0.0.1\"},{\"IP\":\"10.0.0.2\"}]: may specify no more than one IP for each IP family"
+            ]
+        );
     }
 }
