@@ -774,8 +774,11 @@ fn pod_address(
     Some((ip, address))
 }
 
+/// A port's place in a list: port, protocol, name, app protocol.
+type PortOrder = (i32, String, String, String);
+
 /// The order ports are listed in: port, protocol, name, app protocol.
-fn port_order(port: &EndpointPort) -> (i32, String, String, String) {
+fn port_order(port: &EndpointPort) -> PortOrder {
     (
         port.port,
         port.protocol.clone().unwrap_or_default(),
@@ -816,10 +819,8 @@ pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
         .or_else(|| family_of(cluster_ip));
     let service_ports = spec.ports.as_deref().unwrap_or_default();
     // port (in list order) -> (port, addresses keyed by (ip, uid) with their ready flag)
-    let mut by_port: BTreeMap<
-        Option<(i32, String, String, String)>,
-        (Option<EndpointPort>, PortAddresses),
-    > = BTreeMap::new();
+    let mut by_port: BTreeMap<Option<PortOrder>, (Option<EndpointPort>, PortAddresses)> =
+        BTreeMap::new();
     for pod in pods {
         let pod: &Pod = pod.borrow();
         let Some((ip, address)) = pod_address(pod, family, publish, service_name) else {

@@ -105,6 +105,10 @@ pub(super) fn list_response(
     }
 }
 
+/// A JSON list sent in pieces of about 64 KiB spliced from the cached items' JSON: the first
+/// bytes leave while later items are still being copied, and no buffer the size of the whole
+/// list (megabytes for thousands of Services) is allocated and faulted in. The length is known
+/// up front, so the response carries a Content-Length.
 pub(super) struct ListBody {
     /// `{"kind":…,"apiVersion":…,"metadata":{…},"items":[`, sent first.
     head: Vec<u8>,

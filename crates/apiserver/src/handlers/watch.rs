@@ -124,11 +124,6 @@ pub(super) async fn start_watch(
     Ok(response(StatusCode::OK, "application/json", body))
 }
 
-/// A JSON list sent in pieces of about 64 KiB spliced from the cached items' JSON: the first
-/// bytes leave while later items are still being copied, and no buffer the size of the whole
-/// list (megabytes for thousands of Services) is allocated and faulted in. The length is known
-/// up front, so the response carries a Content-Length.
-
 /// Ready after `timeout`, or when `shutdown` turns true.
 pub(super) fn ended(
     timeout: Duration,
