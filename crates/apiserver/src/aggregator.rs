@@ -1,4 +1,4 @@
-//! The aggregation layer (`spec/apiservice.md` §9–§10): which group/versions APIServices
+//! The aggregation layer: which group/versions APIServices
 //! claim, discovery merged from them, and the proxy to their backends.
 
 use std::collections::HashMap;
@@ -188,7 +188,7 @@ impl Aggregator {
         all
     }
 
-    /// Groups and their versions in legacy order (§9.1), local groups left out.
+    /// Groups and their versions in legacy order, local groups left out.
     async fn groups(&self) -> Vec<(String, Vec<APIService>)> {
         let mut groups: Vec<(String, Vec<APIService>)> = Vec::new();
         for apiservice in self.sorted().await {
@@ -239,7 +239,7 @@ impl Aggregator {
         Some(entry)
     }
 
-    /// Aggregated discovery of the APIService groups (§9.2): `(priority, group, discovery)`.
+    /// Aggregated discovery of the APIService groups: `(priority, group, discovery)`.
     /// Remote versions are fetched from their backends (reused for a minute, or until the
     /// APIService changes); a backend that cannot answer leaves its version `Stale`.
     pub async fn aggregated_groups(&self) -> Vec<(i64, String, Value)> {
@@ -385,7 +385,7 @@ impl Aggregator {
             .await
     }
 
-    /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend (§10).
+    /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend.
     pub async fn proxy(
         &self,
         apiservice: &APIService,

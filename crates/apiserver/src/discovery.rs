@@ -319,7 +319,7 @@ pub fn version_from_resource_list(version: &str, list: &Value) -> Value {
     json!({"version": version, "resources": resources, "freshness": "Current"})
 }
 
-/// Kube-aware version order (§9.3): GA before beta before alpha, higher numbers first, then
+/// Kube-aware version order: GA before beta before alpha, higher numbers first, then
 /// anything else alphabetically. `Less` means `a` sorts first.
 pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
     fn parse(v: &str) -> Option<(u8, u64, u64)> {

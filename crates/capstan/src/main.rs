@@ -381,7 +381,7 @@ fn advertise_address(args: &ServeArgs) -> Option<std::net::IpAddr> {
     (!address.is_loopback() && !address.is_unspecified()).then_some(address)
 }
 
-/// The local APIServices of the groups Capstan serves itself (`spec/apiservice.md` §8): only
+/// The local APIServices of the groups Capstan serves itself: only
 /// `v1.` (the aggregator's own group is not registered, as upstream). Created when missing;
 /// its spec reset at start while it carries the `onstart` label; left alone without it.
 async fn register_local_apiservices(

@@ -1,4 +1,4 @@
-//! The concrete cases of `spec/conformance-cases.md`, as data: every `tests/conformance/*.json`
+//! The conformance cases (the project's `conformance-cases.md`), as data: every `tests/conformance/*.json`
 //! file holds cases, and each case is its own test (`cargo test --test conformance -- <id>`
 //! runs one). Cases run against the real binary, one server per cluster fixture, in order
 //! within a cluster; after each case, everything it created is deleted (found through

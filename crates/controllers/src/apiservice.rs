@@ -1,4 +1,4 @@
-//! APIService availability (`spec/apiservice.md` §5–§7): the `Available` condition of every
+//! APIService availability: the `Available` condition of every
 //! APIService, from its Service, Endpoints and a discovery probe of its backend, reached
 //! exactly as the aggregation proxy reaches it (`capstan-aggregation`).
 
@@ -44,7 +44,7 @@ enum SyncError {
     Undecodable(String),
 }
 
-/// Keeps the `Available` condition of every APIService (§6, §7).
+/// Keeps the `Available` condition of every APIService.
 pub struct AvailabilityController {
     apiservices: Arc<Registry>,
     services: Arc<Registry>,
@@ -143,7 +143,7 @@ impl AvailabilityController {
             });
         }
         // Workers over a per-key queue: a slow probe holds up only its own APIService.
-        // Failures are retried with exponential back-off, 5 ms doubling to 30 s (spec §7).
+        // Failures are retried with exponential back-off, 5 ms doubling to 30 s.
         for _ in 0..WORKERS {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
@@ -227,7 +227,7 @@ impl AvailabilityController {
         }
     }
 
-    /// §7: the Service, its port and Endpoints, then the discovery probe.
+    /// The Service, its port and Endpoints, then the discovery probe.
     async fn check(&self, apiservice: &APIService) -> Verdict {
         let Some(target) = service_ref(apiservice) else {
             return ("True", "Local", LOCAL_MESSAGE.to_string());
@@ -311,7 +311,7 @@ impl AvailabilityController {
         }
     }
 
-    /// §7 step 3: five concurrent `GET /apis/<group>/<version>` attempts; any 2xx passes.
+    /// Five concurrent `GET /apis/<group>/<version>` attempts; any 2xx passes.
     /// Unlike upstream's probe (which skips certificate verification), the backend's
     /// certificate is verified exactly as the proxy verifies it (`caBundle`, server name
     /// `<service>.<namespace>.svc`, or `insecureSkipTLSVerify`): an APIService whose every

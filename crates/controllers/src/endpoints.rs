@@ -1,4 +1,4 @@
-//! The endpoints controller (`spec/endpoints.md` §3), on typed Services, Pods and Endpoints:
+//! The endpoints controller, on typed Services, Pods and Endpoints:
 //! the registry's JSON is decoded at the edge (the watch events, the reads and the write).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -273,7 +273,7 @@ pub fn pod_view(pod: &Pod) -> Pod {
     }
 }
 
-/// What §3.5 remembers per Service: the trigger time last seen of each pod and of the Service.
+/// What the trigger time is computed from: the times last seen of each pod and of the Service.
 #[derive(Default)]
 struct TriggerState {
     pods: std::collections::HashMap<String, String>,
@@ -501,7 +501,7 @@ impl EndpointsController {
         }
     }
 
-    /// The last-change-trigger-time (§3.5): the Service's creation on the first sync, then the
+    /// The last-change-trigger-time: the Service's creation on the first sync, then the
     /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
     /// Timestamps are RFC 3339 strings in UTC, which order as text.
     fn trigger_time(&self, key: &Key, service: &Service, pods: &[Arc<Pod>]) -> String {
@@ -659,7 +659,7 @@ impl Desired {
         endpoints
     }
 
-    /// §3.2 step 10: nothing to write when subsets and labels already match and nothing is
+    /// Nothing to write when subsets and labels already match and nothing is
     /// over capacity (the trigger-time annotation alone never causes a write, so a restart
     /// rewrites nothing).
     fn unchanged(&self, current: &Endpoints) -> bool {
@@ -694,7 +694,7 @@ fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
         .find(|c| c.type_ == "Ready")
 }
 
-/// The target port of a Service port for one pod (§3.2 step 8).
+/// The target port of a Service port for one pod.
 fn target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
     let protocol = service_port.protocol.as_deref().unwrap_or("TCP");
     let name = match &service_port.target_port {
@@ -718,7 +718,7 @@ fn target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
         .or_else(|| search(spec.init_containers.as_deref().unwrap_or_default(), true))
 }
 
-/// The address a pod gets in its Service's Endpoints, if it has one (§3.2 steps 6–7): of the
+/// The address a pod gets in its Service's Endpoints, if it has one: of the
 /// Service's family, not terminating (unless not-ready addresses are published), and one
 /// Endpoints may hold.
 fn pod_address(
@@ -802,7 +802,7 @@ fn endpoint_port(service_port: &ServicePort, port: i32) -> EndpointPort {
     }
 }
 
-/// Subsets for a Service and its selected pods (§3.2 steps 6–9, §3.3, §3.4); `true` when
+/// Subsets for a Service and its selected pods; `true` when
 /// truncated to 1000 addresses.
 pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
     spec: &ServiceSpec,
@@ -917,7 +917,7 @@ fn group_by_addresses<K>(
     subsets
 }
 
-/// §3.4: more than 1000 addresses are cut down, each subset keeping its share (ready
+/// More than 1000 addresses are cut down, each subset keeping its share (ready
 /// addresses first); `true` when anything was cut.
 fn truncate(subsets: &mut [Subset]) -> bool {
     let total: usize = subsets.iter().map(|(r, n, _)| r.len() + n.len()).sum();

@@ -261,7 +261,7 @@ pub(super) fn patched_object(
     Ok((decoded, warnings))
 }
 
-/// PATCH with `application/apply-patch+yaml`: server-side apply (`spec/api-machinery.md` §10.5).
+/// PATCH with `application/apply-patch+yaml`: server-side apply.
 pub(super) async fn apply_object(
     request: &ResourceRequest,
     name: &str,

@@ -13,7 +13,7 @@ pub struct Conflict {
     pub field: String,
 }
 
-/// Server-side apply (`spec/api-machinery.md` §10.5), modelled on structured-merge-diff:
+/// Server-side apply, modelled on structured-merge-diff:
 /// merges the applied configuration `config` into `live` (None: the object is created) as
 /// `manager`, following the kind's schema (list-map keys, sets, atomic values), removes the
 /// fields the manager applied before and no longer applies (unless another manager owns them),

@@ -338,7 +338,7 @@ impl Registry {
 
     /// Server-side apply of `config` (kind and apiVersion already checked and removed) as
     /// `options.field_manager`: creates the object when absent (`true`), else merges it into
-    /// the stored one (`spec/api-machinery.md` §10.5); 409 on conflicts unless `force`.
+    /// the stored one; 409 on conflicts unless `force`.
     pub async fn apply(
         &self,
         namespace: &str,

@@ -1,4 +1,4 @@
-//! apiregistration.k8s.io/v1 APIService (`spec/apiservice.md` §1–§6): defaults, validation,
+//! apiregistration.k8s.io/v1 APIService: defaults, validation,
 //! the status rules of the strategy, the Table, and the `Available` condition helpers the
 //! availability controller and the aggregation proxy share.
 

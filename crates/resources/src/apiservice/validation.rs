@@ -1,4 +1,4 @@
-//! APIService validation (`spec/apiservice.md` §3).
+//! APIService validation.
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::validation::{dns1035_label, dns1123_subdomain};

@@ -488,7 +488,7 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
     errors
 }
 
-/// §4.1 #30/#31.
+/// `loadBalancerClass`: only on LoadBalancer Services, a qualified name.
 fn validate_load_balancer_class(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
     if let Some(class) = spec.load_balancer_class.as_deref() {
@@ -576,7 +576,7 @@ pub fn validate_status(new: &Service) -> FieldErrors {
     errors
 }
 
-/// The `Warning` texts upstream sends for a Service (§9).
+/// The `Warning` texts upstream sends for a Service.
 pub fn warnings(service: &Service) -> Vec<String> {
     let mut out = Vec::new();
     let spec = super::spec::of(service);
