@@ -1,16 +1,15 @@
 //! ClusterIP and NodePort allocation. Every allocation is a storage key written in the same
 //! transaction as the Service that holds it, so addresses can neither leak nor be handed out
 //! twice, even across a crash. This module keeps the in-memory view of what is taken (a
-//! bitmap per range, fed by a storage watch) and the repair check; `cluster_ips` and
-//! `node_ports` decide what a Service gets.
-
-use std::collections::BTreeMap;
+//! bitmap per range, fed by a storage watch) and the write path's bookkeeping; `cluster_ips`
+//! and `node_ports` decide what a Service gets, `repair` checks the records at start-up.
 
 use capstan_machinery::ApiError;
 use capstan_machinery::field::FieldErrors;
 use capstan_registry::WriteExtras;
 use capstan_storage::{Compare, Op, RangeRequest, Storage};
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::bitmap::Bitmap;
 use super::range::{IpRange, PortRange};
@@ -53,7 +52,8 @@ impl Allocations {
         Allocations { ips, ports }
     }
 
-    fn keys(&self) -> Vec<String> {
+    /// The allocation keys that record what the Service holds.
+    pub(super) fn keys(&self) -> Vec<String> {
         self.ips
             .iter()
             .map(|ip| format!("{IP_PREFIX}{ip}"))
@@ -78,14 +78,43 @@ struct Taken {
     ports: Bitmap,
 }
 
-/// 422 for a Service whose request cannot be allocated as asked.
-pub(super) fn invalid(service: &Service, errors: FieldErrors) -> ApiError {
+/// 422 for a Service whose request cannot be allocated as asked (it takes the metadata, not
+/// the Service, so a step can refuse while it holds the spec mutably).
+pub(super) fn invalid(metadata: &ObjectMeta, errors: FieldErrors) -> ApiError {
     ApiError::invalid(
         "",
         "Service",
-        service.metadata.name.as_deref().unwrap_or_default(),
+        metadata.name.as_deref().unwrap_or_default(),
         &errors,
     )
+}
+
+/// One write's view of the allocator: the store requests are checked against, the owner the
+/// records name (`namespace/name`), and whether it is a dry run (which reserves nothing).
+pub(super) struct Picker<'a> {
+    /// The ranges and the in-memory view of what is taken.
+    pub(super) allocator: &'a ServiceAllocator,
+    /// Where the allocation records are.
+    pub(super) storage: &'a dyn Storage,
+    /// The Service being written, as its records name it.
+    pub(super) owner: &'a str,
+    /// A dry run checks and fills placeholders only.
+    pub(super) dry_run: bool,
+}
+
+impl Picker<'_> {
+    /// Whether `key` is recorded as held by another Service (a Service's own records, kept
+    /// over an update, are not in the way).
+    pub(super) async fn held_by_other(&self, key: &str) -> Result<bool, ApiError> {
+        let response = self
+            .storage
+            .get(key, None)
+            .await
+            .map_err(ApiError::internal)?;
+        Ok(response
+            .kv
+            .is_some_and(|kv| kv.value.as_ref() != self.owner.as_bytes()))
+    }
 }
 
 impl ServiceAllocator {
@@ -184,67 +213,6 @@ impl ServiceAllocator {
         Ok(())
     }
 
-    /// The repair check (upstream's repair loops, run once at start-up): every Service's
-    /// addresses and ports must be recorded as allocated to it, and nothing else may be.
-    /// Writes are transactional, so this finds nothing unless the data was edited by hand;
-    /// it reports and fixes what it finds. Returns the number of fixes.
-    pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
-        let services = storage
-            .range(RangeRequest {
-                prefix: super::SERVICE_INFO.list_prefix(""),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(ApiError::internal)?;
-        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
-        for kv in &services.kvs {
-            let Ok(service) = serde_json::from_slice::<Service>(&kv.value) else {
-                continue;
-            };
-            let owner = Self::owner(&service);
-            for key in Allocations::of(&service).keys() {
-                if let Some(other) = wanted.insert(key.clone(), owner.clone())
-                    && other != owner
-                {
-                    tracing::warn!(%key, first = %other, second = %owner, "allocated to several services; please recreate one of them");
-                }
-            }
-        }
-        let recorded = storage
-            .range(RangeRequest {
-                prefix: "ranges/".into(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(ApiError::internal)?;
-        let mut fixes = 0;
-        for kv in &recorded.kvs {
-            if !wanted.contains_key(kv.key.as_ref()) {
-                tracing::warn!(key = %kv.key, "allocation held by no service; releasing it");
-                let txn = capstan_storage::Txn::new()
-                    .when(Compare::ModRevision(kv.key.to_string(), kv.mod_revision))
-                    .then(Op::Delete(kv.key.to_string()));
-                storage.txn(txn).await.map_err(ApiError::internal)?;
-                fixes += 1;
-            }
-        }
-        for (key, owner) in &wanted {
-            if !recorded
-                .kvs
-                .iter()
-                .any(|kv| kv.key.as_ref() == key.as_str())
-            {
-                tracing::warn!(%key, %owner, "service address or port not recorded as allocated; repairing");
-                let txn = capstan_storage::Txn::new()
-                    .when(Compare::Absent(key.clone()))
-                    .then(Op::Put(key.clone(), owner.clone().into()));
-                storage.txn(txn).await.map_err(ApiError::internal)?;
-                fixes += 1;
-            }
-        }
-        Ok(fixes)
-    }
-
     /// The service CIDRs, primary first.
     pub(super) fn ranges(&self) -> &[IpRange] {
         &self.ranges
@@ -274,17 +242,8 @@ impl ServiceAllocator {
         )
     }
 
-    pub(super) async fn held_by_other(
-        storage: &dyn Storage,
-        key: &str,
-        owner: &str,
-    ) -> Result<bool, ApiError> {
-        let response = storage.get(key, None).await.map_err(ApiError::internal)?;
-        Ok(response
-            .kv
-            .is_some_and(|kv| kv.value.as_ref() != owner.as_bytes()))
-    }
-
+    /// A free address of range `index` (dynamic picks prefer the addresses above the static
+    /// band, which is left to requested addresses), marked taken in the in-memory view.
     pub(super) async fn dynamic_ip(
         &self,
         storage: &dyn Storage,
@@ -319,6 +278,8 @@ impl ServiceAllocator {
         ))
     }
 
+    /// A free node port other than `avoid` (the ones this write already uses), marked taken in
+    /// the in-memory view; as for addresses, the static band is used last.
     pub(super) async fn dynamic_port(
         &self,
         storage: &dyn Storage,
@@ -367,8 +328,14 @@ impl ServiceAllocator {
     ) -> Result<WriteExtras, ApiError> {
         let owner = Self::owner(service);
         if service.spec.as_ref().map(super::spec::kind) != Some("ExternalName") {
-            super::cluster_ips::allocate(self, storage, service, old, &owner, dry_run).await?;
-            super::node_ports::allocate(self, storage, service, &owner, dry_run).await?;
+            let picker = Picker {
+                allocator: self,
+                storage,
+                owner: &owner,
+                dry_run,
+            };
+            super::cluster_ips::allocate(&picker, service, old).await?;
+            super::node_ports::allocate(&picker, service).await?;
         }
         let before = old.map(Allocations::of).unwrap_or_default().keys();
         let after = Allocations::of(service).keys();

@@ -5,11 +5,11 @@ use std::net::IpAddr;
 
 use capstan_machinery::ApiError;
 use capstan_machinery::field::{FieldError, FieldErrors};
-use capstan_storage::Storage;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
-use super::allocator::{Allocations, IP_PREFIX, ServiceAllocator, invalid};
+use super::allocator::{Allocations, IP_PREFIX, Picker, invalid};
 
 /// What a Service asks for: its cluster IPs, policy and families as sent (or kept).
 struct Request {
@@ -140,16 +140,13 @@ impl Request {
 /// Resolves `service`'s families and policy and gives it its cluster IPs (requested ones
 /// checked against the range and other Services; the rest picked). A dry run reserves nothing.
 pub(super) async fn allocate(
-    allocator: &ServiceAllocator,
-    storage: &dyn Storage,
+    picker: &Picker<'_>,
     service: &mut Service,
     old: Option<&Service>,
-    owner: &str,
-    dry_run: bool,
 ) -> Result<(), ApiError> {
     let problems = super::validation::validate_cluster_ip_fields(&super::spec::of(service));
     if !problems.is_empty() {
-        return Err(invalid(service, problems));
+        return Err(invalid(&service.metadata, problems));
     }
     let Some(spec) = service.spec.as_ref() else {
         return Err(ApiError::bad_request("spec is required"));
@@ -158,18 +155,18 @@ pub(super) async fn allocate(
     if let Some(old) = old {
         let errors = request.follow_old(old);
         if !errors.is_empty() {
-            return Err(invalid(service, errors));
+            return Err(invalid(&service.metadata, errors));
         }
     }
-    let errors = request.resolve_families(&allocator.families());
+    let errors = request.resolve_families(&picker.allocator.families());
     if !errors.is_empty() {
-        return Err(invalid(service, errors));
+        return Err(invalid(&service.metadata, errors));
     }
     let addresses = if request.headless {
         vec!["None".to_string()]
     } else {
         let held = old.map(Allocations::of).unwrap_or_default().ips;
-        addresses(allocator, storage, service, &request, &held, owner, dry_run).await?
+        addresses(picker, &service.metadata, &request, &held).await?
     };
     let Some(spec) = service.spec.as_mut() else {
         return Err(ApiError::bad_request("spec is required"));
@@ -186,17 +183,15 @@ pub(super) async fn allocate(
 /// One address per family: the requested one (if the Service held it already, or it is in
 /// range and free), else a fresh pick (a dry run's placeholder is the network address).
 async fn addresses(
-    allocator: &ServiceAllocator,
-    storage: &dyn Storage,
-    service: &Service,
+    picker: &Picker<'_>,
+    metadata: &ObjectMeta,
     request: &Request,
     held: &[String],
-    owner: &str,
-    dry_run: bool,
 ) -> Result<Vec<String>, ApiError> {
+    let allocator = picker.allocator;
     let refuse = |message: String| {
         invalid(
-            service,
+            metadata,
             FieldErrors(vec![FieldError::invalid(
                 "spec.clusterIPs",
                 &json!(request.ips),
@@ -226,15 +221,15 @@ async fn addresses(
                 }
                 // A dry run checks the range only, as upstream's dry-run allocator does.
                 let key = format!("{IP_PREFIX}{requested}");
-                if !dry_run && ServiceAllocator::held_by_other(storage, &key, owner).await? {
+                if !picker.dry_run && picker.held_by_other(&key).await? {
                     return Err(refuse(format!(
                         "failed to allocate IP {requested}: provided IP is already allocated"
                     )));
                 }
                 allocated.push(requested.clone());
             }
-            None if dry_run => allocated.push(range.address(0)),
-            None => allocated.push(allocator.dynamic_ip(storage, index).await?),
+            None if picker.dry_run => allocated.push(range.address(0)),
+            None => allocated.push(allocator.dynamic_ip(picker.storage, index).await?),
         }
     }
     Ok(allocated)

@@ -7,6 +7,7 @@ mod defaults;
 mod node_ports;
 mod printer;
 mod range;
+mod repair;
 mod spec;
 mod transitions;
 mod validation;

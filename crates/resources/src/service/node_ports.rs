@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 
 use capstan_machinery::ApiError;
 use capstan_machinery::field::{FieldError, FieldErrors};
-use capstan_storage::Storage;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
-use super::allocator::{PORT_PREFIX, ServiceAllocator, invalid};
+use super::allocator::{PORT_PREFIX, Picker, invalid};
 
 /// The dry-run placeholder for a dynamic node port: one more than the highest handed out in
 /// this request, or 32769 (upstream's dry-run allocator).
@@ -16,32 +16,77 @@ fn dry_run_port(used: &[i32]) -> i32 {
     used.iter().max().map_or(32769, |m| m + 1).max(32769)
 }
 
-async fn fresh_port(
-    allocator: &ServiceAllocator,
-    storage: &dyn Storage,
-    used: &[i32],
-    dry_run: bool,
-) -> Result<i32, ApiError> {
-    if dry_run {
+/// A node port nobody holds, other than `used` (a dry run's is a placeholder).
+async fn fresh_port(picker: &Picker<'_>, used: &[i32]) -> Result<i32, ApiError> {
+    if picker.dry_run {
         Ok(dry_run_port(used))
     } else {
-        allocator.dynamic_port(storage, used).await
+        picker.allocator.dynamic_port(picker.storage, used).await
     }
 }
 
-/// Gives `service`'s ports their node ports (requested ones checked; ports sharing a number
-/// share one), and its health check node port when it needs one.
-pub(super) async fn allocate(
-    allocator: &ServiceAllocator,
-    storage: &dyn Storage,
-    service: &mut Service,
-    owner: &str,
-    dry_run: bool,
+/// Gives `service`'s ports their node ports, and its health check node port when it needs one.
+pub(super) async fn allocate(picker: &Picker<'_>, service: &mut Service) -> Result<(), ApiError> {
+    let Some(spec) = service.spec.as_mut() else {
+        return Ok(());
+    };
+    let used = assign_node_ports(picker, &service.metadata, spec).await?;
+    if super::spec::needs_health_check(spec) {
+        assign_health_check_port(picker, spec, &used).await?;
+    }
+    Ok(())
+}
+
+/// Checks each requested node port and, when the type wants node ports, picks the missing
+/// ones (ports with the same number share one, as upstream's allocator hands them out), in
+/// port order: a dry run's placeholders depend on it. Returns the node ports in use.
+async fn assign_node_ports(
+    picker: &Picker<'_>,
+    metadata: &ObjectMeta,
+    spec: &mut ServiceSpec,
+) -> Result<Vec<i32>, ApiError> {
+    let wants_node_ports = match super::spec::kind(spec) {
+        "NodePort" => true,
+        "LoadBalancer" => spec.allocate_load_balancer_node_ports != Some(false),
+        _ => false,
+    };
+    let mut used: Vec<i32> = Vec::new();
+    let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();
+    for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
+        let requested = port.node_port.unwrap_or(0);
+        if requested > 0 {
+            if !used.contains(&requested) {
+                check_requested(picker, metadata, i, requested).await?;
+                used.push(requested);
+            }
+            by_port.entry(port.port).or_insert(requested);
+        } else if wants_node_ports {
+            let value = match by_port.get(&port.port) {
+                Some(shared) => *shared,
+                None => {
+                    let fresh = fresh_port(picker, &used).await?;
+                    used.push(fresh);
+                    by_port.insert(port.port, fresh);
+                    fresh
+                }
+            };
+            port.node_port = Some(value);
+        }
+    }
+    Ok(used)
+}
+
+/// A requested node port must be in the range (a dry run skips that, as upstream's dry-run
+/// allocator does) and not held by another Service.
+async fn check_requested(
+    picker: &Picker<'_>,
+    metadata: &ObjectMeta,
+    i: usize,
+    requested: i32,
 ) -> Result<(), ApiError> {
-    let snapshot = service.clone();
-    let refuse = |i: usize, requested: i32, message: String| {
+    let refuse = |message: String| {
         invalid(
-            &snapshot,
+            metadata,
             FieldErrors(vec![FieldError::invalid(
                 format!("spec.ports[{i}].nodePort"),
                 &json!(requested),
@@ -49,69 +94,40 @@ pub(super) async fn allocate(
             )]),
         )
     };
-    let Some(spec) = service.spec.as_mut() else {
-        return Ok(());
-    };
-    let range = allocator.ports();
-    let kind = super::spec::kind(spec);
-    let wants_node_ports = kind == "NodePort"
-        || (kind == "LoadBalancer" && spec.allocate_load_balancer_node_ports != Some(false));
-    let mut used: Vec<i32> = Vec::new();
-    let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();
-    for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
-        let requested = port.node_port.unwrap_or(0);
-        if requested > 0 {
-            if !used.contains(&requested) {
-                if !dry_run && !range.contains(requested) {
-                    return Err(refuse(
-                        i,
-                        requested,
-                        format!(
-                            "provided port is not in the valid range. The range of valid ports is {range}"
-                        ),
-                    ));
-                }
-                let key = format!("{PORT_PREFIX}{requested}");
-                if ServiceAllocator::held_by_other(storage, &key, owner).await? {
-                    return Err(refuse(
-                        i,
-                        requested,
-                        "provided port is already allocated".into(),
-                    ));
-                }
-                used.push(requested);
-            }
-            by_port.entry(port.port).or_insert(requested);
-            continue;
-        }
-        if !wants_node_ports {
-            continue;
-        }
-        let value = match by_port.get(&port.port) {
-            Some(shared) => *shared,
-            None => {
-                let fresh = fresh_port(allocator, storage, &used, dry_run).await?;
-                used.push(fresh);
-                by_port.insert(port.port, fresh);
-                fresh
-            }
-        };
-        port.node_port = Some(value);
+    let range = picker.allocator.ports();
+    if !picker.dry_run && !range.contains(requested) {
+        return Err(refuse(format!(
+            "provided port is not in the valid range. The range of valid ports is {range}"
+        )));
     }
-    if !super::spec::needs_health_check(spec) {
-        return Ok(());
+    if picker
+        .held_by_other(&format!("{PORT_PREFIX}{requested}"))
+        .await?
+    {
+        return Err(refuse("provided port is already allocated".into()));
     }
+    Ok(())
+}
+
+/// The health check node port: a requested one is checked (upstream refuses it with a 500,
+/// not a 422), a missing one picked.
+async fn assign_health_check_port(
+    picker: &Picker<'_>,
+    spec: &mut ServiceSpec,
+    used: &[i32],
+) -> Result<(), ApiError> {
     let requested = spec.health_check_node_port.unwrap_or(0);
     if requested <= 0 {
-        spec.health_check_node_port = Some(fresh_port(allocator, storage, &used, dry_run).await?);
+        spec.health_check_node_port = Some(fresh_port(picker, used).await?);
         return Ok(());
     }
     let key = format!("{PORT_PREFIX}{requested}");
-    if used.contains(&requested) || ServiceAllocator::held_by_other(storage, &key, owner).await? {
+    if used.contains(&requested) || picker.held_by_other(&key).await? {
         return Err(ApiError::internal(format!(
             "failed to allocate requested HealthCheck NodePort {requested}: provided port is already allocated"
         )));
     }
+    let range = picker.allocator.ports();
     if !range.contains(requested) {
         return Err(ApiError::internal(format!(
             "failed to allocate requested HealthCheck NodePort {requested}: provided port is not in the valid range. The range of valid ports is {range}"

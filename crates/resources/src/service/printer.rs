@@ -100,12 +100,12 @@ pub fn cells(service: &Service) -> Vec<Value> {
         .selector
         .as_ref()
         .filter(|m| !m.is_empty())
-        // A BTreeMap: already sorted by key, as kubectl sorts the pairs.
         .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
+            // Upstream (`labels.Set.String`) sorts the `key=value` texts, not the keys: the
+            // orders differ when one key is a prefix of another (`a-b=1` before `a=2`).
+            let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            pairs.sort();
+            pairs.join(",")
         })
         .unwrap_or_else(|| "<none>".into());
     vec![
@@ -148,5 +148,12 @@ mod tests {
         assert_eq!(row[3], json!("foo.bar.example.com"));
         assert_eq!(row[4], json!("<none>"));
         assert_eq!(row[6], json!("<none>"));
+    }
+
+    #[test]
+    fn selector_pairs_sort_as_text_like_upstream() {
+        let svc = json!({"metadata":{"name":"s"},"spec":{"type":"ClusterIP","selector":{"a":"2","a-b":"1","b":"0"}}});
+        let row = cells(&serde_json::from_value(svc).expect("a Service"));
+        assert_eq!(row[6], json!("a-b=1,a=2,b=0"));
     }
 }

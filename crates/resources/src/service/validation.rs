@@ -121,14 +121,7 @@ pub fn validate(service: &Service) -> FieldErrors {
     }
     errors.extend(validate_session_affinity(&spec));
     errors.extend(validate_cluster_ip_fields(&spec));
-    for (i, ip) in list(&spec.external_ips).iter().enumerate() {
-        let path = format!("spec.externalIPs[{i}]");
-        if let Some(problem) = strict_problem(ip) {
-            errors.push(FieldError::invalid(path, &json!(ip), problem));
-        } else if let Some(why) = ip.parse().ok().and_then(|a| special_problem(a, ip)) {
-            errors.push(FieldError::invalid(path, &json!(ip), why));
-        }
-    }
+    errors.extend(validate_external_ips(&spec));
     match kind {
         "" => errors.push(FieldError::required("spec.type", "")),
         "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName" => {}
@@ -155,6 +148,21 @@ pub fn validate(service: &Service) -> FieldErrors {
     errors
 }
 
+/// `externalIPs`: strict IPs that are not special (loopback, link-local, unspecified).
+fn validate_external_ips(spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    for (i, ip) in list(&spec.external_ips).iter().enumerate() {
+        let path = format!("spec.externalIPs[{i}]");
+        if let Some(problem) = strict_problem(ip) {
+            errors.push(FieldError::invalid(path, &json!(ip), problem));
+        } else if let Some(why) = ip.parse().ok().and_then(|a| special_problem(a, ip)) {
+            errors.push(FieldError::invalid(path, &json!(ip), why));
+        }
+    }
+    errors
+}
+
+/// What an ExternalName Service may not have, and the name it must have.
 fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
     for (field, values) in [
@@ -190,6 +198,7 @@ fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
     errors
 }
 
+/// The ports: names (required when there are several, DNS labels, unique), then each port.
 fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let mut names: Vec<&str> = Vec::new();
@@ -211,60 +220,69 @@ fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErr
             }
         }
         names.push(name);
-        if !(1..=65535).contains(&port.port) {
-            errors.push(FieldError::invalid(
-                format!("{path}.port"),
-                &json!(port.port),
-                PORT_RANGE,
-            ));
-        }
-        match text(&port.protocol) {
-            "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
-            "SCTP" | "TCP" | "UDP" => {}
-            other => errors.push(FieldError::not_supported(
-                format!("{path}.protocol"),
-                &json!(other),
-                &["SCTP", "TCP", "UDP"],
-            )),
-        }
-        match &port.target_port {
-            Some(IntOrString::Int(n)) if !(1..=65535).contains(n) && !headless => {
-                errors.push(FieldError::invalid(
-                    format!("{path}.targetPort"),
-                    &json!(n),
-                    PORT_RANGE,
-                ));
-            }
-            Some(IntOrString::String(s)) => {
-                for message in iana_service_name(s) {
-                    errors.push(FieldError::invalid(
-                        format!("{path}.targetPort"),
-                        &json!(s),
-                        message,
-                    ));
-                }
-            }
-            _ => {}
-        }
-        if let Some(app) = port.app_protocol.as_deref() {
-            for message in qualified_name(app) {
-                errors.push(FieldError::invalid(
-                    format!("{path}.appProtocol"),
-                    &json!(app),
-                    message,
-                ));
-            }
-        }
-        if kind == "ClusterIP" && port.node_port.unwrap_or(0) != 0 {
-            errors.push(FieldError::forbidden(
-                format!("{path}.nodePort"),
-                "may not be used when `type` is 'ClusterIP'",
-            ));
-        }
+        errors.extend(validate_port(&path, port, kind, headless));
     }
     errors
 }
 
+/// One port's number, protocol, target port, app protocol and node port (its name is checked
+/// with its siblings').
+fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    if !(1..=65535).contains(&port.port) {
+        errors.push(FieldError::invalid(
+            format!("{path}.port"),
+            &json!(port.port),
+            PORT_RANGE,
+        ));
+    }
+    match text(&port.protocol) {
+        "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
+        "SCTP" | "TCP" | "UDP" => {}
+        other => errors.push(FieldError::not_supported(
+            format!("{path}.protocol"),
+            &json!(other),
+            &["SCTP", "TCP", "UDP"],
+        )),
+    }
+    match &port.target_port {
+        Some(IntOrString::Int(n)) if !(1..=65535).contains(n) && !headless => {
+            errors.push(FieldError::invalid(
+                format!("{path}.targetPort"),
+                &json!(n),
+                PORT_RANGE,
+            ));
+        }
+        Some(IntOrString::String(s)) => {
+            for message in iana_service_name(s) {
+                errors.push(FieldError::invalid(
+                    format!("{path}.targetPort"),
+                    &json!(s),
+                    message,
+                ));
+            }
+        }
+        _ => {}
+    }
+    if let Some(app) = port.app_protocol.as_deref() {
+        for message in qualified_name(app) {
+            errors.push(FieldError::invalid(
+                format!("{path}.appProtocol"),
+                &json!(app),
+                message,
+            ));
+        }
+    }
+    if kind == "ClusterIP" && port.node_port.unwrap_or(0) != 0 {
+        errors.push(FieldError::forbidden(
+            format!("{path}.nodePort"),
+            "may not be used when `type` is 'ClusterIP'",
+        ));
+    }
+    errors
+}
+
+/// `sessionAffinity` and its ClientIP timeout.
 fn validate_session_affinity(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
     match text(&spec.session_affinity) {
@@ -361,6 +379,7 @@ fn validate_source_ranges(kind: &str, spec: &ServiceSpec, annotation: Option<&st
     errors
 }
 
+/// External and internal traffic policies, the health check node port, traffic distribution.
 fn validate_traffic_policies(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let external = externally_accessible(spec);
@@ -460,6 +479,22 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             "may only hold up to 2 values",
         ));
     }
+    errors.extend(validate_ip_families(spec));
+    const POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
+    let policy = text(&spec.ip_family_policy);
+    if !policy.is_empty() && !POLICIES.contains(&policy) {
+        errors.push(FieldError::not_supported(
+            "spec.ipFamilyPolicy",
+            &json!(policy),
+            POLICIES,
+        ));
+    }
+    errors
+}
+
+/// `ipFamilies`: each `IPv4` or `IPv6`, none twice.
+fn validate_ip_families(spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
     let mut seen: Vec<&str> = Vec::new();
     for (i, family) in list(&spec.ip_families).iter().enumerate() {
         if family != "IPv4" && family != "IPv6" {
@@ -475,15 +510,6 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             ));
         }
         seen.push(family);
-    }
-    const POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
-    let policy = text(&spec.ip_family_policy);
-    if !policy.is_empty() && !POLICIES.contains(&policy) {
-        errors.push(FieldError::not_supported(
-            "spec.ipFamilyPolicy",
-            &json!(policy),
-            POLICIES,
-        ));
     }
     errors
 }
@@ -507,6 +533,7 @@ fn validate_load_balancer_class(spec: &ServiceSpec) -> FieldErrors {
     errors
 }
 
+/// One `status.loadBalancer.ingress` entry.
 fn validate_ingress(errors: &mut FieldErrors, path: &str, entry: &LoadBalancerIngress) {
     let ip = text(&entry.ip);
     if !ip.is_empty() && !valid_ip(ip) {

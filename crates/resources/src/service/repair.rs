@@ -1,0 +1,78 @@
+//! The repair check of the allocation records (upstream's repair loops for cluster IPs and
+//! node ports), run once at start-up.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use capstan_machinery::ApiError;
+use capstan_storage::{Compare, Op, RangeRequest, Storage};
+use k8s_openapi::api::core::v1::Service;
+
+use super::allocator::{Allocations, ServiceAllocator};
+
+/// Every allocation key the stored Services hold, with the `namespace/name` holding it.
+async fn wanted(storage: &dyn Storage) -> Result<BTreeMap<String, String>, ApiError> {
+    let services = storage
+        .range(RangeRequest {
+            prefix: super::SERVICE_INFO.list_prefix(""),
+            ..RangeRequest::default()
+        })
+        .await
+        .map_err(ApiError::internal)?;
+    let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+    for kv in &services.kvs {
+        let Ok(service) = serde_json::from_slice::<Service>(&kv.value) else {
+            // Only a hand edit gets here; what the record held counts as held by nobody.
+            tracing::warn!(key = %kv.key, "stored service does not decode; its allocations are not counted");
+            continue;
+        };
+        let owner = ServiceAllocator::owner(&service);
+        for key in Allocations::of(&service).keys() {
+            if let Some(other) = wanted.insert(key.clone(), owner.clone())
+                && other != owner
+            {
+                tracing::warn!(%key, first = %other, second = %owner, "allocated to several services; please recreate one of them");
+            }
+        }
+    }
+    Ok(wanted)
+}
+
+impl ServiceAllocator {
+    /// The repair check (upstream's repair loops, run once at start-up): every Service's
+    /// addresses and ports must be recorded as allocated to it, and nothing else may be.
+    /// Writes are transactional, so this finds nothing unless the data was edited by hand;
+    /// it reports and fixes what it finds. Returns the number of fixes.
+    pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
+        let wanted = wanted(storage).await?;
+        let recorded = storage
+            .range(RangeRequest {
+                prefix: "ranges/".into(),
+                ..RangeRequest::default()
+            })
+            .await
+            .map_err(ApiError::internal)?;
+        let mut fixes = 0;
+        for kv in &recorded.kvs {
+            if !wanted.contains_key(kv.key.as_ref()) {
+                tracing::warn!(key = %kv.key, "allocation held by no service; releasing it");
+                let txn = capstan_storage::Txn::new()
+                    .when(Compare::ModRevision(kv.key.to_string(), kv.mod_revision))
+                    .then(Op::Delete(kv.key.to_string()));
+                storage.txn(txn).await.map_err(ApiError::internal)?;
+                fixes += 1;
+            }
+        }
+        let present: BTreeSet<&str> = recorded.kvs.iter().map(|kv| &*kv.key).collect();
+        for (key, owner) in &wanted {
+            if !present.contains(&**key) {
+                tracing::warn!(%key, %owner, "service address or port not recorded as allocated; repairing");
+                let txn = capstan_storage::Txn::new()
+                    .when(Compare::Absent(key.clone()))
+                    .then(Op::Put(key.clone(), owner.clone().into()));
+                storage.txn(txn).await.map_err(ApiError::internal)?;
+                fixes += 1;
+            }
+        }
+        Ok(fixes)
+    }
+}
