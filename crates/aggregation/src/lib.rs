@@ -8,6 +8,8 @@
 
 mod client;
 
+/// Whether an APIService is Available, or local: the kind's own rules, shared with the proxy.
+pub use capstan_resources::apiservice::{is_available, is_local};
 pub use client::{Backends, Connector, TlsConnection};
 
 use std::net::{IpAddr, SocketAddr};

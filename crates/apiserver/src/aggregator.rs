@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use capstan_aggregation::{Backends, ProxyClient, service_ref};
+use capstan_aggregation::{Backends, ProxyClient, is_available, is_local, service_ref};
 use capstan_registry::{ListOptions, ReadAt, Registry};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -98,15 +98,6 @@ fn name_of(apiservice: &APIService) -> &str {
     apiservice.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Whether the `Available` condition is `True`.
-fn is_available(apiservice: &APIService) -> bool {
-    apiservice
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter().flatten())
-        .any(|c| c.type_ == "Available" && c.status == "True")
-}
-
 /// `503 service unavailable` as upstream's proxy answers it (plain text, not a Status).
 fn unavailable(text: &str) -> Response<Body> {
     text_response(StatusCode::SERVICE_UNAVAILABLE, format!("{text}\n"))
@@ -167,7 +158,7 @@ impl Aggregator {
             .ok()?;
         serde_json::from_value::<APIService>(object)
             .ok()
-            .filter(|apiservice| service_ref(apiservice).is_some())
+            .filter(|apiservice| !is_local(apiservice))
     }
 
     /// The APIServices of non-core groups, ordered as legacy discovery walks them:
@@ -264,7 +255,7 @@ impl Aggregator {
             let mut entries = Vec::new();
             for apiservice in &versions {
                 let version = version_of(apiservice);
-                if service_ref(apiservice).is_none() {
+                if is_local(apiservice) {
                     continue;
                 }
                 entries.push(self.version_discovery(apiservice, &group, version).await);

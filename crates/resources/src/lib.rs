@@ -40,6 +40,30 @@ pub(crate) fn default_protocol(protocol: &mut Option<String>) {
     }
 }
 
+/// A port's name in a Service or Endpoints port list: required when the list has several
+/// ports, and a DNS label when set.
+pub(crate) fn validate_port_name(
+    errors: &mut capstan_machinery::field::FieldErrors,
+    path: &str,
+    name: &str,
+    required: bool,
+) {
+    use capstan_machinery::field::FieldError;
+    if name.is_empty() {
+        if required {
+            errors.push(FieldError::required(format!("{path}.name"), ""));
+        }
+        return;
+    }
+    for message in capstan_machinery::validation::dns1123_label(name) {
+        errors.push(FieldError::invalid(
+            format!("{path}.name"),
+            &serde_json::json!(name),
+            message,
+        ));
+    }
+}
+
 /// `metadata.creationTimestamp` as the API writes it (`""` when unset), for Age columns.
 pub(crate) fn created(meta: &ObjectMeta) -> String {
     meta.creation_timestamp

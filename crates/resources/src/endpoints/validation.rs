@@ -50,18 +50,12 @@ fn address(errors: &mut FieldErrors, path: &str, address: &EndpointAddress) {
 }
 
 fn port(errors: &mut FieldErrors, path: &str, port: &EndpointPort, named: bool) {
-    let name = port.name.as_deref().unwrap_or_default();
-    if named && name.is_empty() {
-        errors.push(FieldError::required(format!("{path}.name"), ""));
-    } else if !name.is_empty() {
-        for message in dns1123_label(name) {
-            errors.push(FieldError::invalid(
-                format!("{path}.name"),
-                &json!(name),
-                message,
-            ));
-        }
-    }
+    crate::validate_port_name(
+        errors,
+        path,
+        port.name.as_deref().unwrap_or_default(),
+        named,
+    );
     if !(1..=65535).contains(&port.port) {
         errors.push(FieldError::invalid(
             format!("{path}.port"),

@@ -7,7 +7,7 @@ use capstan_machinery::ip::{
     strict_problem,
 };
 use capstan_machinery::validation::{
-    PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name, validate_label_pairs,
+    PORT_RANGE, dns1123_subdomain, qualified_name, validate_label_pairs,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -205,19 +205,9 @@ fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErr
     for (i, port) in ports.iter().enumerate() {
         let path = format!("spec.ports[{i}]");
         let name = text(&port.name);
-        if ports.len() > 1 && name.is_empty() {
-            errors.push(FieldError::required(format!("{path}.name"), ""));
-        } else if !name.is_empty() {
-            for message in dns1123_label(name) {
-                errors.push(FieldError::invalid(
-                    format!("{path}.name"),
-                    &json!(name),
-                    message,
-                ));
-            }
-            if names.contains(&name) {
-                errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
-            }
+        crate::validate_port_name(&mut errors, &path, name, ports.len() > 1);
+        if !name.is_empty() && names.contains(&name) {
+            errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
         }
         names.push(name);
         errors.extend(validate_port(&path, port, kind, headless));
