@@ -19,7 +19,8 @@ use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 
 /// How many APIServices are checked at once.
 const WORKERS: usize = 5;
@@ -163,7 +164,19 @@ impl AvailabilityController {
         }
     }
 
+    /// Every APIService's name and spec (what finding the backing Service needs; the status
+    /// and managedFields are not decoded: this runs on every Service and Endpoints change).
     async fn all(&self) -> Vec<APIService> {
+        /// The part of an APIService read here.
+        #[derive(serde::Deserialize)]
+        struct Backing {
+            metadata: Name,
+            spec: Option<APIServiceSpec>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Name {
+            name: Option<String>,
+        }
         self.apiservices
             .list(
                 "",
@@ -176,7 +189,15 @@ impl AvailabilityController {
             .map(|list| {
                 list.items
                     .iter()
-                    .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
+                    .filter_map(|o| serde_json::from_slice::<Backing>(o.raw_json()).ok())
+                    .map(|backing| APIService {
+                        metadata: ObjectMeta {
+                            name: backing.metadata.name,
+                            ..ObjectMeta::default()
+                        },
+                        spec: backing.spec,
+                        status: None,
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -237,11 +258,12 @@ impl AvailabilityController {
             name,
             port,
         } = &target;
-        let service: Service = match self.services.get(namespace, name, ReadAt::Latest).await {
-            Ok(service) => match to_typed(&service) {
-                Ok(service) => service,
-                Err(e) => return ("Unknown", "ServiceAccessError", e),
-            },
+        let service: Service = match self
+            .services
+            .get_typed(namespace, name, ReadAt::Latest)
+            .await
+        {
+            Ok(service) => service,
             Err(e) if e.is_not_found() => {
                 return (
                     "False",
@@ -260,21 +282,24 @@ impl AvailabilityController {
                 );
             }
         };
-        let endpoints: Option<Endpoints> =
-            match self.endpoints.get(namespace, name, ReadAt::Latest).await {
-                Ok(endpoints) => to_typed(&endpoints).ok(),
-                Err(e) if e.is_not_found() => None,
-                Err(e) => {
-                    return (
-                        "Unknown",
-                        "EndpointsAccessError",
-                        format!(
-                            "service/{name} in {namespace:?} cannot be checked due to: {}",
-                            e.message
-                        ),
-                    );
-                }
-            };
+        let endpoints: Option<Endpoints> = match self
+            .endpoints
+            .get_typed(namespace, name, ReadAt::Latest)
+            .await
+        {
+            Ok(endpoints) => Some(endpoints),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => {
+                return (
+                    "Unknown",
+                    "EndpointsAccessError",
+                    format!(
+                        "service/{name} in {namespace:?} cannot be checked due to: {}",
+                        e.message
+                    ),
+                );
+            }
+        };
         let service_type = service.spec.as_ref().and_then(|s| s.type_.as_deref());
         if service_type.unwrap_or("ClusterIP") == "ClusterIP" {
             let Some(port_name) = service_port_name(&service, *port) else {

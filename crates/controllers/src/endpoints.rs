@@ -304,9 +304,6 @@ enum SyncError {
     /// The registry refused a read or write.
     #[error("{}", .0.message)]
     Api(#[from] ApiError),
-    /// A stored object did not decode into its type.
-    #[error("undecodable {0}: {1}")]
-    Undecodable(&'static str, String),
 }
 
 /// An RFC 3339 time as the API writes it (`""` for none), so times compare as text.
@@ -535,10 +532,12 @@ impl EndpointsController {
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
-        let service = match self.services.get(namespace, name, ReadAt::Latest).await {
-            Ok(service) => {
-                to_typed::<Service>(&service).map_err(|e| SyncError::Undecodable("Service", e))?
-            }
+        let service: Service = match self
+            .services
+            .get_typed(namespace, name, ReadAt::Latest)
+            .await
+        {
+            Ok(service) => service,
             Err(e) if e.is_not_found() => {
                 return match self
                     .endpoints

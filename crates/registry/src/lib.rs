@@ -10,6 +10,7 @@ mod info;
 pub mod managed;
 mod store;
 pub mod strategy;
+pub mod typed;
 pub mod watch;
 
 pub use store::{

@@ -13,6 +13,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::Subresource;
+use crate::typed::{for_rules, mutate, read, write_back};
+pub use crate::typed::{from_typed, to_typed};
+
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
 /// (allocations), so an object and what it holds are written atomically.
 #[derive(Debug, Default)]
@@ -212,25 +216,22 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn default(&self, object: &mut Value);
     /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`].
     fn prepare_for_create(&self, object: &mut Value);
-    /// Keeps status (where the kind has one), then [`Strategy::prepare_for_update`].
-    fn prepare_for_update(&self, new: &mut Value, old: &Value);
-    /// Keeps what a `/status` update may not change (everything but status and metadata),
-    /// then [`Strategy::prepare_for_status_update`].
-    fn prepare_for_status_update(&self, new: &mut Value, old: &Value);
-    /// See [`Strategy::validate_create`].
-    fn validate_create(&self, object: &Value) -> FieldErrors;
-    /// See [`Strategy::validate_update`].
-    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors;
-    /// See [`Strategy::validate_status_update`].
-    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors;
-    /// See [`Strategy::allocate`].
-    async fn allocate(
+    /// The typed half of a write, after defaulting and managedFields (`old` is the stored
+    /// object on update): for a create, [`Strategy::allocate`] then
+    /// [`Strategy::validate_create`]; for an update of the main resource, status kept (where
+    /// the kind has one), [`Strategy::prepare_for_update`], allocation and
+    /// [`Strategy::validate_update`]; for a `/status` update, everything but status and
+    /// metadata kept, [`Strategy::prepare_for_status_update`] and
+    /// [`Strategy::validate_status_update`]. Each object is decoded once and `object` written
+    /// back once; returns the allocations and the validation errors.
+    async fn admit(
         &self,
         storage: &dyn Storage,
         object: &mut Value,
         old: Option<&Value>,
+        subresource: Subresource,
         dry_run: bool,
-    ) -> Result<WriteExtras, ApiError>;
+    ) -> Result<(WriteExtras, FieldErrors), ApiError>;
     /// See [`Strategy::grace_period`].
     fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64>;
     /// See [`Strategy::undeletable`].
@@ -269,62 +270,6 @@ fn keep_all_but_status(new: &mut Value, old: &Value) {
             map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
         }
     }
-}
-
-/// Decodes stored or request JSON into a kind's object.
-pub fn to_typed<T: Object>(object: &Value) -> Result<T, String> {
-    T::deserialize(object).map_err(|e| e.to_string())
-}
-
-/// Encodes a kind's object as Capstan keeps it: no `apiVersion`/`kind`, no empty lists (Go's
-/// `omitempty`, which every list field of these kinds has).
-pub fn from_typed<T: Object>(object: &T) -> Value {
-    let mut out = serde_json::to_value(object).unwrap_or(Value::Null);
-    meta::strip_type_meta(&mut out);
-    drop_empty_lists(&mut out);
-    out
-}
-
-/// Go's `omitempty` on lists: an empty list is never written.
-fn drop_empty_lists(value: &mut Value) {
-    match value {
-        Value::Object(map) => {
-            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
-            map.values_mut().for_each(drop_empty_lists);
-        }
-        Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
-        _ => {}
-    }
-}
-
-/// Runs a typed rule that changes `object`, writing back what changed: every top-level field
-/// but `metadata`, and `metadata` only when the rule changed it (so the stored metadata's
-/// form, managedFields included, is kept byte for byte otherwise).
-fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) -> Option<R> {
-    let mut typed: T = to_typed(object).ok()?;
-    let before = typed.metadata().clone();
-    let result = rule(&mut typed);
-    let metadata_changed = *typed.metadata() != before;
-    let out = from_typed(&typed);
-    if let (Value::Object(target), Value::Object(fields)) = (object, out) {
-        let keep_metadata = target.get("metadata").cloned();
-        target.clear();
-        for (key, value) in fields {
-            if key == "metadata" && !metadata_changed {
-                if let Some(metadata) = &keep_metadata {
-                    target.insert(key, metadata.clone());
-                }
-                continue;
-            }
-            target.insert(key, value);
-        }
-    }
-    Some(result)
-}
-
-/// Runs a typed rule that reads `object`; `None` when the object does not decode.
-fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<R> {
-    to_typed(object).ok().map(|typed| rule(&typed))
 }
 
 /// A decode failure as validation reports it (stored or patched JSON that the kind's types
@@ -388,58 +333,56 @@ impl<S: Strategy> DynStrategy for S {
         mutate(object, |o| Strategy::prepare_for_create(self, o));
     }
 
-    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
-        if Strategy::info(self).has_status {
-            copy_field(new, old, "status");
-        }
-        if let Ok(old) = to_typed::<S::Object>(old) {
-            mutate(new, |n| Strategy::prepare_for_update(self, n, &old));
-        }
-    }
-
-    fn prepare_for_status_update(&self, new: &mut Value, old: &Value) {
-        keep_all_but_status(new, old);
-        if let Ok(old) = to_typed::<S::Object>(old) {
-            mutate(new, |n| Strategy::prepare_for_status_update(self, n, &old));
-        }
-    }
-
-    fn validate_create(&self, object: &Value) -> FieldErrors {
-        match to_typed::<S::Object>(object) {
-            Ok(object) => Strategy::validate_create(self, &object),
-            Err(error) => undecodable(&error),
-        }
-    }
-
-    fn validate_update(&self, new: &Value, old: &Value) -> FieldErrors {
-        match (to_typed::<S::Object>(new), to_typed::<S::Object>(old)) {
-            (Ok(new), Ok(old)) => Strategy::validate_update(self, &new, &old),
-            (Err(error), _) | (_, Err(error)) => undecodable(&error),
-        }
-    }
-
-    fn validate_status_update(&self, new: &Value, old: &Value) -> FieldErrors {
-        match (to_typed::<S::Object>(new), to_typed::<S::Object>(old)) {
-            (Ok(new), Ok(old)) => Strategy::validate_status_update(self, &new, &old),
-            (Err(error), _) | (_, Err(error)) => undecodable(&error),
-        }
-    }
-
-    async fn allocate(
+    async fn admit(
         &self,
         storage: &dyn Storage,
         object: &mut Value,
         old: Option<&Value>,
+        subresource: Subresource,
         dry_run: bool,
-    ) -> Result<WriteExtras, ApiError> {
-        let mut typed: S::Object = to_typed(object).map_err(ApiError::internal)?;
-        let old = old
-            .map(to_typed::<S::Object>)
-            .transpose()
-            .map_err(ApiError::internal)?;
-        let extras = Strategy::allocate(self, storage, &mut typed, old.as_ref(), dry_run).await?;
-        mutate(object, |o: &mut S::Object| *o = typed);
-        Ok(extras)
+    ) -> Result<(WriteExtras, FieldErrors), ApiError> {
+        match (old, subresource) {
+            (Some(old), Subresource::Status) => keep_all_but_status(object, old),
+            (Some(old), Subresource::Main) if Strategy::info(self).has_status => {
+                copy_field(object, old, "status");
+            }
+            _ => {}
+        }
+        // An object the kind's types refuse cannot be admitted: a 500 where allocation would
+        // run, an invalid `/status` update otherwise.
+        let undecoded = |error: String| match subresource {
+            Subresource::Main => Err(ApiError::internal(error)),
+            Subresource::Status => Ok((WriteExtras::default(), undecodable(&error))),
+        };
+        let old = match old.map(for_rules::<S::Object>).transpose() {
+            Ok(old) => old,
+            Err(error) => return undecoded(error),
+        };
+        let mut new: S::Object = match for_rules(object) {
+            Ok(new) => new,
+            Err(error) => return undecoded(error),
+        };
+        let before = new.metadata().clone();
+        let (extras, errors) = match (&old, subresource) {
+            (None, _) => {
+                let extras = Strategy::allocate(self, storage, &mut new, None, dry_run).await?;
+                let errors = Strategy::validate_create(self, &new);
+                (extras, errors)
+            }
+            (Some(old), Subresource::Main) => {
+                Strategy::prepare_for_update(self, &mut new, old);
+                let extras =
+                    Strategy::allocate(self, storage, &mut new, Some(old), dry_run).await?;
+                (extras, Strategy::validate_update(self, &new, old))
+            }
+            (Some(old), Subresource::Status) => {
+                Strategy::prepare_for_status_update(self, &mut new, old);
+                let errors = Strategy::validate_status_update(self, &new, old);
+                (WriteExtras::default(), errors)
+            }
+        };
+        write_back(object, &new, &before);
+        Ok((extras, errors))
     }
 
     fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64> {
@@ -463,7 +406,7 @@ impl<S: Strategy> DynStrategy for S {
         let typed: Option<S::Object> = if fields.is_empty() {
             None
         } else {
-            to_typed(object).ok()
+            for_rules(object).ok()
         };
         crate::cache::Selectable::new(
             object,

@@ -190,13 +190,19 @@ impl Registry {
             let key = info.key(namespace, &name);
             // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
             // and validation sees the allocated values.
-            let extras = self
+            let (extras, invalid) = self
                 .strategy
-                .allocate(self.storage.as_ref(), &mut candidate, None, options.dry_run)
+                .admit(
+                    self.storage.as_ref(),
+                    &mut candidate,
+                    None,
+                    Subresource::Main,
+                    options.dry_run,
+                )
                 .await?;
             let mut errors = FieldErrors::new();
             self.validate_meta_create(&candidate, &mut errors);
-            errors.extend(self.strategy.validate_create(&candidate));
+            errors.extend(invalid);
             if !errors.is_empty() {
                 return Err(self.invalid(meta::name(&candidate), &errors));
             }
@@ -255,7 +261,7 @@ impl Registry {
         ))
     }
 
-    /// UPDATE (PUT) of the main resource (`status: false`) or of `/status`. Returns the
+    /// UPDATE (PUT) of the main resource or of `/status`. Returns the
     /// stored object and whether it was created.
     pub async fn update(
         &self,
@@ -506,25 +512,19 @@ impl Registry {
                     self.strategy.schema(),
                 );
             }
-            if status {
-                self.strategy.prepare_for_status_update(&mut new, &old);
-            } else {
-                self.strategy.prepare_for_update(&mut new, &old);
-            }
-            let extras = if status {
-                WriteExtras::default()
-            } else {
-                self.strategy
-                    .allocate(self.storage.as_ref(), &mut new, Some(&old), options.dry_run)
-                    .await?
-            };
+            let (extras, invalid) = self
+                .strategy
+                .admit(
+                    self.storage.as_ref(),
+                    &mut new,
+                    Some(&old),
+                    subresource,
+                    options.dry_run,
+                )
+                .await?;
             let mut errors = FieldErrors::new();
             self.validate_meta_update(&new, &old, &mut errors);
-            errors.extend(if status {
-                self.strategy.validate_status_update(&new, &old)
-            } else {
-                self.strategy.validate_update(&new, &old)
-            });
+            errors.extend(invalid);
             if !errors.is_empty() {
                 return Err(self.invalid(name, &errors));
             }

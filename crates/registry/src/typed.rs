@@ -1,0 +1,294 @@
+//! Between the JSON the registry keeps and a kind's typed object.
+//!
+//! A strategy's rule never reads `metadata.managedFields` (the registry owns them), and they
+//! are the largest part of most stored objects (a tree of field sets per manager). So the
+//! rules' view of an object is decoded without them ([`for_rules`]), and a rule's changes are
+//! written back around them ([`write_back`]): a write decodes the object's fields once per
+//! rule, not its field-manager history as well.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserializer;
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
+use serde_json::Value;
+
+use crate::strategy::Object;
+use capstan_machinery::meta;
+
+/// Decodes stored or request JSON into a kind's object, all of it (managedFields included).
+pub fn to_typed<T: Object>(object: &Value) -> Result<T, String> {
+    T::deserialize(object).map_err(|e| e.to_string())
+}
+
+/// Encodes a kind's object as Capstan keeps it: no `apiVersion`/`kind`, no empty lists (Go's
+/// `omitempty`, which every list field of these kinds has).
+pub fn from_typed<T: Object>(object: &T) -> Value {
+    let mut out = serde_json::to_value(object).unwrap_or(Value::Null);
+    meta::strip_type_meta(&mut out);
+    drop_empty_lists(&mut out);
+    out
+}
+
+/// The object as a rule sees it: everything but `metadata.managedFields`.
+pub fn for_rules<T: Object>(object: &Value) -> Result<T, String> {
+    T::deserialize(WithoutManagedFields {
+        value: object,
+        level: Level::Object,
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Writes a rule's result back into `object`: every top-level field but `metadata` from
+/// `typed`, and `metadata` only when the rule changed it (`before` is what the rule was given),
+/// keeping the stored managedFields either way (so the stored metadata is kept byte for byte
+/// when the rule left it alone).
+pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta) {
+    let metadata_changed = typed.metadata() != before;
+    let Value::Object(fields) = from_typed(typed) else {
+        return;
+    };
+    let Value::Object(target) = object else {
+        return;
+    };
+    let mut kept = target.shift_remove("metadata");
+    target.clear();
+    for (key, mut value) in fields {
+        if key == "metadata" {
+            if !metadata_changed {
+                if let Some(metadata) = kept.take() {
+                    target.insert(key, metadata);
+                }
+                continue;
+            }
+            let managed = kept
+                .as_mut()
+                .and_then(|m| m.as_object_mut())
+                .and_then(|m| m.shift_remove("managedFields"));
+            if let (Some(managed), Value::Object(metadata)) = (managed, &mut value) {
+                metadata.insert("managedFields".into(), managed);
+            }
+        }
+        target.insert(key, value);
+    }
+}
+
+/// Runs a typed rule that changes `object`, writing back what changed ([`write_back`]);
+/// `None` when the object does not decode.
+pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) -> Option<R> {
+    let mut typed: T = for_rules(object).ok()?;
+    let before = typed.metadata().clone();
+    let result = rule(&mut typed);
+    write_back(object, &typed, &before);
+    Some(result)
+}
+
+/// Runs a typed rule that reads `object`; `None` when the object does not decode.
+pub fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<R> {
+    for_rules(object).ok().map(|typed| rule(&typed))
+}
+
+/// Go's `omitempty` on lists: an empty list is never written.
+fn drop_empty_lists(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+            map.values_mut().for_each(drop_empty_lists);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
+        _ => {}
+    }
+}
+
+/// Where in the object a [`WithoutManagedFields`] stands.
+#[derive(Clone, Copy, PartialEq)]
+enum Level {
+    Object,
+    Metadata,
+}
+
+/// A deserializer over borrowed JSON that hides `metadata.managedFields` (serde_json's own
+/// `&Value` deserializer everywhere below the object and its metadata).
+struct WithoutManagedFields<'a> {
+    value: &'a Value,
+    level: Level,
+}
+
+/// The fields of the object or of its metadata, as a map.
+struct Fields<'a> {
+    fields: serde_json::map::Iter<'a>,
+    level: Level,
+    next: Option<(&'a str, &'a Value)>,
+}
+
+impl<'de> MapAccess<'de> for Fields<'de> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        for (key, value) in self.fields.by_ref() {
+            if self.level == Level::Metadata && key == "managedFields" {
+                continue;
+            }
+            self.next = Some((key, value));
+            return seed
+                .deserialize(de::value::BorrowedStrDeserializer::new(key))
+                .map(Some);
+        }
+        Ok(None)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        let (key, value) = self
+            .next
+            .take()
+            .ok_or_else(|| de::Error::custom("a value asked for before its key"))?;
+        if self.level == Level::Object && key == "metadata" {
+            seed.deserialize(WithoutManagedFields {
+                value,
+                level: Level::Metadata,
+            })
+        } else {
+            seed.deserialize(value)
+        }
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.fields.len())
+    }
+}
+
+impl<'de> WithoutManagedFields<'de> {
+    fn visit_fields<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, serde_json::Error> {
+        match self.value {
+            Value::Object(map) => visitor.visit_map(Fields {
+                fields: map.iter(),
+                level: self.level,
+                next: None,
+            }),
+            other => other.deserialize_any(visitor),
+        }
+    }
+}
+
+/// Delegates deserializer methods to serde_json's `&Value` deserializer.
+macro_rules! delegate {
+    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, Self::Error> {
+            self.value.$method($($arg,)* visitor)
+        })*
+    };
+}
+
+impl<'de> Deserializer<'de> for WithoutManagedFields<'de> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.visit_fields(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.visit_fields(visitor)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.visit_fields(visitor)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.value {
+            Value::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    delegate! {
+        deserialize_bool(); deserialize_i8(); deserialize_i16(); deserialize_i32();
+        deserialize_i64(); deserialize_u8(); deserialize_u16(); deserialize_u32();
+        deserialize_u64(); deserialize_f32(); deserialize_f64(); deserialize_char();
+        deserialize_str(); deserialize_string(); deserialize_bytes(); deserialize_byte_buf();
+        deserialize_unit(); deserialize_seq(); deserialize_identifier(); deserialize_ignored_any();
+        deserialize_unit_struct(name: &'static str);
+        deserialize_newtype_struct(name: &'static str);
+        deserialize_tuple(len: usize);
+        deserialize_tuple_struct(name: &'static str, len: usize);
+        deserialize_enum(name: &'static str, variants: &'static [&'static str]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+    use serde_json::json;
+
+    fn stored() -> Value {
+        json!({
+            "metadata": {
+                "name": "web", "namespace": "default", "labels": {"app": "web"},
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:type": {}}}}]
+            },
+            "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
+        })
+    }
+
+    #[test]
+    fn rules_see_everything_but_managed_fields() {
+        let service: Service = for_rules(&stored()).expect("decodes");
+        assert_eq!(service.metadata.managed_fields, None);
+        assert_eq!(service.metadata.name.as_deref(), Some("web"));
+        assert_eq!(
+            service.metadata.labels.and_then(|l| l.get("app").cloned()),
+            Some("web".into())
+        );
+        let spec = service.spec.expect("spec");
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(spec.ports.map(|p| p[0].port), Some(80));
+        // Wrong types are still refused.
+        let wrong = json!({"metadata": {"name": 5}});
+        assert!(for_rules::<Service>(&wrong).is_err());
+        let wrong = json!({"metadata": {"name": "x"}, "spec": {"ports": "80"}});
+        assert!(for_rules::<Service>(&wrong).is_err());
+    }
+
+    #[test]
+    fn a_rule_that_changes_metadata_keeps_the_managed_fields() {
+        let mut object = stored();
+        mutate(&mut object, |s: &mut Service| {
+            s.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("a".into(), "b".into());
+        });
+        assert_eq!(object["metadata"]["annotations"], json!({"a": "b"}));
+        assert_eq!(
+            object["metadata"]["managedFields"],
+            stored()["metadata"]["managedFields"]
+        );
+    }
+
+    #[test]
+    fn a_rule_that_leaves_metadata_alone_leaves_it_byte_for_byte() {
+        let mut object = stored();
+        object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let metadata = object["metadata"].clone();
+        mutate(&mut object, |s: &mut Service| {
+            s.spec.get_or_insert_default().session_affinity = Some("None".into());
+        });
+        assert_eq!(object["metadata"], metadata);
+        assert_eq!(object["spec"]["sessionAffinity"], "None");
+        assert_eq!(
+            serde_json::to_string(&object["metadata"]).ok(),
+            serde_json::to_string(&metadata).ok()
+        );
+    }
+}
