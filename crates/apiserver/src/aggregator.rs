@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capstan_aggregation::{Backends, ProxyClient, is_available, is_local, service_ref};
-use capstan_registry::{ListOptions, ReadAt, Registry};
+use capstan_registry::{ReadAt, Registry};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::Incoming;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 use serde_json::{Value, json};
 
 use crate::discovery;
@@ -79,19 +79,16 @@ fn spec(
 }
 
 fn group_of(apiservice: &APIService) -> &str {
-    apiservice
-        .spec
-        .as_ref()
-        .and_then(|s| s.group.as_deref())
-        .unwrap_or_default()
+    spec_text(apiservice, |spec| spec.group.as_deref())
 }
 
 fn version_of(apiservice: &APIService) -> &str {
-    apiservice
-        .spec
-        .as_ref()
-        .and_then(|s| s.version.as_deref())
-        .unwrap_or_default()
+    spec_text(apiservice, |spec| spec.version.as_deref())
+}
+
+/// A text field of the spec, `""` when unset.
+fn spec_text(apiservice: &APIService, field: impl Fn(&APIServiceSpec) -> Option<&str>) -> &str {
+    apiservice.spec.as_ref().and_then(field).unwrap_or_default()
 }
 
 fn name_of(apiservice: &APIService) -> &str {
@@ -125,25 +122,10 @@ impl Aggregator {
         }
     }
 
-    async fn all(&self) -> Vec<APIService> {
-        let Some(apiservices) = &self.apiservices else {
-            return Vec::new();
-        };
-        apiservices
-            .list(
-                "",
-                &ListOptions {
-                    read_at: ReadAt::Any,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(|list| {
-                list.items
-                    .iter()
-                    .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
-                    .collect()
-            })
+    fn all(&self) -> Vec<APIService> {
+        self.apiservices
+            .as_ref()
+            .map(|apiservices| apiservices.cached(""))
             .unwrap_or_default()
     }
 
@@ -166,7 +148,6 @@ impl Aggregator {
     async fn sorted(&self) -> Vec<APIService> {
         let mut all: Vec<APIService> = self
             .all()
-            .await
             .into_iter()
             .filter(|a| !group_of(a).is_empty())
             .collect();

@@ -110,8 +110,7 @@ pub fn group_resources(registries: &[Arc<Registry>], group: &str, version: &str)
 
 fn legacy_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
     let mut resources = Vec::new();
-    for registry in registries {
-        let info = registry.strategy().info();
+    for info in registries.iter().map(|r| r.strategy().info()) {
         let mut entry = json!({
             "name": info.plural,
             "singularName": info.singular(),
@@ -190,8 +189,7 @@ pub fn api_groups(registries: &[Arc<Registry>], aggregated: Vec<Value>) -> Value
 /// The aggregated-discovery resources of a set of registries.
 fn aggregated_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
     let mut resources = Vec::new();
-    for registry in registries {
-        let info = registry.strategy().info();
+    for info in registries.iter().map(|r| r.strategy().info()) {
         let mut entry = json!({
             "resource": info.plural,
             "responseKind": {"group": "", "version": "", "kind": info.kind},

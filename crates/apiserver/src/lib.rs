@@ -190,12 +190,7 @@ impl ApiServer {
         if let Some(response) = self.health(&path, &query).await {
             return response;
         }
-        let accept = request
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let accept = request::header_text(request.headers(), header::ACCEPT).to_string();
         if path.starts_with("/openapi/") {
             if request.method() != Method::GET {
                 return error_response(&ApiError::method_not_allowed(), Encoding::json());
@@ -262,9 +257,9 @@ impl ApiServer {
     ) -> Response<Body> {
         let not_found = || text_response(StatusCode::NOT_FOUND, "404 page not found\n");
         let mut segments = rest.splitn(3, '/');
-        let group = segments.next().unwrap_or("");
+        let group = segments.next().unwrap_or_default();
         let version = segments.next().filter(|v| !v.is_empty());
-        let tail = segments.next().unwrap_or("");
+        let tail = segments.next().unwrap_or_default();
         let Some(version) = version else {
             if discovery::serves_group(&self.registries, group) {
                 return json_response(

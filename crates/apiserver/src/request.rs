@@ -53,7 +53,7 @@ impl Query {
     pub fn parse(query: Option<&str>) -> Self {
         Query(
             query
-                .unwrap_or("")
+                .unwrap_or_default()
                 .split('&')
                 .filter(|p| !p.is_empty())
                 .map(|pair| match pair.split_once('=') {
@@ -70,6 +70,11 @@ impl Query {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// A parameter's value, `""` when it is absent (as Go's `url.Values.Get`).
+    pub fn text(&self, name: &str) -> &str {
+        self.get(name).unwrap_or_default()
     }
 
     /// Every value of a parameter.
@@ -110,22 +115,24 @@ pub struct Encoding {
     pub pretty: bool,
 }
 
+/// A request header's text, `""` when it is absent or not visible ASCII.
+pub fn header_text(headers: &HeaderMap, name: header::HeaderName) -> &str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
 impl Encoding {
     /// Negotiates from the request; `pretty` from the query, Accept or User-Agent.
     pub fn negotiate(headers: &HeaderMap, query: &Query, watch: bool) -> Result<Self, ApiError> {
-        let accept = headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let accept = header_text(headers, header::ACCEPT);
         let negotiated = media::negotiate(accept, watch)?;
         let pretty = match query.get("pretty") {
             Some(v) => matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True"),
             None => {
                 negotiated.pretty || {
-                    let agent = headers
-                        .get(header::USER_AGENT)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
+                    let agent = header_text(headers, header::USER_AGENT);
                     agent.starts_with("curl")
                         || agent.starts_with("Wget")
                         || agent.starts_with("Mozilla/5.0")
@@ -292,7 +299,7 @@ pub enum IncludeObject {
 impl IncludeObject {
     /// Parses the query parameter.
     pub fn parse(query: &Query) -> Result<Self, ApiError> {
-        match query.get("includeObject").unwrap_or("") {
+        match query.text("includeObject") {
             "" | "Metadata" => Ok(IncludeObject::Metadata),
             "Object" => Ok(IncludeObject::Object),
             "None" => Ok(IncludeObject::None),

@@ -60,6 +60,16 @@ struct EndpointsObject {
     subsets: Vec<Subset>,
 }
 
+impl EndpointsObject {
+    /// The IPs of one address list (`addresses` or `notReadyAddresses`) of every subset.
+    fn ips(&self, list: impl Fn(&Subset) -> &Vec<Address>) -> std::collections::HashSet<&str> {
+        self.subsets
+            .iter()
+            .flat_map(|s| list(s).iter().map(|a| a.ip.as_str()))
+            .collect()
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct NameOnly {
     #[serde(default)]
@@ -203,18 +213,8 @@ impl Bench {
                         let Some(flips) = pending.get_mut(&service) else {
                             continue;
                         };
-                        let ready: std::collections::HashSet<&str> = event
-                            .object
-                            .subsets
-                            .iter()
-                            .flat_map(|s| s.addresses.iter().map(|a| a.ip.as_str()))
-                            .collect();
-                        let not_ready: std::collections::HashSet<&str> = event
-                            .object
-                            .subsets
-                            .iter()
-                            .flat_map(|s| s.not_ready.iter().map(|a| a.ip.as_str()))
-                            .collect();
+                        let ready = event.object.ips(|s| &s.addresses);
+                        let not_ready = event.object.ips(|s| &s.not_ready);
                         let mut delays = delays.lock().unwrap_or_else(|e| e.into_inner());
                         flips.retain(|ip, flip| {
                             let shown = if flip.ready {

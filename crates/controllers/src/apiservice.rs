@@ -113,7 +113,7 @@ impl AvailabilityController {
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(_, object) = item {
                             let s = &object.selectable;
-                            for name in controller.referencing(s.namespace(), s.name()).await {
+                            for name in controller.referencing(s.namespace(), s.name()) {
                                 queue.add(name);
                             }
                         }
@@ -133,7 +133,7 @@ impl AvailabilityController {
                     if full {
                         last_full = tokio::time::Instant::now();
                     }
-                    for apiservice in controller.all().await {
+                    for apiservice in controller.all() {
                         if (full || service_ref(&apiservice).is_some())
                             && let Some(name) = apiservice.metadata.name
                         {
@@ -166,7 +166,7 @@ impl AvailabilityController {
 
     /// Every APIService's name and spec (what finding the backing Service needs; the status
     /// and managedFields are not decoded: this runs on every Service and Endpoints change).
-    async fn all(&self) -> Vec<APIService> {
+    fn all(&self) -> Vec<APIService> {
         /// The part of an APIService read here.
         #[derive(serde::Deserialize)]
         struct Backing {
@@ -178,34 +178,21 @@ impl AvailabilityController {
             name: Option<String>,
         }
         self.apiservices
-            .list(
-                "",
-                &capstan_registry::ListOptions {
-                    read_at: ReadAt::Any,
-                    ..Default::default()
+            .cached::<Backing>("")
+            .into_iter()
+            .map(|backing| APIService {
+                metadata: ObjectMeta {
+                    name: backing.metadata.name,
+                    ..ObjectMeta::default()
                 },
-            )
-            .await
-            .map(|list| {
-                list.items
-                    .iter()
-                    .filter_map(|o| serde_json::from_slice::<Backing>(o.raw_json()).ok())
-                    .map(|backing| APIService {
-                        metadata: ObjectMeta {
-                            name: backing.metadata.name,
-                            ..ObjectMeta::default()
-                        },
-                        spec: backing.spec,
-                        status: None,
-                    })
-                    .collect()
+                spec: backing.spec,
+                status: None,
             })
-            .unwrap_or_default()
+            .collect()
     }
 
-    async fn referencing(&self, namespace: &str, name: &str) -> Vec<String> {
+    fn referencing(&self, namespace: &str, name: &str) -> Vec<String> {
         self.all()
-            .await
             .iter()
             .filter(|a| service_ref(a).is_some_and(|s| s.namespace == namespace && s.name == name))
             .filter_map(|a| a.metadata.name.clone())

@@ -532,18 +532,13 @@ impl EndpointsController {
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
-        let service: Service = match self
-            .services
-            .get_typed(namespace, name, ReadAt::Latest)
-            .await
-        {
+        let found = self.services.get_typed(namespace, name, ReadAt::Latest);
+        let service: Service = match found.await {
             Ok(service) => service,
+            // The Service is gone: so are its Endpoints.
             Err(e) if e.is_not_found() => {
-                return match self
-                    .endpoints
-                    .delete(namespace, name, &DeleteOptions::default())
-                    .await
-                {
+                let options = DeleteOptions::default();
+                return match self.endpoints.delete(namespace, name, &options).await {
                     Err(e) if !e.is_not_found() => Err(e.into()),
                     _ => Ok(()),
                 };

@@ -152,30 +152,19 @@ mod tests {
 
     #[test]
     fn errors_are_gos_texts() {
-        assert_eq!(
-            parse_go_duration("x"),
-            Err("time: invalid duration \"x\"".into())
-        );
-        assert_eq!(
-            parse_go_duration(""),
-            Err("time: invalid duration \"\"".into())
-        );
-        assert_eq!(
-            parse_go_duration("5"),
-            Err("time: missing unit in duration \"5\"".into())
-        );
-        assert_eq!(
-            parse_go_duration("5d"),
-            Err("time: unknown unit \"d\" in duration \"5d\"".into())
-        );
-        assert_eq!(
-            parse_go_duration("."),
-            Err("time: invalid duration \".\"".into())
-        );
-        assert_eq!(
-            parse_go_duration("99999999999999999999h"),
-            Err("time: invalid duration \"99999999999999999999h\"".into())
-        );
+        for (text, error) in [
+            ("x", "time: invalid duration \"x\""),
+            ("", "time: invalid duration \"\""),
+            ("5", "time: missing unit in duration \"5\""),
+            ("5d", "time: unknown unit \"d\" in duration \"5d\""),
+            (".", "time: invalid duration \".\""),
+            (
+                "99999999999999999999h",
+                "time: invalid duration \"99999999999999999999h\"",
+            ),
+        ] {
+            assert_eq!(parse_go_duration(text), Err(error.into()), "{text}");
+        }
         // Never panics on arbitrary text.
         for text in ["é", "5é", "1.é", "-", "+", "1e5s", "\u{0}", "1.5.5s"] {
             let _ = parse_go_duration(text);

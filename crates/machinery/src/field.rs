@@ -187,6 +187,24 @@ pub fn render(value: &Value) -> String {
 pub struct FieldErrors(pub Vec<FieldError>);
 
 impl FieldErrors {
+    /// One `Invalid value` error at `path` for each problem `rule` finds with `value` (the
+    /// format rules of [`crate::validation`]).
+    pub fn check<M: Into<String>>(
+        &mut self,
+        path: impl Into<String>,
+        value: &str,
+        rule: impl FnOnce(&str) -> Vec<M>,
+    ) {
+        let path = path.into();
+        for message in rule(value) {
+            self.push(FieldError::invalid(
+                path.clone(),
+                &Value::String(value.into()),
+                message,
+            ));
+        }
+    }
+
     /// No errors.
     pub fn new() -> Self {
         Self::default()

@@ -27,12 +27,14 @@ pub fn metadata_mut(object: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// A JSON value's text: `""` when it is absent or not a string.
+pub fn text(value: Option<&Value>) -> &str {
+    value.and_then(Value::as_str).unwrap_or("")
+}
+
 /// A string field of `metadata` (`""` when absent).
 pub fn meta_str<'a>(object: &'a Value, field: &str) -> &'a str {
-    metadata(object)
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    text(metadata(object).and_then(|m| m.get(field)))
 }
 
 /// `metadata.name`.

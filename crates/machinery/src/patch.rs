@@ -36,10 +36,10 @@ impl PatchType {
     /// From a PATCH request's `Content-Type` (parameters ignored); anything else is a 415.
     pub fn from_content_type(content_type: Option<&str>) -> Result<Self, ApiError> {
         let essence = content_type
-            .unwrap_or("")
+            .unwrap_or_default()
             .split(';')
             .next()
-            .unwrap_or("")
+            .unwrap_or_default()
             .trim()
             .to_ascii_lowercase();
         match essence.as_str() {

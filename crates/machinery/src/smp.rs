@@ -81,10 +81,7 @@ fn strategy_of(field_schema: Option<&'static Value>) -> (bool, bool, Option<&'st
     let Some(schema) = field_schema else {
         return (false, false, None);
     };
-    let strategy = schema
-        .get("x-kubernetes-patch-strategy")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let strategy = crate::meta::text(schema.get("x-kubernetes-patch-strategy"));
     let key = schema
         .get("x-kubernetes-patch-merge-key")
         .and_then(Value::as_str);

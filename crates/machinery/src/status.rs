@@ -182,24 +182,20 @@ impl ApiError {
         }
     }
 
+    /// `<resource> "<name>" <what>`, with the object named in the details.
+    fn named(code: u16, reason: Reason, gr: GroupResource<'_>, name: &str, what: &str) -> Self {
+        let message = format!("{gr} {} {what}", quote(name));
+        Self::new(code, reason, message).with_details(Self::about(gr, name))
+    }
+
     /// 404 `<resource> "<name>" not found`.
     pub fn not_found(gr: GroupResource<'_>, name: &str) -> Self {
-        Self::new(
-            404,
-            Reason::NotFound,
-            format!("{gr} {} not found", quote(name)),
-        )
-        .with_details(Self::about(gr, name))
+        Self::named(404, Reason::NotFound, gr, name, "not found")
     }
 
     /// 409 `<resource> "<name>" already exists`.
     pub fn already_exists(gr: GroupResource<'_>, name: &str) -> Self {
-        Self::new(
-            409,
-            Reason::AlreadyExists,
-            format!("{gr} {} already exists", quote(name)),
-        )
-        .with_details(Self::about(gr, name))
+        Self::named(409, Reason::AlreadyExists, gr, name, "already exists")
     }
 
     /// 409 for a generateName that kept colliding.

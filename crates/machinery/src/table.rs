@@ -100,48 +100,33 @@ pub fn human_duration(seconds: i64) -> String {
     if seconds < 120 {
         return format!("{seconds}s");
     }
+    // "3m", or "3m20s" when the smaller unit is not zero.
+    let two_units = |major: i64, unit: &str, minor: i64, minor_unit: &str| match minor {
+        0 => format!("{major}{unit}"),
+        _ => format!("{major}{unit}{minor}{minor_unit}"),
+    };
     if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
+        return two_units(minutes, "m", seconds % 60, "s");
     }
     if minutes < 180 {
         return format!("{minutes}m");
     }
     if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
+        return two_units(hours, "h", minutes % 60, "m");
     }
     if hours < 48 {
         return format!("{hours}h");
     }
     let days = hours / 24;
     if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{days}d")
-        } else {
-            format!("{days}d{h}h")
-        };
+        return two_units(days, "d", hours % 24, "h");
     }
     if hours < 24 * 365 * 2 {
         return format!("{days}d");
     }
     let years = hours / 24 / 365;
     if hours < 24 * 365 * 8 {
-        let d = days % 365;
-        return if d == 0 {
-            format!("{years}y")
-        } else {
-            format!("{years}y{d}d")
-        };
+        return two_units(years, "y", days % 365, "d");
     }
     format!("{years}y")
 }

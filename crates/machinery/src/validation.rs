@@ -210,12 +210,7 @@ pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
         let mut controllers = 0;
         for (i, owner) in owners.iter().enumerate() {
             for field in ["apiVersion", "kind", "name", "uid"] {
-                if owner
-                    .get(field)
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .is_empty()
-                {
+                if crate::meta::text(owner.get(field)).is_empty() {
                     errors.push(FieldError::invalid(
                         format!("metadata.ownerReferences[{i}].{field}"),
                         &json!(""),

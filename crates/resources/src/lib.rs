@@ -55,12 +55,30 @@ pub(crate) fn validate_port_name(
         }
         return;
     }
-    for message in capstan_machinery::validation::dns1123_label(name) {
-        errors.push(FieldError::invalid(
-            format!("{path}.name"),
-            &serde_json::json!(name),
-            message,
-        ));
+    errors.check(
+        format!("{path}.name"),
+        name,
+        capstan_machinery::validation::dns1123_label,
+    );
+}
+
+/// A port's protocol in a Service or Endpoints port list: required (defaulting sets it), and
+/// one of SCTP, TCP, UDP.
+pub(crate) fn validate_protocol(
+    errors: &mut capstan_machinery::field::FieldErrors,
+    path: &str,
+    protocol: Option<&str>,
+) {
+    use capstan_machinery::field::FieldError;
+    let path = format!("{path}.protocol");
+    match protocol.unwrap_or_default() {
+        "" => errors.push(FieldError::required(path, "")),
+        "SCTP" | "TCP" | "UDP" => {}
+        other => errors.push(FieldError::not_supported(
+            path,
+            &serde_json::json!(other),
+            &["SCTP", "TCP", "UDP"],
+        )),
     }
 }
 
@@ -74,4 +92,10 @@ pub(crate) fn created(meta: &ObjectMeta) -> String {
             _ => None,
         })
         .unwrap_or_default()
+}
+
+/// A kind's object from a test's JSON.
+#[cfg(test)]
+pub(crate) fn typed<T: serde::de::DeserializeOwned>(object: serde_json::Value) -> T {
+    serde_json::from_value(object).expect("the test's JSON decodes")
 }

@@ -167,20 +167,32 @@ impl EtcdStore {
     }
 }
 
-#[async_trait]
-impl Storage for EtcdStore {
-    async fn get(&self, key: &str, at_revision: Option<Revision>) -> Result<GetResponse> {
-        let at = at_revision.filter(|r| *r > 0);
-        let mut options = etcd::GetOptions::new();
+impl EtcdStore {
+    /// One etcd read (at revision `at`, else the latest), with the revision it answers for.
+    async fn read(
+        &self,
+        key: Vec<u8>,
+        mut options: etcd::GetOptions,
+        at: Option<Revision>,
+    ) -> Result<(etcd::GetResponse, Revision)> {
         if let Some(r) = at {
             options = options.with_revision(r);
         }
-        let mut kv = self.kv();
-        let response = match kv.get(self.full_key(key), Some(options)).await {
+        let response = match self.kv().get(key, Some(options)).await {
             Ok(response) => response,
             Err(e) => return Err(self.read_failure(e, at.unwrap_or(0)).await),
         };
         let current = Self::revision_of(response.header())?;
+        Ok((response, at.unwrap_or(current)))
+    }
+}
+
+#[async_trait]
+impl Storage for EtcdStore {
+    async fn get(&self, key: &str, at_revision: Option<Revision>) -> Result<GetResponse> {
+        let at = at_revision.filter(|r| *r > 0);
+        let key = self.full_key(key);
+        let (response, revision) = self.read(key, etcd::GetOptions::new(), at).await?;
         let found = response
             .kvs()
             .first()
@@ -188,7 +200,7 @@ impl Storage for EtcdStore {
             .transpose()?;
         Ok(GetResponse {
             kv: found,
-            revision: at.unwrap_or(current),
+            revision,
         })
     }
 
@@ -220,15 +232,7 @@ impl Storage for EtcdStore {
         if request.limit > 0 {
             options = options.with_limit(i64::try_from(request.limit).unwrap_or(i64::MAX));
         }
-        if let Some(r) = at {
-            options = options.with_revision(r);
-        }
-        let mut kv = self.kv();
-        let response = match kv.get(start, Some(options)).await {
-            Ok(response) => response,
-            Err(e) => return Err(self.read_failure(e, at.unwrap_or(0)).await),
-        };
-        let current = Self::revision_of(response.header())?;
+        let (response, revision) = self.read(start, options, at).await?;
         let kvs = response
             .kvs()
             .iter()
@@ -240,7 +244,7 @@ impl Storage for EtcdStore {
             kvs,
             more: remaining > 0,
             remaining,
-            revision: at.unwrap_or(current),
+            revision,
         })
     }
 

@@ -46,16 +46,8 @@ pub(super) async fn decode_body(
         ));
     };
     let api_version = info.api_version();
-    let body_version = map
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let body_kind = map
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let body_version = meta::text(map.get("apiVersion")).to_string();
+    let body_kind = meta::text(map.get("kind")).to_string();
     if !body_version.is_empty() && body_version != api_version {
         return Err(ApiError::version_mismatch(&body_version, &api_version));
     }

@@ -17,10 +17,10 @@ pub(super) fn selectors(
     request: &ResourceRequest,
     query: &Query,
 ) -> Result<(LabelSelector, FieldSelector), ApiError> {
-    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
+    let labels =
+        LabelSelector::parse(query.text("labelSelector")).map_err(ApiError::bad_request)?;
+    let fields =
+        FieldSelector::parse(query.text("fieldSelector")).map_err(ApiError::bad_request)?;
     request.registry.check_field_selector(&fields)?;
     if let (Some(path_name), Some(pinned)) = (request.name.as_deref(), fields.pinned_name())
         && path_name != pinned
@@ -117,15 +117,11 @@ pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
             manager.to_string()
         }
         None => {
-            let agent = call
-                .headers
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
+            let agent = crate::request::header_text(&call.headers, header::USER_AGENT);
             let manager: String = agent
                 .split('/')
                 .next()
-                .unwrap_or("")
+                .unwrap_or_default()
                 .chars()
                 .filter(|c| !c.is_control())
                 .collect();

@@ -286,8 +286,8 @@ pub(super) async fn apply_object(
             "error decoding YAML: the applied configuration is not an object",
         ));
     };
-    let version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    let kind = map.get("kind").and_then(Value::as_str).unwrap_or("");
+    let version = meta::text(map.get("apiVersion"));
+    let kind = meta::text(map.get("kind"));
     if version != info.api_version() || kind != info.kind {
         return Err(ApiError::bad_request(format!(
             "Incorrect version specified in apply patch. Specified patch version: {version}, expected: {}",

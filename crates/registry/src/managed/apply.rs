@@ -186,16 +186,13 @@ pub fn apply(
 
 /// Upstream's name for a manager in conflict messages.
 fn manager_text(entry: &Value) -> String {
-    let name = entry.get("manager").and_then(Value::as_str).unwrap_or("");
+    let name = meta::text(entry.get("manager"));
     let mut text = format!("\"{name}\"");
     if let Some(sub) = entry.get("subresource").and_then(Value::as_str) {
         text.push_str(&format!(" with subresource \"{sub}\""));
     }
     if entry.get("operation").and_then(Value::as_str) == Some("Update") {
-        let version = entry
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let version = meta::text(entry.get("apiVersion"));
         text.push_str(&format!(" using {version}"));
     }
     text

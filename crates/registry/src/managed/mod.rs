@@ -369,12 +369,7 @@ fn cap_updates(entries: &mut Vec<Value>) {
     let is_ancient =
         |e: &Value| is_update(e) && e.get("manager").and_then(Value::as_str) == Some(ANCIENT);
     while entries.iter().filter(|e| is_update(e)).count() > MAX_UPDATES {
-        let time = |e: &Value| {
-            e.get("time")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
+        let time = |e: &Value| meta::text(e.get("time")).to_string();
         let Some(oldest) = (0..entries.len())
             .filter(|i| is_update(&entries[*i]) && !is_ancient(&entries[*i]))
             .min_by(|a, b| time(&entries[*a]).cmp(&time(&entries[*b])).then(a.cmp(b)))

@@ -264,27 +264,20 @@ fn more_than_ten_update_managers_fold_into_ancient_changes() {
 fn the_first_apply_to_an_unmanaged_object_meets_before_first_apply() {
     let live = json!({"metadata": {"name": "web"}, "spec": {"type": "ClusterIP",
         "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
-    let conflicts = apply(
-        Some(&live),
-        &web(9090),
-        "kubectl",
-        "v1",
-        None,
-        service_schema(),
-        false,
-    )
-    .expect_err("the existing value conflicts");
+    let kubectl_applies = |force| {
+        apply(
+            Some(&live),
+            &web(9090),
+            "kubectl",
+            "v1",
+            None,
+            service_schema(),
+            force,
+        )
+    };
+    let conflicts = kubectl_applies(false).expect_err("the existing value conflicts");
     assert_eq!(conflicts[0].manager, "\"before-first-apply\" using v1");
-    let forced = apply(
-        Some(&live),
-        &web(9090),
-        "kubectl",
-        "v1",
-        None,
-        service_schema(),
-        true,
-    )
-    .expect("forced");
+    let forced = kubectl_applies(true).expect("forced");
     let managers: Vec<&str> = forced["metadata"]["managedFields"]
         .as_array()
         .map(|l| l.iter().filter_map(|e| e["manager"].as_str()).collect())

@@ -292,6 +292,22 @@ impl Registry {
         Ok(object)
     }
 
+    /// Every object of `namespace` (`""`: all) in the watch cache, decoded into `T`: a part of
+    /// the kind's object is welcome (what is not read is skipped, not decoded). Objects that
+    /// do not decode are left out.
+    pub fn cached<T: serde::de::DeserializeOwned>(&self, namespace: &str) -> Vec<T> {
+        let prefix = self.strategy.info().list_prefix(namespace);
+        let mut objects = Vec::new();
+        self.cache.scan(&prefix, None, |object| {
+            objects.push(object.clone());
+            true
+        });
+        objects
+            .iter()
+            .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
+            .collect()
+    }
+
     /// Checks that every field selector field is supported.
     pub fn check_field_selector(&self, selector: &FieldSelector) -> Result<(), ApiError> {
         let probe = json!({"metadata": {}});

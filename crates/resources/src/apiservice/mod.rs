@@ -198,14 +198,10 @@ impl Strategy for ApiServiceStrategy {
 mod tests {
     use super::*;
 
-    fn apiservice(object: Value) -> APIService {
-        serde_json::from_value(object).expect("an APIService")
-    }
-
     #[test]
     fn cells_show_local_and_reasons() {
         let strategy = ApiServiceStrategy;
-        let mut local = apiservice(
+        let mut local: APIService = crate::typed(
             json!({"metadata": {"name": "v1."}, "spec": {"version": "v1",
             "groupPriorityMinimum": 1, "versionPriority": 1}}),
         );
@@ -214,7 +210,8 @@ mod tests {
             strategy.cells(&local)[1..3],
             [json!("Local"), json!("True")]
         );
-        let mut remote = apiservice(json!({"metadata": {"name": "v1alpha1.example.com"},
+        let mut remote: APIService =
+            crate::typed(json!({"metadata": {"name": "v1alpha1.example.com"},
             "spec": {"groupPriorityMinimum": 1, "versionPriority": 1,
                      "service": {"namespace": "ext", "name": "api"}}}));
         strategy.prepare_for_create(&mut remote);

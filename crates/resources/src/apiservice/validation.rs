@@ -45,17 +45,9 @@ pub fn validate(apiservice: &APIService) -> FieldErrors {
             ));
         }
     } else {
-        for message in dns1123_subdomain(group) {
-            errors.push(FieldError::invalid("spec.group", &json!(group), message));
-        }
+        errors.check("spec.group", group, dns1123_subdomain);
     }
-    for message in dns1035_label(version) {
-        errors.push(FieldError::invalid(
-            "spec.version",
-            &json!(version),
-            message,
-        ));
-    }
+    errors.check("spec.version", version, dns1035_label);
     if !(1..=20000).contains(&spec.group_priority_minimum) {
         errors.push(FieldError::invalid(
             "spec.groupPriorityMinimum",

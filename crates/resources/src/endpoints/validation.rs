@@ -18,22 +18,10 @@ fn address(errors: &mut FieldErrors, path: &str, address: &EndpointAddress) {
         ));
     }
     if let Some(hostname) = address.hostname.as_deref().filter(|h| !h.is_empty()) {
-        for message in dns1123_label(hostname) {
-            errors.push(FieldError::invalid(
-                format!("{path}.hostname"),
-                &json!(hostname),
-                message,
-            ));
-        }
+        errors.check(format!("{path}.hostname"), hostname, dns1123_label);
     }
     if let Some(node) = address.node_name.as_deref() {
-        for message in dns1123_subdomain(node) {
-            errors.push(FieldError::invalid(
-                format!("{path}.nodeName"),
-                &json!(node),
-                message,
-            ));
-        }
+        errors.check(format!("{path}.nodeName"), node, dns1123_subdomain);
     }
     match ip::parse_sloppy(ip) {
         None => errors.push(FieldError::invalid(
@@ -63,23 +51,9 @@ fn port(errors: &mut FieldErrors, path: &str, port: &EndpointPort, named: bool) 
             PORT_RANGE,
         ));
     }
-    match port.protocol.as_deref().unwrap_or_default() {
-        "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
-        "SCTP" | "TCP" | "UDP" => {}
-        other => errors.push(FieldError::not_supported(
-            format!("{path}.protocol"),
-            &json!(other),
-            &["SCTP", "TCP", "UDP"],
-        )),
-    }
+    crate::validate_protocol(errors, path, port.protocol.as_deref());
     if let Some(app) = port.app_protocol.as_deref() {
-        for message in qualified_name(app) {
-            errors.push(FieldError::invalid(
-                format!("{path}.appProtocol"),
-                &json!(app),
-                message,
-            ));
-        }
+        errors.check(format!("{path}.appProtocol"), app, qualified_name);
     }
 }
 

@@ -144,13 +144,11 @@ fn validate_container<'a>(
     if container.name.is_empty() {
         errors.push(FieldError::required(format!("{path}.name"), ""));
     } else {
-        for message in validation::dns1123_label(&container.name) {
-            errors.push(FieldError::invalid(
-                format!("{path}.name"),
-                &json!(container.name),
-                message,
-            ));
-        }
+        errors.check(
+            format!("{path}.name"),
+            &container.name,
+            validation::dns1123_label,
+        );
         if seen.contains(&&*container.name) {
             errors.push(FieldError::duplicate(
                 format!("{path}.name"),
@@ -252,13 +250,7 @@ impl Strategy for PodStrategy {
         for (field, value) in [("hostname", &spec.hostname), ("subdomain", &spec.subdomain)] {
             let value = value.as_deref().unwrap_or_default();
             if !value.is_empty() {
-                for message in validation::dns1123_label(value) {
-                    errors.push(FieldError::invalid(
-                        format!("spec.{field}"),
-                        &json!(value),
-                        message,
-                    ));
-                }
+                errors.check(format!("spec.{field}"), value, validation::dns1123_label);
             }
         }
         errors
@@ -378,9 +370,7 @@ impl Strategy for PodStrategy {
 mod tests {
     use super::*;
 
-    fn pod(object: Value) -> Pod {
-        serde_json::from_value(object).expect("a Pod")
-    }
+    use crate::typed as pod;
 
     #[test]
     fn host_network_selects_as_go_formats_a_bool() {

@@ -18,6 +18,19 @@ use super::range::{IpRange, PortRange};
 pub(super) const IP_PREFIX: &str = "ranges/serviceips/";
 /// The storage prefix of allocated node ports.
 pub(super) const PORT_PREFIX: &str = "ranges/servicenodeports/";
+/// Where every allocation record lives.
+const RANGES: &str = "ranges/";
+
+/// Every allocation record in storage (cluster IPs and node ports).
+pub(super) async fn records(
+    storage: &dyn Storage,
+) -> Result<capstan_storage::RangeResponse, ApiError> {
+    let everything = RangeRequest {
+        prefix: RANGES.into(),
+        ..RangeRequest::default()
+    };
+    storage.range(everything).await.map_err(ApiError::internal)
+}
 
 /// What one Service holds.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -156,13 +169,7 @@ impl ServiceAllocator {
 
     /// Rebuilds the in-memory view from the allocation keys in storage.
     async fn resync(&self, storage: &dyn Storage) -> Result<i64, ApiError> {
-        let response = storage
-            .range(RangeRequest {
-                prefix: "ranges/".into(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(ApiError::internal)?;
+        let response = records(storage).await?;
         let mut taken = self.lock();
         taken.ips.iter_mut().for_each(Bitmap::clear);
         taken.ports.clear();
@@ -179,7 +186,7 @@ impl ServiceAllocator {
         let allocator = self.clone();
         tokio::spawn(async move {
             loop {
-                if let Ok(mut stream) = storage.watch("ranges/", revision).await {
+                if let Ok(mut stream) = storage.watch(RANGES, revision).await {
                     let mut refresh = tokio::time::interval(std::time::Duration::from_secs(60));
                     refresh.tick().await;
                     loop {

@@ -44,13 +44,7 @@ impl ServiceAllocator {
     /// it reports and fixes what it finds. Returns the number of fixes.
     pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
         let wanted = wanted(storage).await?;
-        let recorded = storage
-            .range(RangeRequest {
-                prefix: "ranges/".into(),
-                ..RangeRequest::default()
-            })
-            .await
-            .map_err(ApiError::internal)?;
+        let recorded = super::allocator::records(storage).await?;
         let mut fixes = 0;
         for kv in &recorded.kvs {
             if !wanted.contains_key(kv.key.as_ref()) {

@@ -187,13 +187,7 @@ fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
     if name.is_empty() {
         errors.push(FieldError::required("spec.externalName", ""));
     } else {
-        for message in dns1123_subdomain(name) {
-            errors.push(FieldError::invalid(
-                "spec.externalName",
-                &json!(name),
-                message,
-            ));
-        }
+        errors.check("spec.externalName", name, dns1123_subdomain);
     }
     errors
 }
@@ -226,15 +220,7 @@ fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> 
             PORT_RANGE,
         ));
     }
-    match text(&port.protocol) {
-        "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
-        "SCTP" | "TCP" | "UDP" => {}
-        other => errors.push(FieldError::not_supported(
-            format!("{path}.protocol"),
-            &json!(other),
-            &["SCTP", "TCP", "UDP"],
-        )),
-    }
+    crate::validate_protocol(&mut errors, path, port.protocol.as_deref());
     match &port.target_port {
         Some(IntOrString::Int(n)) if !(1..=65535).contains(n) && !headless => {
             errors.push(FieldError::invalid(
@@ -244,24 +230,12 @@ fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> 
             ));
         }
         Some(IntOrString::String(s)) => {
-            for message in iana_service_name(s) {
-                errors.push(FieldError::invalid(
-                    format!("{path}.targetPort"),
-                    &json!(s),
-                    message,
-                ));
-            }
+            errors.check(format!("{path}.targetPort"), s, iana_service_name);
         }
         _ => {}
     }
     if let Some(app) = port.app_protocol.as_deref() {
-        for message in qualified_name(app) {
-            errors.push(FieldError::invalid(
-                format!("{path}.appProtocol"),
-                &json!(app),
-                message,
-            ));
-        }
+        errors.check(format!("{path}.appProtocol"), app, qualified_name);
     }
     if kind == "ClusterIP" && port.node_port.unwrap_or(0) != 0 {
         errors.push(FieldError::forbidden(
@@ -509,13 +483,7 @@ fn validate_load_balancer_class(spec: &ServiceSpec) -> FieldErrors {
     let mut errors = FieldErrors::new();
     if let Some(class) = spec.load_balancer_class.as_deref() {
         if kind(spec) == "LoadBalancer" {
-            for message in qualified_name(class) {
-                errors.push(FieldError::invalid(
-                    "spec.loadBalancerClass",
-                    &json!(class),
-                    message,
-                ));
-            }
+            errors.check("spec.loadBalancerClass", class, qualified_name);
         } else {
             errors.push(FieldError::forbidden("spec.loadBalancerClass", LB_ONLY));
         }
@@ -547,13 +515,7 @@ fn validate_ingress(errors: &mut FieldErrors, path: &str, entry: &LoadBalancerIn
     }
     let hostname = text(&entry.hostname);
     if !hostname.is_empty() {
-        for message in dns1123_subdomain(hostname) {
-            errors.push(FieldError::invalid(
-                format!("{path}.hostname"),
-                &json!(hostname),
-                message,
-            ));
-        }
+        errors.check(format!("{path}.hostname"), hostname, dns1123_subdomain);
         if valid_ip(hostname) {
             errors.push(FieldError::invalid(
                 format!("{path}.hostname"),
