@@ -195,13 +195,26 @@ pub fn ensure(dir: &Path, bind: IpAddr, server: &str) -> Result<Credentials, Pki
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let kubeconfig = dir.join("kubeconfig");
     let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
-    write(
-        &kubeconfig,
-        &format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: capstan\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_data}\ncontexts:\n- name: capstan\n  context:\n    cluster: capstan\n    user: admin\n    namespace: default\ncurrent-context: capstan\nusers:\n- name: admin\n  user:\n    token: {token}\n"
-        ),
-        true,
-    )?;
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "capstan", "cluster": {
+            "server": server,
+            "certificate-authority-data": ca_data,
+        }}],
+        "contexts": [{"name": "capstan", "context": {
+            "cluster": "capstan",
+            "user": "admin",
+            "namespace": "default",
+        }}],
+        "current-context": "capstan",
+        "users": [{"name": "admin", "user": {"token": token}}],
+    });
+    let text = capstan_machinery::yaml::to_string(&config).map_err(|e| PkiError::Io {
+        path: kubeconfig.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    write(&kubeconfig, &text, true)?;
     Ok(Credentials {
         tls: Arc::new(tls),
         token,

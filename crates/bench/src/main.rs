@@ -257,19 +257,22 @@ fn name(i: usize) -> String {
 
 async fn client(args: &Args) -> anyhow::Result<(kube::Client, kube::Config, String)> {
     let config = if let Some(server) = &args.server {
-        let mut cluster = format!("    server: {server}\n");
+        let mut cluster = serde_json::json!({"server": server});
         if args.insecure {
-            cluster.push_str("    insecure-skip-tls-verify: true\n");
+            cluster["insecure-skip-tls-verify"] = true.into();
         }
         if let Some(ca) = &args.certificate_authority {
-            cluster.push_str(&format!("    certificate-authority: {}\n", ca.display()));
+            cluster["certificate-authority"] = ca.display().to_string().into();
         }
-        let token = args.token.clone().unwrap_or_default();
-        let yaml = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-        );
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)
-            .context("building a kubeconfig for --server")?;
+        let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": cluster}],
+            "users": [{"name": "u", "user": {"token": args.token.clone().unwrap_or_default()}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }))
+        .context("building a kubeconfig for --server")?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
     } else if let Some(path) = &args.kubeconfig {
         let kubeconfig = kube::config::Kubeconfig::read_from(path)

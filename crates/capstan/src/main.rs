@@ -342,25 +342,16 @@ async fn bootstrap(
             Err(e) => anyhow::bail!("creating namespace {name}: {}", e.message),
         }
     }
-    let service = serde_json::json!({
-        "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": services.allocator().primary().first_host(),
-            "sessionAffinity": "None",
-            "ipFamilyPolicy": "SingleStack",
-            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
-        },
-    });
     register_local_apiservices(registries, &options).await?;
     let mut keeper = capstan_controllers::KubernetesServiceController::new(
         registry_for(registries, "services")?,
-        service,
+        &services.allocator().primary().first_host(),
+        port,
     );
     if let Some(address) = advertise {
         keeper = keeper.with_endpoints(registry_for(registries, "endpoints")?, address, port);
     }
-    keeper.reconcile().await.map_err(anyhow::Error::msg)?;
+    keeper.reconcile().await?;
     keeper.start();
     Ok(())
 }

@@ -6,22 +6,70 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
-use serde_json::Value;
+use capstan_machinery::ApiError;
+use capstan_registry::strategy::from_typed;
+use capstan_registry::{Object, ReadAt, Registry, Subresource, WriteOptions};
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// How often the Service is checked.
 const RESYNC: Duration = Duration::from_secs(10);
+const NAMESPACE: &str = "default";
+const NAME: &str = "kubernetes";
+
+/// A reconcile that did not complete (retried at the next resync).
+#[derive(Debug, thiserror::Error)]
+#[error("{step} the kubernetes {kind}: {}", .error.message)]
+pub struct ReconcileError {
+    /// `creating`, `reading` or `repairing`.
+    step: &'static str,
+    /// `Service` or `Endpoints`.
+    kind: &'static str,
+    error: ApiError,
+}
 
 /// The `kubernetes` Service's keeper.
 pub struct KubernetesServiceController {
     services: Arc<Registry>,
-    wanted: Value,
-    endpoints: Option<(Arc<Registry>, Value)>,
+    wanted: Service,
+    endpoints: Option<(Arc<Registry>, Endpoints)>,
 }
 
 impl KubernetesServiceController {
-    /// Keeps `wanted` (the Service as the server would create it) in `services`.
-    pub fn new(services: Arc<Registry>, wanted: Value) -> Self {
+    /// Keeps the `kubernetes` Service in `services`: ClusterIP `cluster_ip` (the first address
+    /// of the primary range), port 443 named `https` to the server's secure `port`.
+    pub fn new(services: Arc<Registry>, cluster_ip: &str, port: u16) -> Self {
+        let wanted = Service {
+            metadata: ObjectMeta {
+                name: Some(NAME.into()),
+                labels: Some(
+                    [
+                        ("component".into(), "apiserver".into()),
+                        ("provider".into(), "kubernetes".into()),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("ClusterIP".into()),
+                cluster_ip: Some(cluster_ip.into()),
+                session_affinity: Some("None".into()),
+                ip_family_policy: Some("SingleStack".into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("https".into()),
+                    port: 443,
+                    protocol: Some("TCP".into()),
+                    target_port: Some(IntOrString::Int(i32::from(port))),
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        };
         KubernetesServiceController {
             services,
             wanted,
@@ -36,43 +84,35 @@ impl KubernetesServiceController {
         address: std::net::IpAddr,
         port: u16,
     ) -> Self {
-        let wanted = serde_json::json!({
-            "metadata": {"name": "kubernetes", "namespace": "default",
-                         "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-            "subsets": [{"addresses": [{"ip": address.to_string()}],
-                         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
-        });
+        let wanted = Endpoints {
+            metadata: ObjectMeta {
+                name: Some(NAME.into()),
+                namespace: Some(NAMESPACE.into()),
+                labels: Some(
+                    [(
+                        "endpointslice.kubernetes.io/skip-mirror".into(),
+                        "true".into(),
+                    )]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            subsets: Some(vec![EndpointSubset {
+                addresses: Some(vec![EndpointAddress {
+                    ip: address.to_string(),
+                    ..EndpointAddress::default()
+                }]),
+                ports: Some(vec![EndpointPort {
+                    name: Some("https".into()),
+                    port: i32::from(port),
+                    protocol: Some("TCP".into()),
+                    ..EndpointPort::default()
+                }]),
+                not_ready_addresses: None,
+            }]),
+        };
         self.endpoints = Some((endpoints, wanted));
         self
-    }
-
-    async fn reconcile_endpoints(&self) -> Result<(), String> {
-        let Some((endpoints, wanted)) = &self.endpoints else {
-            return Ok(());
-        };
-        let options = Self::options();
-        match endpoints.get("default", "kubernetes", ReadAt::Latest).await {
-            Err(e) if e.is_not_found() => {
-                match endpoints.create("default", wanted.clone(), &options).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_conflict() => Ok(()),
-                    Err(e) => Err(format!("creating the kubernetes Endpoints: {}", e.message)),
-                }
-            }
-            Err(e) => Err(format!("reading the kubernetes Endpoints: {}", e.message)),
-            Ok(current) => {
-                if current.get("subsets") == wanted.get("subsets") {
-                    return Ok(());
-                }
-                let mut fixed = current;
-                fixed["subsets"] = wanted["subsets"].clone();
-                endpoints
-                    .update("default", "kubernetes", fixed, &options, Subresource::Main)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| format!("repairing the kubernetes Endpoints: {}", e.message))
-            }
-        }
     }
 
     fn options() -> WriteOptions {
@@ -84,46 +124,30 @@ impl KubernetesServiceController {
     }
 
     /// Creates the Service (and Endpoints) if missing, or puts them back if they drifted.
-    pub async fn reconcile(&self) -> Result<(), String> {
-        self.reconcile_service().await?;
-        self.reconcile_endpoints().await
-    }
-
-    async fn reconcile_service(&self) -> Result<(), String> {
-        let options = Self::options();
-        match self
-            .services
-            .get("default", "kubernetes", ReadAt::Latest)
-            .await
-        {
-            Err(e) if e.is_not_found() => {
-                match self
-                    .services
-                    .create("default", self.wanted.clone(), &options)
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_conflict() => Ok(()),
-                    Err(e) => Err(format!("creating the kubernetes Service: {}", e.message)),
-                }
-            }
-            Err(e) => Err(format!("reading the kubernetes Service: {}", e.message)),
-            Ok(current) => {
-                let drifted = current.pointer("/spec/type") != self.wanted.pointer("/spec/type")
-                    || current.pointer("/spec/ports") != self.wanted.pointer("/spec/ports");
-                if !drifted {
-                    return Ok(());
-                }
-                let mut fixed = current;
-                fixed["spec"]["type"] = self.wanted["spec"]["type"].clone();
-                fixed["spec"]["ports"] = self.wanted["spec"]["ports"].clone();
-                self.services
-                    .update("default", "kubernetes", fixed, &options, Subresource::Main)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| format!("repairing the kubernetes Service: {}", e.message))
-            }
+    pub async fn reconcile(&self) -> Result<(), ReconcileError> {
+        keep(
+            &self.services,
+            &self.wanted,
+            "Service",
+            |current, wanted| {
+                let (spec, want) = (current.spec.get_or_insert_default(), wanted.spec.as_ref());
+                let drifted = spec.type_ != want.and_then(|w| w.type_.clone())
+                    || spec.ports != want.and_then(|w| w.ports.clone());
+                spec.type_ = want.and_then(|w| w.type_.clone());
+                spec.ports = want.and_then(|w| w.ports.clone());
+                drifted
+            },
+        )
+        .await?;
+        if let Some((endpoints, wanted)) = &self.endpoints {
+            keep(endpoints, wanted, "Endpoints", |current, wanted| {
+                let drifted = current.subsets != wanted.subsets;
+                current.subsets = wanted.subsets.clone();
+                drifted
+            })
+            .await?;
         }
+        Ok(())
     }
 
     /// Reconciles every [`RESYNC`] in a background task.
@@ -138,5 +162,43 @@ impl KubernetesServiceController {
                 }
             }
         });
+    }
+}
+
+/// Creates `wanted` if missing; otherwise `repair` puts back what drifted (returning whether
+/// anything did), and the repaired object is written.
+async fn keep<T: Object>(
+    registry: &Registry,
+    wanted: &T,
+    kind: &'static str,
+    repair: impl FnOnce(&mut T, &T) -> bool,
+) -> Result<(), ReconcileError> {
+    let failed = |step, error| ReconcileError { step, kind, error };
+    let options = KubernetesServiceController::options();
+    match registry
+        .get_typed::<T>(NAMESPACE, NAME, ReadAt::Latest)
+        .await
+    {
+        Err(e) if e.is_not_found() => {
+            match registry
+                .create(NAMESPACE, from_typed(wanted), &options)
+                .await
+            {
+                Err(e) if !e.is_conflict() => Err(failed("creating", e)),
+                _ => Ok(()),
+            }
+        }
+        Err(e) => Err(failed("reading", e)),
+        Ok(mut current) => {
+            if !repair(&mut current, wanted) {
+                return Ok(());
+            }
+            let fixed = from_typed(&current);
+            registry
+                .update(NAMESPACE, NAME, fixed, &options, Subresource::Main)
+                .await
+                .map(|_| ())
+                .map_err(|e| failed("repairing", e))
+        }
     }
 }

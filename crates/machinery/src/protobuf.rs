@@ -1,20 +1,76 @@
 //! Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`), decoded to JSON.
 //!
-//! kubectl's typed clients send these (e.g. `kubectl create service`). The field table
-//! (`data/proto-schema.json`) is derived from upstream's `generated.proto` files by
-//! `scripts/gen-proto-schema.py`; field names there are the JSON names.
+//! kubectl's typed clients send these (e.g. `kubectl create service`). A kind names its
+//! messages ([`Messages`]: its package and its group's field table); the tables are derived
+//! from upstream's `generated.proto` files by `scripts/gen-proto-schema.py` (field names there
+//! are the JSON names). core/v1's table ([`CORE_V1_PROTO`]) also holds the apimachinery
+//! messages every group uses.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, RwLock};
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
 
 type Field = (u32, String, String, bool);
 
-static SCHEMA: LazyLock<HashMap<String, Vec<Field>>> = LazyLock::new(|| {
-    serde_json::from_str(include_str!("../data/proto-schema.json")).unwrap_or_default()
+/// The field table of core/v1 and of the apimachinery messages (meta/v1, runtime, resource,
+/// intstr).
+pub static CORE_V1_PROTO: &[u8] = include_bytes!("../data/proto-schema.json");
+
+/// Where a kind's protobuf messages are described.
+#[derive(Debug, Clone, Copy)]
+pub struct Messages {
+    /// The API version whose bodies use these messages (`v1`).
+    pub api_version: &'static str,
+    /// The protobuf package of the group's messages (`k8s.io.api.core.v1`).
+    pub package: &'static str,
+    /// The group's field table (JSON, as `scripts/gen-proto-schema.py` writes it).
+    pub table: &'static [u8],
+}
+
+/// core/v1's messages.
+pub const CORE_V1: Messages = Messages {
+    api_version: "v1",
+    package: "k8s.io.api.core.v1",
+    table: CORE_V1_PROTO,
+};
+
+/// Every message known: the apimachinery ones and those of each group a decode was asked
+/// for (tables are parsed once, by address, and kept).
+struct Tables {
+    loaded: Vec<usize>,
+    messages: HashMap<String, &'static [Field]>,
+}
+
+impl Tables {
+    fn load(&mut self, table: &'static [u8]) {
+        let address = table.as_ptr() as usize;
+        if self.loaded.contains(&address) {
+            return;
+        }
+        self.loaded.push(address);
+        let parsed: HashMap<String, Vec<Field>> = serde_json::from_slice(table).unwrap_or_default();
+        for (name, fields) in parsed {
+            let fields: &'static [Field] = Box::leak(fields.into_boxed_slice());
+            self.messages.entry(name).or_insert(fields);
+        }
+    }
+}
+
+static TABLES: LazyLock<RwLock<Tables>> = LazyLock::new(|| {
+    let mut tables = Tables {
+        loaded: Vec::new(),
+        messages: HashMap::new(),
+    };
+    tables.load(CORE_V1_PROTO);
+    RwLock::new(tables)
 });
+
+fn lookup(name: &str) -> Option<&'static [Field]> {
+    let tables = TABLES.read().unwrap_or_else(|e| e.into_inner());
+    tables.messages.get(name).copied()
+}
 
 const MAGIC: &[u8] = b"k8s\x00";
 
@@ -34,7 +90,6 @@ const MEANINGFUL_ZERO: &[&str] = &[
     "insecureSkipTLSVerify",
     "port",
 ];
-const CORE: &str = "k8s.io.api.core.v1";
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
 
 struct Reader<'a> {
@@ -202,9 +257,7 @@ fn message(name: &str, bytes: &[u8], depth: usize) -> Result<Value, String> {
         }
         _ => {}
     }
-    let schema = SCHEMA
-        .get(name)
-        .ok_or_else(|| format!("no protobuf schema for {name}"))?;
+    let schema = lookup(name).ok_or_else(|| format!("no protobuf schema for {name}"))?;
     let mut out = Map::new();
     for (number, raw) in fields(bytes)? {
         let Some((_, field, kind, repeated)) = schema.iter().find(|f| f.0 == number) else {
@@ -268,8 +321,10 @@ fn decode_value(kind: &str, raw: &Raw<'_>, depth: usize) -> Result<Vec<Value>, S
     }
 }
 
-/// Decodes an enveloped protobuf body; returns `(apiVersion, kind, object)`.
-pub fn decode(bytes: &[u8]) -> Result<(String, String, Value), String> {
+/// Decodes an enveloped protobuf body; returns `(apiVersion, kind, object)`. The object is one
+/// of `messages` (the kind's group) when the envelope names one of them, else an apimachinery
+/// message (`DeleteOptions`…).
+pub fn decode(bytes: &[u8], messages: Option<Messages>) -> Result<(String, String, Value), String> {
     let body = bytes.strip_prefix(MAGIC).ok_or(
         "provided data does not appear to be a protobuf message, expected prefix [107 56 115 0]",
     )?;
@@ -289,10 +344,18 @@ pub fn decode(bytes: &[u8]) -> Result<(String, String, Value), String> {
             _ => {}
         }
     }
-    let package = if api_version == "v1" && SCHEMA.contains_key(&format!("{CORE}.{kind}")) {
-        CORE
-    } else {
-        META
+    let package = match messages {
+        Some(group) if group.api_version == api_version => {
+            TABLES
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .load(group.table);
+            match lookup(&format!("{}.{kind}", group.package)) {
+                Some(_) => group.package,
+                None => META,
+            }
+        }
+        _ => META,
     };
     let mut object = message(&format!("{package}.{kind}"), raw, 0)?;
     if let Value::Object(map) = &mut object {
@@ -332,7 +395,7 @@ mod tests {
         let type_meta = [field(1, b"v1"), field(2, b"Service")].concat();
         let unknown = [field(1, &type_meta), field(2, &service)].concat();
         let body = [MAGIC.to_vec(), unknown].concat();
-        let (version, kind, object) = decode(&body).expect("decodes");
+        let (version, kind, object) = decode(&body, Some(CORE_V1)).expect("decodes");
         assert_eq!((version.as_str(), kind.as_str()), ("v1", "Service"));
         assert_eq!(
             object,
@@ -343,7 +406,7 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(decode(b"k8s\x00\xff\xff\xff").is_err());
-        assert!(decode(b"nope").is_err());
+        assert!(decode(b"k8s\x00\xff\xff\xff", Some(CORE_V1)).is_err());
+        assert!(decode(b"nope", None).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! The OpenAPI documents kube-apiserver 1.36 serves, and what the machinery reads from them:
 //! which fields a kind declares (for `fieldValidation`).
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, RwLock};
 
 use serde_json::Value;
 
@@ -14,29 +15,70 @@ pub static SWAGGER: &[u8] = include_bytes!("../data/openapi/swagger.json");
 pub static APIREGISTRATION_V1_OPENAPI: &[u8] =
     include_bytes!("../data/openapi/apis__apiregistration.k8s.io__v1_openapi.json");
 
-/// The schemas of every served group in one `components/schemas` table (core/v1 plus
-/// `apiregistration.k8s.io/v1`; the shared apimachinery definitions are identical in both).
-static CORE_V1: LazyLock<Value> = LazyLock::new(|| {
-    let mut document: Value = serde_json::from_slice(CORE_V1_OPENAPI).unwrap_or(Value::Null);
-    let other: Value = serde_json::from_slice(APIREGISTRATION_V1_OPENAPI).unwrap_or(Value::Null);
-    if let (Some(schemas), Some(more)) = (
-        document
-            .pointer_mut("/components/schemas")
-            .and_then(Value::as_object_mut),
-        other
+/// Every schema definition the machinery knows, by name: those of core/v1, and of each OpenAPI
+/// document a kind brings ([`definition`] loads it the first time). Documents are parsed once
+/// and kept for the life of the process; the shared apimachinery definitions are the same in
+/// every document, so the first one loaded answers for them.
+struct Table {
+    /// The documents loaded, by address.
+    loaded: Vec<usize>,
+    schemas: HashMap<String, &'static Value>,
+}
+
+impl Table {
+    fn load(&mut self, document: &'static [u8]) {
+        let address = document.as_ptr() as usize;
+        if self.loaded.contains(&address) {
+            return;
+        }
+        self.loaded.push(address);
+        let parsed: &'static Value = Box::leak(Box::new(
+            serde_json::from_slice(document).unwrap_or(Value::Null),
+        ));
+        if let Some(schemas) = parsed
             .pointer("/components/schemas")
-            .and_then(Value::as_object),
-    ) {
-        for (name, schema) in more {
-            schemas
-                .entry(name.clone())
-                .or_insert_with(|| schema.clone());
+            .and_then(Value::as_object)
+        {
+            for (name, schema) in schemas {
+                self.schemas.entry(name.clone()).or_insert(schema);
+            }
         }
     }
-    document
+}
+
+static TABLE: LazyLock<RwLock<Table>> = LazyLock::new(|| {
+    let mut table = Table {
+        loaded: Vec::new(),
+        schemas: HashMap::new(),
+    };
+    table.load(CORE_V1_OPENAPI);
+    RwLock::new(table)
 });
 
-fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
+/// A definition by name (`io.k8s.api.core.v1.Service`), from the documents loaded so far.
+pub fn named(name: &str) -> Option<&'static Value> {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table.schemas.get(name).copied()
+}
+
+/// The schema of a kind's definition in its OpenAPI document (loaded into the table the
+/// first time); `None` for `""`.
+pub fn definition(document: &'static [u8], name: &str) -> Option<&'static Value> {
+    if name.is_empty() {
+        return None;
+    }
+    if let Some(schema) = named(name) {
+        return Some(schema);
+    }
+    TABLE
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .load(document);
+    named(name)
+}
+
+/// A schema node with its `$ref` (or single-`allOf` reference) followed.
+pub fn resolve(schema: &'static Value) -> &'static Value {
     let mut current = schema;
     for _ in 0..8 {
         let reference = current
@@ -51,7 +93,7 @@ fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
         let Some(name) = reference.and_then(|r| r.strip_prefix("#/components/schemas/")) else {
             return current;
         };
-        match document.pointer(&format!("/components/schemas/{}", name.replace('/', "~1"))) {
+        match named(&name.replace("~1", "/").replace("~0", "~")) {
             Some(next) => current = next,
             None => return current,
         }
@@ -59,8 +101,8 @@ fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
     current
 }
 
-fn walk(document: &Value, schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
-    let schema = resolve(document, schema);
+fn walk(schema: &'static Value, value: &Value, path: &str, out: &mut Vec<String>) {
+    let schema = resolve(schema);
     match value {
         Value::Object(map) => {
             if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
@@ -71,7 +113,7 @@ fn walk(document: &Value, schema: &Value, value: &Value, path: &str, out: &mut V
                         format!("{path}.{key}")
                     };
                     match properties.get(key) {
-                        Some(child_schema) => walk(document, child_schema, child, &child_path, out),
+                        Some(child_schema) => walk(child_schema, child, &child_path, out),
                         None => out.push(format!("unknown field {:?}", child_path)),
                     }
                 }
@@ -79,14 +121,14 @@ fn walk(document: &Value, schema: &Value, value: &Value, path: &str, out: &mut V
                 schema.get("additionalProperties").filter(|v| v.is_object())
             {
                 for (key, child) in map {
-                    walk(document, values, child, &format!("{path}.{key}"), out);
+                    walk(values, child, &format!("{path}.{key}"), out);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
-                    walk(document, item_schema, item, &format!("{path}[{i}]"), out);
+                    walk(item_schema, item, &format!("{path}[{i}]"), out);
                 }
             }
         }
@@ -94,11 +136,11 @@ fn walk(document: &Value, schema: &Value, value: &Value, path: &str, out: &mut V
     }
 }
 
-/// The `unknown field "spec.foo"` problems of an object against a core/v1 schema
-/// definition, in document order.
+/// The `unknown field "spec.foo"` problems of an object against a schema definition, in
+/// document order.
 pub fn unknown_fields(schema: &'static Value, object: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    walk(&CORE_V1, schema, object, "", &mut out);
+    walk(schema, object, "", &mut out);
     out
 }
 
@@ -106,6 +148,21 @@ pub fn unknown_fields(schema: &'static Value, object: &Value) -> Vec<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_kinds_document_is_loaded_with_its_definition() {
+        const APISERVICE: &str = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService";
+        let schema =
+            definition(APIREGISTRATION_V1_OPENAPI, APISERVICE).expect("in its own document");
+        // Its references resolve within the table, so its unknown fields are found.
+        let apiservice = json!({"metadata": {"name": "v1.x"}, "spec": {"group": "x", "grup": 1}});
+        assert_eq!(
+            unknown_fields(schema, &apiservice),
+            ["unknown field \"spec.grup\""]
+        );
+        assert!(named(APISERVICE).is_some());
+        assert_eq!(definition(APIREGISTRATION_V1_OPENAPI, ""), None);
+    }
 
     #[test]
     fn finds_unknown_fields_with_their_paths() {
@@ -116,7 +173,7 @@ mod tests {
         });
         assert_eq!(
             unknown_fields(
-                core_schema("io.k8s.api.core.v1.Service").expect("schema"),
+                named("io.k8s.api.core.v1.Service").expect("schema"),
                 &service
             ),
             [
@@ -143,32 +200,14 @@ pub enum Shape<'a> {
     Atomic,
 }
 
-/// The schema of a served definition (`io.k8s.api.core.v1.Service`); `None` for `""`.
-pub fn definition(name: &str) -> Option<&'static Value> {
-    if name.is_empty() {
-        return None;
-    }
-    core_schema(name)
+/// The schema of property `key` of a struct schema (references resolved on the way in).
+pub fn property(schema: &'static Value, key: &str) -> Option<&'static Value> {
+    resolve(schema).get("properties")?.get(key)
 }
 
-/// The core/v1 schema of a definition (e.g. `io.k8s.api.core.v1.Service`).
-pub fn core_schema(name: &str) -> Option<&'static Value> {
-    CORE_V1.pointer(&format!("/components/schemas/{name}"))
-}
-
-/// A core/v1 schema node with its references resolved.
-pub fn core_resolve(schema: &'static Value) -> &'static Value {
-    resolve(&CORE_V1, schema)
-}
-
-/// The schema of property `key` of a core/v1 struct schema (references resolved on the way in).
-pub fn core_property(schema: &'static Value, key: &str) -> Option<&'static Value> {
-    core_resolve(schema).get("properties")?.get(key)
-}
-
-/// The shape of a core/v1 schema node (references resolved).
-pub fn core_shape(schema: &'static Value) -> Shape<'static> {
-    let schema = resolve(&CORE_V1, schema);
+/// The shape of a schema node (references resolved).
+pub fn shape(schema: &'static Value) -> Shape<'static> {
+    let schema = resolve(schema);
     if schema.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic") {
         return Shape::Atomic;
     }

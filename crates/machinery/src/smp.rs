@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value};
 
-use crate::schema::{core_property, core_resolve};
+use crate::schema::{property, resolve};
 
 /// A value as a hashable key: its JSON with object keys sorted, so equal values (however
 /// their keys are ordered) have equal keys. Lists are compared through these in linear time:
@@ -114,21 +114,21 @@ fn merge_map(
         if key.starts_with('$') {
             continue;
         }
-        let field_schema = schema.and_then(|s| core_property(s, key));
+        let field_schema = schema.and_then(|s| property(s, key));
         if value.is_null() {
             original.shift_remove(key);
             continue;
         }
         let merged = match (original.get_mut(key).map(Value::take), value) {
             (Some(Value::Object(current)), Value::Object(p)) => {
-                let item = field_schema.map(core_resolve);
+                let item = field_schema.map(resolve);
                 Value::Object(merge_map(current, p, item)?)
             }
             (Some(Value::Array(current)), Value::Array(p)) => {
                 Value::Array(merge_list(current, p, field_schema)?)
             }
             (None, Value::Object(p)) => {
-                let item = field_schema.map(core_resolve);
+                let item = field_schema.map(resolve);
                 Value::Object(merge_map(Map::new(), p, item)?)
             }
             (None, Value::Array(p)) => Value::Array(merge_list(Vec::new(), p, field_schema)?),
@@ -152,7 +152,7 @@ fn merge_map(
             let Value::Array(order) = value else {
                 return Err(bad("invalid patch format of setElementOrder list"));
             };
-            let field_schema = schema.and_then(|s| core_property(s, field));
+            let field_schema = schema.and_then(|s| property(s, field));
             let (_, _, merge_key) = strategy_of(field_schema);
             if let Some(Value::Array(list)) = original.get_mut(field) {
                 reorder(list, order, merge_key);
@@ -201,7 +201,7 @@ fn merge_list(
             bad_request: false,
         });
     }
-    let item_schema = field_schema.and_then(|s| s.get("items")).map(core_resolve);
+    let item_schema = field_schema.and_then(|s| s.get("items")).map(resolve);
     match merge_key {
         None => {
             // Primitive list with strategy merge: union, original order first.
@@ -289,7 +289,7 @@ mod tests {
     use serde_json::json;
 
     fn service() -> Option<&'static Value> {
-        crate::schema::core_schema("io.k8s.api.core.v1.Service")
+        crate::schema::named("io.k8s.api.core.v1.Service")
     }
 
     #[test]

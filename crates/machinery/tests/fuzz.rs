@@ -47,8 +47,8 @@ proptest! {
     fn protobuf_bodies_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let mut body = b"k8s\x00".to_vec();
         body.extend_from_slice(&bytes);
-        let _ = protobuf::decode(&body);
-        let _ = protobuf::decode(&bytes);
+        let _ = protobuf::decode(&body, Some(protobuf::CORE_V1));
+        let _ = protobuf::decode(&bytes, Some(protobuf::CORE_V1));
     }
 
     #[test]
@@ -67,7 +67,7 @@ proptest! {
 
     #[test]
     fn patch_engines_never_panic(original in json_value(), patch_doc in json_value()) {
-        let schema = capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service");
+        let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
         let _ = smp::apply(&original, &patch_doc, schema);
         let bytes = serde_json::to_vec(&patch_doc).unwrap_or_default();
         let _ = patch::merge_patch(&original, &bytes);

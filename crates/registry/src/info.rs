@@ -65,6 +65,8 @@ pub struct ResourceInfo {
     pub definition: &'static str,
     /// The `/openapi/v3` document of its group version: path (`api/v1`) and bytes.
     pub openapi: (&'static str, &'static [u8]),
+    /// The protobuf messages request bodies decode as (`None`: JSON and YAML only).
+    pub protobuf: Option<capstan_machinery::protobuf::Messages>,
     /// Aggregated discovery's group and version priorities (upstream's
     /// `groupVersionPriority` for the kube-apiserver's own groups).
     pub priority: (i64, i64),
@@ -95,6 +97,11 @@ impl ResourceInfo {
             delete_returns_object: false,
             definition: "",
             openapi: ("api/v1", capstan_machinery::schema::CORE_V1_OPENAPI),
+            protobuf: if T::GROUP.is_empty() {
+                Some(capstan_machinery::protobuf::CORE_V1)
+            } else {
+                None
+            },
             priority: (0, 0),
         }
     }
@@ -163,6 +170,14 @@ impl ResourceInfo {
     ) -> Self {
         self.definition = definition;
         self.openapi = (path, document);
+        self
+    }
+
+    /// Request bodies in Kubernetes protobuf decode as these messages (a core/v1 kind's are
+    /// core/v1's; a kind of another group names its group's table, or takes JSON and YAML
+    /// only).
+    pub const fn protobuf(mut self, messages: capstan_machinery::protobuf::Messages) -> Self {
+        self.protobuf = Some(messages);
         self
     }
 

@@ -309,7 +309,7 @@ impl<S: Strategy> DynStrategy for S {
 
     fn schema(&self) -> Option<&'static Value> {
         let info = Strategy::info(self);
-        capstan_machinery::schema::definition(info.definition)
+        capstan_machinery::schema::definition(info.openapi.1, info.definition)
     }
 
     fn request_warnings(&self) -> Vec<String> {

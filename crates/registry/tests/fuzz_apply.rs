@@ -45,7 +45,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 fn service_schema() -> Option<&'static Value> {
-    capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
+    capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
 }
 
 proptest! {

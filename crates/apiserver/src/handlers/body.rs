@@ -25,7 +25,7 @@ pub(super) async fn decode_body(
         }
         BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
         BodyFormat::Protobuf => {
-            capstan_machinery::protobuf::decode(&bytes).map(|(_, _, object)| object)
+            capstan_machinery::protobuf::decode(&bytes, info.protobuf).map(|(_, _, object)| object)
         }
     };
     let unrecognized = |detail: String| {

@@ -212,7 +212,7 @@ pub(super) async fn delete_options(
     }
     let mut orphan = call.query.flag("orphanDependents");
     if !bytes.iter().all(u8::is_ascii_whitespace) {
-        let body: Value = capstan_machinery::protobuf::decode(&bytes)
+        let body: Value = capstan_machinery::protobuf::decode(&bytes, None)
             .map(|(_, _, object)| object)
             .or_else(|_| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
             .or_else(|_| yaml::from_slice(&bytes).map_err(|e| e.to_string()))

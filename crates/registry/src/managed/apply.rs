@@ -223,7 +223,7 @@ pub(super) fn render_path(path: &Path) -> String {
 /// the stored `port: 80, protocol: TCP`.
 fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
     let Some(schema) = schema else { return };
-    match (core_shape(schema), value) {
+    match (shape(schema), value) {
         (Shape::Struct(properties), Value::Object(map)) => {
             for (key, child) in map.iter_mut() {
                 default_list_keys(child, properties.get(key));
@@ -235,7 +235,7 @@ fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
             }
         }
         (Shape::ListMap(items, keys), Value::Array(list)) => {
-            let properties = match core_shape(items) {
+            let properties = match shape(items) {
                 Shape::Struct(properties) => Some(properties),
                 _ => None,
             };
@@ -245,7 +245,7 @@ fn default_list_keys(value: &mut Value, schema: Option<&'static Value>) {
                         if !map.contains_key(key)
                             && let Some(default) = properties
                                 .get(key)
-                                .map(|p| capstan_machinery::schema::core_resolve(p))
+                                .map(|p| capstan_machinery::schema::resolve(p))
                                 .and_then(|p| p.get("default"))
                         {
                             map.insert(key.to_string(), default.clone());
@@ -310,7 +310,7 @@ fn merge_into(
     depth: usize,
     status: bool,
 ) {
-    let shape = schema.map(core_shape).unwrap_or(match applied {
+    let shape = schema.map(shape).unwrap_or(match applied {
         Value::Object(_) => Shape::Map(None),
         _ => Shape::Atomic,
     });

@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
-use capstan_machinery::schema::{Shape, core_shape};
+use capstan_machinery::schema::{Shape, shape};
 use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
@@ -61,7 +61,7 @@ impl Fields<'_> {
 /// The step naming a list-map entry: `k:` and its keys as JSON; a key left out names the
 /// entry by its schema default (ServicePort's protocol), without the field itself being set.
 fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String {
-    let defaults = match core_shape(items) {
+    let defaults = match shape(items) {
         Shape::Struct(properties) => Some(properties),
         _ => None,
     };
@@ -70,7 +70,7 @@ fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String 
         let default = || {
             defaults
                 .and_then(|p| p.get(name))
-                .map(capstan_machinery::schema::core_resolve)
+                .map(capstan_machinery::schema::resolve)
                 .and_then(|p| p.get("default"))
         };
         if let Some(v) = element.get(name).or_else(default) {
@@ -82,7 +82,7 @@ fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String 
 
 /// The shape a value takes: its schema's, or a map / atomic value without one.
 fn shape_of(value: &Value, schema: Option<&'static Value>) -> Shape<'static> {
-    schema.map(core_shape).unwrap_or(match value {
+    schema.map(shape).unwrap_or(match value {
         Value::Object(_) => Shape::Map(None),
         _ => Shape::Atomic,
     })

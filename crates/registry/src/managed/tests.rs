@@ -4,7 +4,7 @@ use super::apply::render_path;
 use super::*;
 
 fn service_schema() -> Option<&'static Value> {
-    capstan_machinery::schema::core_schema("io.k8s.api.core.v1.Service")
+    capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
 }
 
 #[test]
