@@ -160,6 +160,11 @@ fn histogram() -> Histogram<u64> {
     })
 }
 
+/// [`line`] of what [`run`] measured.
+fn measured_line(what: &str, count: usize, measured: (Duration, Histogram<u64>)) -> Value {
+    line(what, count, measured.0, &measured.1)
+}
+
 fn line(what: &str, count: usize, elapsed: Duration, latencies: &Histogram<u64>) -> Value {
     let throughput = count as f64 / elapsed.as_secs_f64().max(1e-9);
     println!(
@@ -464,7 +469,7 @@ impl Bench {
             }
             ScenarioName::Update => {
                 self.create("fixture (create)").await?;
-                let (elapsed, latencies) = run("update", args.count, args.concurrency, move |i| {
+                let measured = run("update", args.count, args.concurrency, move |i| {
                     let api = api.clone();
                     async move {
                         let patch = json!({"metadata": {"labels": {"capstan-bench/round": "1"}}});
@@ -476,12 +481,12 @@ impl Bench {
                 .await?;
                 report.insert(
                     "update".into(),
-                    line("update", args.count, elapsed, &latencies),
+                    measured_line("update", args.count, measured),
                 );
             }
             ScenarioName::Delete => {
                 self.create("fixture (create)").await?;
-                let (elapsed, latencies) = run("delete", args.count, args.concurrency, move |i| {
+                let measured = run("delete", args.count, args.concurrency, move |i| {
                     let api = api.clone();
                     async move {
                         api.delete(&name(i), &DeleteParams::default()).await?;
@@ -491,7 +496,7 @@ impl Bench {
                 .await?;
                 report.insert(
                     "delete".into(),
-                    line("delete", args.count, elapsed, &latencies),
+                    measured_line("delete", args.count, measured),
                 );
             }
             ScenarioName::Watch => {

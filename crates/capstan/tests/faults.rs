@@ -330,12 +330,7 @@ impl Confined {
     }
 
     async fn client(&self) -> kube::Client {
-        let kubeconfig = kube::config::Kubeconfig::read_from(self.data().join("kubeconfig"))
-            .expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .expect("config");
-        kube::Client::try_from(config).expect("client")
+        common::client_for(&self.data().join("kubeconfig")).await
     }
 }
 

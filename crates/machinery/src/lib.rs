@@ -10,6 +10,7 @@
 //! Objects are handled as `serde_json::Value`: the machinery never needs a resource's types.
 
 pub mod continue_token;
+mod definitions;
 pub mod duration;
 pub mod field;
 pub mod fields;

@@ -7,7 +7,9 @@
 //! messages every group uses.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, RwLock};
+use std::sync::LazyLock;
+
+use crate::definitions::Definitions;
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
@@ -37,39 +39,21 @@ pub const CORE_V1: Messages = Messages {
 };
 
 /// Every message known: the apimachinery ones and those of each group a decode was asked
-/// for (tables are parsed once, by address, and kept).
-struct Tables {
-    loaded: Vec<usize>,
-    messages: HashMap<String, &'static [Field]>,
-}
+/// for.
+static TABLES: LazyLock<Definitions<[Field]>> =
+    LazyLock::new(|| Definitions::new(message_table, CORE_V1_PROTO));
 
-impl Tables {
-    fn load(&mut self, table: &'static [u8]) {
-        let address = table.as_ptr() as usize;
-        if self.loaded.contains(&address) {
-            return;
-        }
-        self.loaded.push(address);
-        let parsed: HashMap<String, Vec<Field>> = serde_json::from_slice(table).unwrap_or_default();
-        for (name, fields) in parsed {
-            let fields: &'static [Field] = Box::leak(fields.into_boxed_slice());
-            self.messages.entry(name).or_insert(fields);
-        }
-    }
+/// The messages of a field table.
+fn message_table(table: &'static [u8]) -> Vec<(String, &'static [Field])> {
+    let parsed: HashMap<String, Vec<Field>> = serde_json::from_slice(table).unwrap_or_default();
+    parsed
+        .into_iter()
+        .map(|(name, fields)| (name, &*Box::leak(fields.into_boxed_slice())))
+        .collect()
 }
-
-static TABLES: LazyLock<RwLock<Tables>> = LazyLock::new(|| {
-    let mut tables = Tables {
-        loaded: Vec::new(),
-        messages: HashMap::new(),
-    };
-    tables.load(CORE_V1_PROTO);
-    RwLock::new(tables)
-});
 
 fn lookup(name: &str) -> Option<&'static [Field]> {
-    let tables = TABLES.read().unwrap_or_else(|e| e.into_inner());
-    tables.messages.get(name).copied()
+    TABLES.get(name)
 }
 
 const MAGIC: &[u8] = b"k8s\x00";
@@ -346,10 +330,7 @@ pub fn decode(bytes: &[u8], messages: Option<Messages>) -> Result<(String, Strin
     }
     let package = match messages {
         Some(group) if group.api_version == api_version => {
-            TABLES
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .load(group.table);
+            TABLES.load(group.table);
             match lookup(&format!("{}.{kind}", group.package)) {
                 Some(_) => group.package,
                 None => META,

@@ -1,8 +1,9 @@
 //! The OpenAPI documents kube-apiserver 1.36 serves, and what the machinery reads from them:
 //! which fields a kind declares (for `fieldValidation`).
 
-use std::collections::HashMap;
-use std::sync::{LazyLock, RwLock};
+use std::sync::LazyLock;
+
+use crate::definitions::Definitions;
 
 use serde_json::Value;
 
@@ -16,49 +17,25 @@ pub static APIREGISTRATION_V1_OPENAPI: &[u8] =
     include_bytes!("../data/openapi/apis__apiregistration.k8s.io__v1_openapi.json");
 
 /// Every schema definition the machinery knows, by name: those of core/v1, and of each OpenAPI
-/// document a kind brings ([`definition`] loads it the first time). Documents are parsed once
-/// and kept for the life of the process; the shared apimachinery definitions are the same in
-/// every document, so the first one loaded answers for them.
-struct Table {
-    /// The documents loaded, by address.
-    loaded: Vec<usize>,
-    schemas: HashMap<String, &'static Value>,
-}
+/// document a kind brings ([`definition`] loads it the first time).
+static TABLE: LazyLock<Definitions<Value>> =
+    LazyLock::new(|| Definitions::new(openapi_schemas, CORE_V1_OPENAPI));
 
-impl Table {
-    fn load(&mut self, document: &'static [u8]) {
-        let address = document.as_ptr() as usize;
-        if self.loaded.contains(&address) {
-            return;
-        }
-        self.loaded.push(address);
-        let parsed: &'static Value = Box::leak(Box::new(
-            serde_json::from_slice(document).unwrap_or(Value::Null),
-        ));
-        if let Some(schemas) = parsed
-            .pointer("/components/schemas")
-            .and_then(Value::as_object)
-        {
-            for (name, schema) in schemas {
-                self.schemas.entry(name.clone()).or_insert(schema);
-            }
-        }
-    }
+/// The `components/schemas` of an OpenAPI v3 document.
+fn openapi_schemas(document: &'static [u8]) -> Vec<(String, &'static Value)> {
+    let parsed: &'static Value = Box::leak(Box::new(
+        serde_json::from_slice(document).unwrap_or(Value::Null),
+    ));
+    parsed
+        .pointer("/components/schemas")
+        .and_then(Value::as_object)
+        .map(|schemas| schemas.iter().map(|(k, v)| (k.clone(), v)).collect())
+        .unwrap_or_default()
 }
-
-static TABLE: LazyLock<RwLock<Table>> = LazyLock::new(|| {
-    let mut table = Table {
-        loaded: Vec::new(),
-        schemas: HashMap::new(),
-    };
-    table.load(CORE_V1_OPENAPI);
-    RwLock::new(table)
-});
 
 /// A definition by name (`io.k8s.api.core.v1.Service`), from the documents loaded so far.
 pub fn named(name: &str) -> Option<&'static Value> {
-    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    table.schemas.get(name).copied()
+    TABLE.get(name)
 }
 
 /// The schema of a kind's definition in its OpenAPI document (loaded into the table the
@@ -70,10 +47,7 @@ pub fn definition(document: &'static [u8], name: &str) -> Option<&'static Value>
     if let Some(schema) = named(name) {
         return Some(schema);
     }
-    TABLE
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .load(document);
+    TABLE.load(document);
     named(name)
 }
 

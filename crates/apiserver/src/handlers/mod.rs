@@ -12,7 +12,9 @@ use capstan_machinery::patch::{self, PatchType};
 use capstan_machinery::status::{Details, success_status};
 use capstan_machinery::{ApiError, Reason, meta, yaml};
 use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
-use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, ResourceInfo, WriteOptions};
+use capstan_registry::{
+    DeleteOptions, ListOptions, ReadAt, Registry, ResourceInfo, Subresource, WriteOptions,
+};
 use http::{HeaderMap, Method, Response, StatusCode, header};
 use serde_json::{Map, Value, json};
 
@@ -93,15 +95,6 @@ pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
     with_warnings(response, &warnings)
 }
 
-/// The registry's name for the part of an object a request addresses.
-fn subresource(status: bool) -> capstan_registry::Subresource {
-    if status {
-        capstan_registry::Subresource::Status
-    } else {
-        capstan_registry::Subresource::Main
-    }
-}
-
 async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let is_watch = request.watch_path
         || (request.name.is_none()
@@ -112,7 +105,11 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         Err(error) => return error_response(&error, Encoding::json()),
     };
     let info = request.registry.strategy().info();
-    let status_sub = request.subresource.as_deref() == Some("status");
+    let subresource = match request.subresource.as_deref() {
+        Some("status") => Subresource::Status,
+        _ => Subresource::Main,
+    };
+    let status_sub = subresource == Subresource::Status;
     // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
     // only, as upstream routes it: no create, and no deletecollection across namespaces.
     if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
@@ -132,11 +129,11 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         }
         (&Method::PUT, Some(name), _) => {
             let body = call.body.take();
-            update(&request, name, &call, body, encoding, status_sub).await
+            update(&request, name, &call, body, encoding, subresource).await
         }
         (&Method::PATCH, Some(name), _) => {
             let body = call.body.take();
-            patch_object(&request, name, &call, body, encoding, status_sub).await
+            patch_object(&request, name, &call, body, encoding, subresource).await
         }
         (&Method::DELETE, Some(name), _) if !status_sub => {
             let body = call.body.take();

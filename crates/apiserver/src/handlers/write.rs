@@ -36,7 +36,7 @@ pub(super) async fn update(
     call: &Call,
     body: Option<hyper::body::Incoming>,
     encoding: Encoding,
-    status: bool,
+    subresource: Subresource,
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
     let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
@@ -55,17 +55,11 @@ pub(super) async fn update(
     let (stored, created) = call
         .finish(body_len, async move {
             registry
-                .update(
-                    &namespace,
-                    &owned_name,
-                    object,
-                    &options,
-                    subresource(status),
-                )
+                .update(&namespace, &owned_name, object, &options, subresource)
                 .await
         })
         .await?;
-    if !status {
+    if subresource == Subresource::Main {
         warnings.extend(request.registry.strategy().warnings(&stored));
     }
     let code = if created {
@@ -91,7 +85,7 @@ pub(super) async fn patch_object(
     call: &Call,
     body: Option<hyper::body::Incoming>,
     encoding: Encoding,
-    status: bool,
+    subresource: Subresource,
 ) -> Result<Response<Body>, ApiError> {
     let patch_type = PatchType::from_content_type(
         call.headers
@@ -110,7 +104,7 @@ pub(super) async fn patch_object(
         None => Bytes::new(),
     };
     if patch_type == PatchType::Apply {
-        return apply_object(request, name, call, &bytes, options, encoding, status).await;
+        return apply_object(request, name, call, &bytes, options, encoding, subresource).await;
     }
     let strategic: Option<Value> = if patch_type == PatchType::StrategicMerge {
         let value: Value = serde_json::from_slice(&bytes)
@@ -145,17 +139,11 @@ pub(super) async fn patch_object(
                 validation,
             };
             let patched = registry
-                .patch(
-                    &namespace,
-                    &owned_name,
-                    &options,
-                    subresource(status),
-                    |current| {
-                        let (result, problems) = patched_object(&input, current)?;
-                        *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                        Ok(result)
-                    },
-                )
+                .patch(&namespace, &owned_name, &options, subresource, |current| {
+                    let (result, problems) = patched_object(&input, current)?;
+                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                    Ok(result)
+                })
                 .await?;
             Ok((
                 patched,
@@ -163,7 +151,7 @@ pub(super) async fn patch_object(
             ))
         })
         .await?;
-    if !status {
+    if subresource == Subresource::Main {
         warnings.extend(request.registry.strategy().warnings(&patched));
     }
     Ok(with_warnings(
@@ -269,7 +257,7 @@ pub(super) async fn apply_object(
     bytes: &Bytes,
     options: WriteOptions,
     encoding: Encoding,
-    status: bool,
+    subresource: Subresource,
 ) -> Result<Response<Body>, ApiError> {
     if call.query.get("fieldManager").is_none_or(|m| m.is_empty()) {
         return Err(options_invalid(
@@ -346,13 +334,13 @@ pub(super) async fn apply_object(
                     &owned_name,
                     config,
                     &options,
-                    subresource(status),
+                    subresource,
                     force,
                 )
                 .await
         })
         .await?;
-    let warnings = if status {
+    let warnings = if subresource == Subresource::Status {
         Vec::new()
     } else {
         strategy.warnings(&stored)

@@ -182,12 +182,7 @@ impl Server {
     }
 
     pub async fn client(&self) -> kube::Client {
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .expect("config");
-        kube::Client::try_from(config).expect("client")
+        client_for(&self.kubeconfig()).await
     }
 }
 
@@ -297,4 +292,13 @@ pub fn watch_service_names(
         }
     });
     (seen, task)
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
 }

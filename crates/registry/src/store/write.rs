@@ -214,16 +214,10 @@ impl Registry {
                 meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
                 return Ok(candidate);
             }
-            let mut txn = Txn::new().when(Compare::Absent(key.clone()));
-            txn.compares.extend(extras.compares);
-            let encoded = self.encode_bounded(&mut candidate, options.applied)?;
-            txn = txn.then(Op::Put(key.clone(), encoded));
-            txn.ops.extend(extras.ops);
+            let absent = Compare::Absent(key.clone());
+            let txn = self.put(absent, &key, &mut candidate, options.applied, extras)?;
             match self.storage.txn(txn).await.map_err(storage_error)? {
-                TxnOutcome::Committed { revision, .. } => {
-                    meta::set_meta_str(&mut candidate, "resourceVersion", &revision.to_string());
-                    return Ok(candidate);
-                }
+                TxnOutcome::Committed { revision, .. } => return Ok(at(candidate, revision)),
                 TxnOutcome::Failed { current, .. } => {
                     let taken = current.first().is_some_and(Option::is_some);
                     if !taken {
@@ -537,23 +531,20 @@ impl Registry {
             if options.dry_run {
                 return Ok((new, false));
             }
-            let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision));
-            txn.compares.extend(extras.compares);
-            if finalized {
-                txn = txn.then(Op::Delete(key.clone()));
+            let unchanged = Compare::ModRevision(key.clone(), kv.mod_revision);
+            let txn = if finalized {
+                // The last finalizer is gone: the update deletes the object.
+                let mut txn = Txn::new().when(unchanged).then(Op::Delete(key.clone()));
                 let released = self.strategy.release(&old);
-                txn.compares.extend(released.compares);
+                txn.compares
+                    .extend(extras.compares.into_iter().chain(released.compares));
                 txn.ops.extend(released.ops);
+                txn
             } else {
-                let encoded = self.encode_bounded(&mut new, options.applied)?;
-                txn = txn.then(Op::Put(key.clone(), encoded));
-                txn.ops.extend(extras.ops);
-            }
+                self.put(unchanged, &key, &mut new, options.applied, extras)?
+            };
             match self.storage.txn(txn).await.map_err(storage_error)? {
-                TxnOutcome::Committed { revision, .. } => {
-                    meta::set_meta_str(&mut new, "resourceVersion", &revision.to_string());
-                    return Ok((new, false));
-                }
+                TxnOutcome::Committed { revision, .. } => return Ok((at(new, revision), false)),
                 TxnOutcome::Failed { current, .. } => {
                     let object_moved = current.first().is_some_and(|c| {
                         c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
@@ -567,6 +558,33 @@ impl Registry {
         }
         Err(ApiError::modified(info.group_resource(), name))
     }
+}
+
+impl Registry {
+    /// The transaction that writes `object` under `key` when `guard` holds, with the
+    /// strategy's allocation work (`extras`) in the same transaction.
+    fn put(
+        &self,
+        guard: Compare,
+        key: &str,
+        object: &mut Value,
+        applied: bool,
+        extras: WriteExtras,
+    ) -> Result<Txn, ApiError> {
+        let encoded = self.encode_bounded(object, applied)?;
+        let mut txn = Txn::new()
+            .when(guard)
+            .then(Op::Put(key.to_string(), encoded));
+        txn.compares.extend(extras.compares);
+        txn.ops.extend(extras.ops);
+        Ok(txn)
+    }
+}
+
+/// `object` as written at `revision`.
+fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {
+    meta::set_meta_str(&mut object, "resourceVersion", &revision.to_string());
+    object
 }
 
 fn generate_name(prefix: &str) -> String {
