@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use capstan_registry::Registry;
+use capstan_registry::{Registry, ResourceInfo};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -126,13 +126,13 @@ fn legacy_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
         }
         entry["storageVersionHash"] = json!(info.storage_version_hash);
         resources.push(entry);
-        if info.has_status {
+        for (subresource, verbs) in subresources(info) {
             resources.push(json!({
-                "name": format!("{}/status", info.plural),
+                "name": format!("{}/{subresource}", info.plural),
                 "singularName": "",
                 "namespaced": info.namespaced,
                 "kind": info.kind,
-                "verbs": ["get", "patch", "update"],
+                "verbs": verbs,
             }));
         }
     }
@@ -203,16 +203,34 @@ fn aggregated_entries(registries: &[&Arc<Registry>]) -> Vec<Value> {
         if !info.categories.is_empty() {
             entry["categories"] = json!(info.categories);
         }
-        if info.has_status {
-            entry["subresources"] = json!([{
-                "subresource": "status",
-                "responseKind": {"group": "", "version": "", "kind": info.kind},
-                "verbs": ["get", "patch", "update"],
-            }]);
+        let subresources: Vec<Value> = subresources(info)
+            .into_iter()
+            .map(|(subresource, verbs)| {
+                json!({
+                    "subresource": subresource,
+                    "responseKind": {"group": "", "version": "", "kind": info.kind},
+                    "verbs": verbs,
+                })
+            })
+            .collect();
+        if !subresources.is_empty() {
+            entry["subresources"] = json!(subresources);
         }
         resources.push(entry);
     }
     resources
+}
+
+/// A kind's subresources and their verbs, in upstream's (alphabetical) order.
+fn subresources(info: &ResourceInfo) -> Vec<(&'static str, &'static [&'static str])> {
+    let mut out: Vec<(&'static str, &'static [&'static str])> = Vec::new();
+    if info.has_finalize {
+        out.push(("finalize", &["update"]));
+    }
+    if info.has_status {
+        out.push(("status", &["get", "patch", "update"]));
+    }
+    out
 }
 
 fn aggregated_list(version: &str, items: Vec<Value>) -> Value {

@@ -355,9 +355,12 @@ impl ApiServer {
         let info = registry.strategy().info();
         let name = parts.get(1).map(|s| s.to_string());
         let subresource = parts.get(2).map(|s| s.to_string());
-        if let Some(sub) = &subresource
-            && (sub != "status" || !info.has_status)
-        {
+        let served = |sub: &str| match sub {
+            "status" => info.has_status,
+            "finalize" => info.has_finalize,
+            _ => false,
+        };
+        if subresource.as_deref().is_some_and(|sub| !served(sub)) {
             return None;
         }
         if !info.namespaced && !namespace.is_empty() {

@@ -272,6 +272,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )),
         _ => None,
     };
+    capstan_controllers::NamespaceController::new(
+        registry_for(&registries, "namespaces")?,
+        registries
+            .iter()
+            .filter(|r| r.strategy().info().namespaced)
+            .cloned()
+            .collect(),
+    )
+    .start();
     capstan_controllers::apiservice::AvailabilityController::new(
         registry_for(&registries, "apiservices")?,
         registry_for(&registries, "services")?,

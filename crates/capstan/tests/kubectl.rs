@@ -426,6 +426,79 @@ fn namespaces_gate_creation() {
     );
 }
 
+#[test]
+fn deleting_a_namespace_deletes_what_it_holds() {
+    let server = Server::start();
+    server.ok(&["create", "namespace", "life"]);
+    let created: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "ns", "life", "-o", "json"])).expect("json");
+    assert_eq!(
+        created["spec"]["finalizers"],
+        serde_json::json!(["kubernetes"])
+    );
+    assert_eq!(created["status"]["phase"], "Active");
+    let content = server.apply_file(
+        "content.yaml",
+        "apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {selector: {app: web}, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, labels: {app: web}}
+spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: manual}
+subsets: [{addresses: [{ip: 192.0.2.10}], ports: [{port: 5432}]}]
+",
+    );
+    server.ok(&["-n", "life", "apply", "-f", path_str(&content)]);
+
+    // The DELETE answers at once; the namespace is Terminating and takes no new content.
+    server.ok(&["delete", "namespace", "life", "--wait=false"]);
+    let phase = server.ok(&["get", "ns", "life", "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase, "Terminating");
+    let refused = server.fails(&[
+        "-n",
+        "life",
+        "create",
+        "service",
+        "clusterip",
+        "late",
+        "--tcp=80",
+    ]);
+    assert!(
+        refused.contains(
+            "unable to create new content in namespace life because it is being terminated"
+        ),
+        "{refused}"
+    );
+    let again = server.fails(&["delete", "namespace", "life", "--wait=false"]);
+    assert!(
+        again.contains("The system is ensuring all content is removed"),
+        "{again}"
+    );
+
+    // `kubectl delete --wait` returns once the namespace controller is done: nothing left.
+    server.ok(&["wait", "--for=delete", "namespace/life", "--timeout=30s"]);
+    for kind in ["services", "pods", "endpoints"] {
+        let left = server.ok(&[
+            "get",
+            kind,
+            "-A",
+            "-o",
+            "name",
+            "--field-selector",
+            "metadata.namespace=life",
+        ]);
+        assert_eq!(left.trim(), "", "{kind} left in the deleted namespace");
+    }
+    server.fails(&["get", "ns", "life"]);
+}
+
 #[cfg(feature = "etcd")]
 #[test]
 fn serves_services_from_etcd() {

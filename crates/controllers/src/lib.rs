@@ -4,16 +4,19 @@
 //! Start with [`EndpointsController`]: it keeps the Endpoints of every selector-based Service
 //! equal to the ready and not-ready addresses of the Pods it selects.
 //! [`KubernetesServiceController`] keeps the built-in `default/kubernetes` Service.
+//! [`NamespaceController`] empties namespaces being deleted, then deletes them.
 //! [`apiservice::AvailabilityController`] keeps the `Available` condition of APIServices; its
 //! module also resolves and connects to APIService backends for the aggregation proxy.
 
 pub mod apiservice;
 mod endpoints;
 mod kubernetes_service;
+mod namespace;
 pub mod queue;
 
 pub use endpoints::EndpointsController;
 pub use kubernetes_service::KubernetesServiceController;
+pub use namespace::NamespaceController;
 
 /// A watch over every object of a kind, from its current state (the initial events, then a
 /// bookmark marking their end when `end_bookmark`).

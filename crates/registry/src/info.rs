@@ -51,6 +51,8 @@ pub struct ResourceInfo {
     pub verbs: &'static [&'static str],
     /// Whether a `/status` subresource exists.
     pub has_status: bool,
+    /// Whether it has a `/finalize` subresource (Namespaces).
+    pub has_finalize: bool,
     /// Discovery's `storageVersionHash`.
     pub storage_version_hash: &'static str,
     /// Storage key prefix, without a trailing slash (`services/specs`).
@@ -90,6 +92,7 @@ impl ResourceInfo {
             categories: &[],
             verbs: ALL_VERBS,
             has_status: false,
+            has_finalize: false,
             storage_version_hash: "",
             storage_prefix: T::URL_PATH_SEGMENT,
             allow_create_on_update: false,
@@ -121,6 +124,12 @@ impl ResourceInfo {
     /// With a `/status` subresource.
     pub const fn with_status(mut self) -> Self {
         self.has_status = true;
+        self
+    }
+
+    /// With a `/finalize` subresource (update only), as Namespaces have.
+    pub const fn with_finalize(mut self) -> Self {
+        self.has_finalize = true;
         self
     }
 

@@ -17,4 +17,4 @@ pub use store::{
     DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
     Subresource, WriteOptions,
 };
-pub use strategy::{DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};
+pub use strategy::{Deleting, DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};

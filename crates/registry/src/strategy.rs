@@ -134,6 +134,13 @@ pub trait Strategy: Send + Sync + 'static {
         WriteExtras::default()
     }
 
+    /// What a DELETE of the stored `object` does for this kind, before finalizers and graceful
+    /// deletion are considered. Upstream's Namespace storage: the first DELETE only marks the
+    /// namespace (phase `Terminating`); a later one waits until its finalizers are gone.
+    fn deleting(&self, _object: &mut Self::Object) -> Deleting {
+        Deleting::Proceed
+    }
+
     /// The fields, besides `metadata.name` and `metadata.namespace`, that field selectors
     /// select this kind by; [`Strategy::field_value`] answers each, from `spec` or `status`
     /// (the watch cache decodes only those and `metadata`'s name, namespace and labels).
@@ -179,6 +186,17 @@ pub trait Strategy: Send + Sync + 'static {
                 .unwrap_or(Value::Null),
         ]
     }
+}
+
+/// What a kind makes of a DELETE ([`Strategy::deleting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleting {
+    /// As every kind: finalizers, graceful deletion, removal.
+    Proceed,
+    /// Keep the object, marked with `deletionTimestamp` (now) and what the rule changed.
+    Mark,
+    /// Refuse with 409 Conflict: `Operation cannot be fulfilled on <resource> "<name>": <why>`.
+    Wait(&'static str),
 }
 
 /// A kind's rules as the registry calls them: on stored JSON, object-safe. Implemented for
@@ -238,6 +256,8 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn undeletable(&self, name: &str) -> Option<&'static str>;
     /// See [`Strategy::release`].
     fn release(&self, object: &Value) -> WriteExtras;
+    /// See [`Strategy::deleting`] (`object` is changed as the rule changes it).
+    fn deleting(&self, object: &mut Value) -> Deleting;
     /// See [`Strategy::selectable_fields`].
     fn selectable_fields(&self) -> &'static [&'static str];
     /// What label and field selectors read of an object: the watch cache keeps only this
@@ -343,7 +363,9 @@ impl<S: Strategy> DynStrategy for S {
     ) -> Result<(WriteExtras, FieldErrors), ApiError> {
         match (old, subresource) {
             (Some(old), Subresource::Status) => keep_all_but_status(object, old),
-            (Some(old), Subresource::Main) if Strategy::info(self).has_status => {
+            (Some(old), Subresource::Main | Subresource::Finalize)
+                if Strategy::info(self).has_status =>
+            {
                 copy_field(object, old, "status");
             }
             _ => {}
@@ -352,7 +374,9 @@ impl<S: Strategy> DynStrategy for S {
         // run, an invalid `/status` update otherwise.
         let undecoded = |error: String| match subresource {
             Subresource::Main => Err(ApiError::internal(error)),
-            Subresource::Status => Ok((WriteExtras::default(), undecodable(&error))),
+            Subresource::Status | Subresource::Finalize => {
+                Ok((WriteExtras::default(), undecodable(&error)))
+            }
         };
         let old = match old.map(for_rules::<S::Object>).transpose() {
             Ok(old) => old,
@@ -380,6 +404,10 @@ impl<S: Strategy> DynStrategy for S {
                 let errors = Strategy::validate_status_update(self, &new, old);
                 (WriteExtras::default(), errors)
             }
+            (Some(old), Subresource::Finalize) => (
+                WriteExtras::default(),
+                Strategy::validate_update(self, &new, old),
+            ),
         };
         write_back(object, &new, &before);
         Ok((extras, errors))
@@ -395,6 +423,10 @@ impl<S: Strategy> DynStrategy for S {
 
     fn release(&self, object: &Value) -> WriteExtras {
         read(object, |o| Strategy::release(self, o)).unwrap_or_default()
+    }
+
+    fn deleting(&self, object: &mut Value) -> Deleting {
+        mutate(object, |o| Strategy::deleting(self, o)).unwrap_or(Deleting::Proceed)
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {

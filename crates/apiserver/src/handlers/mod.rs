@@ -107,9 +107,13 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let info = request.registry.strategy().info();
     let subresource = match request.subresource.as_deref() {
         Some("status") => Subresource::Status,
+        Some("finalize") => Subresource::Finalize,
         _ => Subresource::Main,
     };
-    let status_sub = subresource == Subresource::Status;
+    // `/finalize` serves PUT only, as upstream registers it.
+    if subresource == Subresource::Finalize && call.method != Method::PUT {
+        return error_response(&ApiError::method_not_allowed(), encoding);
+    }
     // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
     // only, as upstream routes it: no create, and no deletecollection across namespaces.
     if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
@@ -123,7 +127,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
         (&Method::GET, None, false) => list(&request, &call, encoding).await,
         (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,
-        (&Method::POST, None, _) if !status_sub => {
+        (&Method::POST, None, _) if subresource == Subresource::Main => {
             let body = call.body.take();
             create(&request, &call, body, encoding).await
         }
@@ -135,7 +139,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
             let body = call.body.take();
             patch_object(&request, name, &call, body, encoding, subresource).await
         }
-        (&Method::DELETE, Some(name), _) if !status_sub => {
+        (&Method::DELETE, Some(name), _) if subresource == Subresource::Main => {
             let body = call.body.take();
             delete(&request, name, &call, body, encoding).await
         }

@@ -64,6 +64,12 @@ impl Registry {
                     )));
                 }
             }
+            // The kind's own say first (a Namespace is only marked Terminating).
+            let mut kept = old.clone();
+            let deleting = self.strategy.deleting(&mut kept);
+            if let Deleting::Wait(why) = deleting {
+                return Err(ApiError::conflict(info.group_resource(), name, why));
+            }
             // An object that stays is marked instead: graceful deletion (Pods) with a deadline
             // and grace period until deleted again with a shorter (zero) one; finalizers with
             // the time now and grace 0, once.
@@ -76,6 +82,7 @@ impl Registry {
                 .grace_period(&old, requested)
                 .filter(|g| *g > 0)
             {
+                _ if deleting == Deleting::Mark => Marking::Mark(meta::now_rfc3339(), None),
                 Some(grace) => {
                     let current = meta::metadata(&old)
                         .and_then(|m| m.get("deletionGracePeriodSeconds"))
@@ -90,16 +97,16 @@ impl Registry {
                                 grace - current,
                             )
                             .unwrap_or_else(|| meta::rfc3339_in(grace)),
-                            grace,
+                            Some(grace),
                         ),
-                        None => Marking::Mark(meta::rfc3339_in(grace), grace),
+                        None => Marking::Mark(meta::rfc3339_in(grace), Some(grace)),
                     }
                 }
                 None if !meta::finalizers(&old).is_empty() => {
                     if terminating {
                         Marking::Keep
                     } else {
-                        Marking::Mark(meta::now_rfc3339(), 0)
+                        Marking::Mark(meta::now_rfc3339(), Some(0))
                     }
                 }
                 None => Marking::Remove,
@@ -111,10 +118,16 @@ impl Registry {
                 });
             }
             if let Marking::Mark(deadline, grace) = mark {
-                let mut marked = old.clone();
+                let mut marked = if deleting == Deleting::Mark {
+                    kept
+                } else {
+                    old.clone()
+                };
                 meta::set_meta_str(&mut marked, "deletionTimestamp", &deadline);
-                meta::metadata_mut(&mut marked)
-                    .insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if let Some(grace) = grace {
+                    meta::metadata_mut(&mut marked)
+                        .insert("deletionGracePeriodSeconds".into(), json!(grace));
+                }
                 if options.dry_run {
                     return Ok(DeleteResult {
                         object: marked,

@@ -16,7 +16,7 @@ use capstan_storage::{
 use serde_json::{Value, json};
 
 use crate::cache::{CachedObject, WatchCache};
-use crate::strategy::{DynStrategy, WriteExtras};
+use crate::strategy::{Deleting, DynStrategy, WriteExtras};
 
 mod delete;
 mod write;
@@ -29,13 +29,28 @@ const WRITE_ATTEMPTS: usize = 16;
 const GENERATE_NAME_ATTEMPTS: usize = 8;
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-/// Which part of an object a write addresses: the object, or its `/status`.
+/// Which part of an object a write addresses: the object, its `/status`, or (Namespaces) its
+/// `/finalize`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subresource {
     /// The main resource (status is kept as stored).
     Main,
     /// The `/status` subresource (everything but status is kept as stored).
     Status,
+    /// The `/finalize` subresource: as the main resource, but the kind's update rules do not
+    /// run (a Namespace's `spec.finalizers` can change only here), and status is kept.
+    Finalize,
+}
+
+impl Subresource {
+    /// The name managedFields entries record (`None` for the main resource).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Subresource::Main => None,
+            Subresource::Status => Some("status"),
+            Subresource::Finalize => Some("finalize"),
+        }
+    }
 }
 
 /// Options of create, update and patch.
@@ -55,8 +70,9 @@ enum Marking {
     Remove,
     /// Already marked, and this delete shortens nothing: kept as it is.
     Keep,
-    /// Kept, marked with this deletion time and grace period.
-    Mark(String, i64),
+    /// Kept, marked with this deletion time and grace period (none where the kind marks the
+    /// object itself, as a Namespace's first DELETE).
+    Mark(String, Option<i64>),
 }
 
 /// Options of delete.

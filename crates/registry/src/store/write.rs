@@ -15,7 +15,9 @@ enum OnConflict {
 }
 
 impl Registry {
-    async fn check_namespace(&self, namespace: &str) -> Result<(), ApiError> {
+    /// The namespace lifecycle admission plugin: content is created only in a namespace that
+    /// exists and is not being terminated (`name`: the new object's).
+    async fn check_namespace(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
         let Some(prefix) = &self.namespace_prefix else {
             return Ok(());
         };
@@ -34,15 +36,26 @@ impl Registry {
         if !meta::meta_str(&ns, "deletionTimestamp").is_empty()
             || ns.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
         {
+            let gr = self.strategy.info().group_resource();
             return Err(ApiError::new(
                 403,
                 capstan_machinery::Reason::Forbidden,
                 format!(
-                    "{} {} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
-                    self.strategy.info().group_resource(),
-                    capstan_machinery::status::quote(meta::name(&ns)),
+                    "{gr} {} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                    capstan_machinery::status::quote(name),
                 ),
-            ));
+            )
+            .with_details(capstan_machinery::Details {
+                name: name.to_string(),
+                group: gr.group.to_string(),
+                kind: gr.resource.to_string(),
+                causes: vec![capstan_machinery::status::Cause {
+                    reason: "NamespaceTerminating".into(),
+                    message: format!("namespace {namespace} is being terminated"),
+                    field: "metadata.namespace".into(),
+                }],
+                ..Default::default()
+            }));
         }
         Ok(())
     }
@@ -175,7 +188,7 @@ impl Registry {
         meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
         self.strategy.prepare_for_create(&mut object);
         if info.namespaced {
-            self.check_namespace(namespace).await?;
+            self.check_namespace(namespace, meta::name(&object)).await?;
         }
         let prefix = meta::meta_str(&object, "generateName").to_string();
         let generate = meta::name(&object).is_empty() && !prefix.is_empty();
@@ -348,14 +361,13 @@ impl Registry {
         subresource: Subresource,
         force: bool,
     ) -> Result<(Value, bool), ApiError> {
-        let status = subresource == Subresource::Status;
         let info = self.strategy.info();
         let api_version = info.api_version();
         let options = WriteOptions {
             applied: true,
             ..options.clone()
         };
-        let fields_of = status.then_some("status");
+        let fields_of = subresource.name();
         let conflicts = |conflicts: Vec<crate::managed::Conflict>| {
             let message = if let [one] = conflicts.as_slice() {
                 format!(
@@ -431,14 +443,14 @@ impl Registry {
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
         on_conflict: OnConflict,
     ) -> Result<(Value, bool), ApiError> {
-        let status = subresource == Subresource::Status;
+        let main = subresource == Subresource::Main;
         let info = self.strategy.info();
         let key = info.key(namespace, name);
         for _ in 0..WRITE_ATTEMPTS {
             let response = self.storage.get(&key, None).await.map_err(storage_error)?;
             let Some(kv) = response.kv else {
                 let new = compute(None)?;
-                if status || !(info.allow_create_on_update || options.applied) {
+                if !main || !(info.allow_create_on_update || options.applied) {
                     return Err(self.not_found(name));
                 }
                 let uid = meta::meta_str(&new, "uid");
@@ -502,7 +514,7 @@ impl Registry {
                     Some(&old),
                     &options.field_manager,
                     &info.api_version(),
-                    status.then_some("status"),
+                    subresource.name(),
                     self.strategy.schema(),
                 );
             }

@@ -1,10 +1,12 @@
-//! core/v1 Namespace, as much as namespaced kinds need: the four built-in namespaces,
-//! create/get/list/watch/delete, and the check that a namespace exists before content is
-//! created in it.
+//! core/v1 Namespace: the four built-in namespaces, and the lifecycle upstream's namespace
+//! storage gives it. A new namespace carries the `kubernetes` finalizer in `spec.finalizers`
+//! and is `Active`; its first DELETE only marks it `Terminating` (the namespace controller then
+//! removes its content and the finalizer, through `/finalize`, and deletes it again); a DELETE
+//! while the finalizer is there waits (409).
 
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
-use capstan_registry::{ResourceInfo, Strategy};
+use capstan_registry::{Deleting, ResourceInfo, Strategy};
 use k8s_openapi::api::core::v1::{Namespace, NamespaceSpec, NamespaceStatus};
 use serde_json::{Value, json};
 
@@ -18,6 +20,7 @@ pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo::of::<Namespace>()
         "create", "delete", "get", "list", "patch", "update", "watch",
     ])
     .with_status()
+    .with_finalize()
     .storage_version_hash("Q3oi5N2YM8M=")
     .unconditional_update()
     .openapi(
@@ -28,6 +31,12 @@ pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo::of::<Namespace>()
 
 /// The storage prefix namespaced kinds check for their namespace.
 pub const NAMESPACE_PREFIX: &str = "namespaces/";
+
+/// The finalizer that holds a namespace until its content is gone.
+pub const FINALIZER: &str = "kubernetes";
+
+/// Upstream's answer to a DELETE of a namespace whose content is still being removed.
+const STILL_FINALIZING: &str = "The system is ensuring all content is removed from this namespace.  Upon completion, this namespace will automatically be purged by the system.";
 
 /// The label upstream puts on every namespace, naming it (for namespace selectors).
 const NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -55,7 +64,7 @@ impl Strategy for NamespaceStrategy {
     fn default(&self, namespace: &mut Namespace) {
         let spec = namespace.spec.get_or_insert_with(NamespaceSpec::default);
         spec.finalizers
-            .get_or_insert_with(|| vec!["kubernetes".to_string()]);
+            .get_or_insert_with(|| vec![FINALIZER.to_string()]);
         let name = namespace.metadata.name.clone().unwrap_or_default();
         let labels = namespace
             .metadata
@@ -71,6 +80,24 @@ impl Strategy for NamespaceStrategy {
             phase: Some("Active".to_string()),
             ..NamespaceStatus::default()
         });
+    }
+
+    /// Only `/finalize` changes `spec.finalizers` (status is kept by the registry).
+    fn prepare_for_update(&self, new: &mut Namespace, old: &Namespace) {
+        let finalizers = old.spec.as_ref().and_then(|s| s.finalizers.clone());
+        new.spec.get_or_insert_default().finalizers = finalizers;
+    }
+
+    fn deleting(&self, namespace: &mut Namespace) -> Deleting {
+        if namespace.metadata.deletion_timestamp.is_none() {
+            namespace.status.get_or_insert_default().phase = Some("Terminating".into());
+            return Deleting::Mark;
+        }
+        let finalizers = namespace.spec.as_ref().and_then(|s| s.finalizers.as_ref());
+        if finalizers.is_some_and(|f| !f.is_empty()) {
+            return Deleting::Wait(STILL_FINALIZING);
+        }
+        Deleting::Proceed
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {

@@ -1,0 +1,367 @@
+//! The namespace controller (upstream's `pkg/controller/namespace`): a namespace being deleted
+//! has its content deleted, kind by kind; its status conditions say how that went; once nothing
+//! is left the `kubernetes` finalizer is lifted (through `/finalize`) and the namespace is
+//! deleted again, for good.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capstan_machinery::ApiError;
+use capstan_registry::cache::EventType;
+use capstan_registry::strategy::from_typed;
+use capstan_registry::watch::WatchItem;
+use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, Subresource, WriteOptions};
+use capstan_resources::namespace::FINALIZER;
+use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::queue::{Backoff, WorkQueue};
+use crate::watch_all;
+
+/// How often terminating namespaces are looked at again (content that waits on its own
+/// finalizers or grace periods).
+const RECHECK: Duration = Duration::from_secs(2);
+/// How long a deleted namespace is left alone before its content is deleted (upstream's
+/// `namespaceDeletionGracePeriod`: every server's admission sees it terminating first, and
+/// last-moment creations land before the clean-up).
+const DELETION_GRACE: Duration = Duration::from_secs(5);
+/// The manager named in the namespace's managedFields.
+const MANAGER: &str = "kube-controller-manager";
+
+/// What one pass over a terminating namespace found.
+enum Pass {
+    /// Nothing left: the namespace was finalized and deleted.
+    Gone,
+    /// Content remains (being finalized or gracefully deleted): look again later.
+    Remaining,
+    /// Deleted less than [`DELETION_GRACE`] ago: look again later.
+    TooSoon,
+}
+
+/// Deletes the content of namespaces being deleted, then the namespaces.
+pub struct NamespaceController {
+    namespaces: Arc<Registry>,
+    /// Every namespaced kind served.
+    contents: Vec<Arc<Registry>>,
+}
+
+impl NamespaceController {
+    /// Watches `namespaces`; deletes what `contents` (every namespaced kind) hold in them.
+    pub fn new(namespaces: Arc<Registry>, contents: Vec<Arc<Registry>>) -> Self {
+        NamespaceController {
+            namespaces,
+            contents,
+        }
+    }
+
+    /// Runs in background tasks for the life of the process.
+    pub fn start(self) {
+        let controller = Arc::new(self);
+        let queue = Arc::new(WorkQueue::<String>::with_backoff(Backoff {
+            max: Duration::from_secs(30),
+            max_retries: None,
+            ..Backoff::CONTROLLER
+        }));
+        {
+            let (controller, queue) = (controller.clone(), queue.clone());
+            tokio::spawn(async move {
+                loop {
+                    let mut watcher = watch_all(&controller.namespaces, false);
+                    while let Some(item) = watcher.next().await {
+                        if let WatchItem::Event(kind, object) = item
+                            && kind != EventType::Deleted
+                        {
+                            queue.add(object.selectable.name().to_string());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            });
+        }
+        {
+            let (controller, queue) = (controller.clone(), queue.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(RECHECK).await;
+                    for namespace in controller.namespaces.cached::<Namespace>("") {
+                        if namespace.metadata.deletion_timestamp.is_some()
+                            && let Some(name) = namespace.metadata.name
+                        {
+                            queue.add(name);
+                        }
+                    }
+                }
+            });
+        }
+        tokio::spawn(async move {
+            loop {
+                let name = queue.next().await;
+                let result = controller.sync(&name).await;
+                queue.done(&name);
+                match result {
+                    Ok(_) => queue.forget(&name),
+                    Err(error) => {
+                        let delay = queue.retry_later(name.clone());
+                        tracing::debug!(%name, error = %error.message, ?delay, "namespace deletion failed; retrying");
+                    }
+                }
+            }
+        });
+    }
+
+    /// One pass over a namespace: nothing to do unless it is being deleted.
+    async fn sync(&self, name: &str) -> Result<Option<Pass>, ApiError> {
+        let namespace: Namespace = match self.namespaces.get_typed("", name, ReadAt::Latest).await {
+            Ok(namespace) => namespace,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(deleted) = &namespace.metadata.deletion_timestamp else {
+            return Ok(None);
+        };
+        let since = jiff::Timestamp::now().duration_since(deleted.0);
+        if since < jiff::SignedDuration::try_from(DELETION_GRACE).unwrap_or_default() {
+            return Ok(Some(Pass::TooSoon));
+        }
+        if !holds_finalizer(&namespace) {
+            self.delete_namespace(&namespace).await?;
+            return Ok(Some(Pass::Gone));
+        }
+        let outcome = self.delete_content(name).await;
+        let namespace = self.report(namespace, &outcome).await?;
+        if outcome.failed.is_some() || !outcome.remaining.is_empty() {
+            return Ok(Some(Pass::Remaining));
+        }
+        self.finalize(namespace).await?;
+        Ok(Some(Pass::Gone))
+    }
+
+    /// Deletes every object of every namespaced kind in `namespace`; what is still there
+    /// afterwards (finalizers, graceful deletion) is counted by resource.
+    async fn delete_content(&self, namespace: &str) -> Content {
+        let mut content = Content::default();
+        for registry in &self.contents {
+            let info = registry.strategy().info();
+            let list = ListOptions {
+                read_at: ReadAt::Latest,
+                ..ListOptions::default()
+            };
+            let deleted = registry
+                .delete_collection(namespace, &list, &DeleteOptions::default())
+                .await;
+            if let Err(error) = deleted {
+                content.failed = Some(format!(
+                    "Failed to delete all resource types, 1 remaining: {}",
+                    error.message
+                ));
+                continue;
+            }
+            let left = registry
+                .list(namespace, &list)
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            for object in &left {
+                for finalizer in capstan_machinery::meta::finalizers(&object.object()) {
+                    *content.finalizers.entry(finalizer.to_string()).or_default() += 1;
+                }
+            }
+            let left = left.len();
+            if left > 0 {
+                let resource = match info.group {
+                    "" => info.plural.to_string(),
+                    group => format!("{}.{group}", info.plural),
+                };
+                content.remaining.push((resource, left));
+            }
+        }
+        content
+    }
+
+    /// Writes the namespace's deletion conditions (only when they changed).
+    async fn report(&self, namespace: Namespace, content: &Content) -> Result<Namespace, ApiError> {
+        let mut updated = namespace.clone();
+        let status = updated.status.get_or_insert_default();
+        let conditions = status.conditions.get_or_insert_default();
+        for wanted in content.conditions() {
+            match conditions.iter_mut().find(|c| c.type_ == wanted.type_) {
+                Some(existing)
+                    if existing.status == wanted.status
+                        && existing.reason == wanted.reason
+                        && existing.message == wanted.message => {}
+                Some(existing) => *existing = wanted,
+                None => conditions.push(wanted),
+            }
+        }
+        if updated == namespace {
+            return Ok(namespace);
+        }
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let written = self
+            .namespaces
+            .update(
+                "",
+                &name,
+                from_typed(&updated),
+                &options(),
+                Subresource::Status,
+            )
+            .await?;
+        capstan_registry::strategy::to_typed(&written.0).map_err(ApiError::internal)
+    }
+
+    /// Lifts the `kubernetes` finalizer through `/finalize`, then deletes the namespace.
+    async fn finalize(&self, mut namespace: Namespace) -> Result<(), ApiError> {
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        if let Some(finalizers) = namespace
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.finalizers.as_mut())
+        {
+            finalizers.retain(|f| f != FINALIZER);
+        }
+        let (written, _) = self
+            .namespaces
+            .update(
+                "",
+                &name,
+                from_typed(&namespace),
+                &options(),
+                Subresource::Finalize,
+            )
+            .await?;
+        let finalized: Namespace =
+            capstan_registry::strategy::to_typed(&written).map_err(ApiError::internal)?;
+        if holds_finalizer(&finalized) {
+            return Ok(());
+        }
+        self.delete_namespace(&finalized).await
+    }
+
+    /// The final DELETE (pinned to the namespace's UID, as upstream's).
+    async fn delete_namespace(&self, namespace: &Namespace) -> Result<(), ApiError> {
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let options = DeleteOptions {
+            uid: namespace.metadata.uid.clone(),
+            ..DeleteOptions::default()
+        };
+        match self.namespaces.delete("", &name, &options).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether a namespace still waits on the namespace controller.
+fn holds_finalizer(namespace: &Namespace) -> bool {
+    namespace
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.finalizers.as_ref())
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+fn options() -> WriteOptions {
+    WriteOptions {
+        dry_run: false,
+        field_manager: MANAGER.into(),
+        applied: false,
+    }
+}
+
+/// What deleting a namespace's content came to.
+#[derive(Default)]
+struct Content {
+    /// A kind whose objects could not be deleted, and why.
+    failed: Option<String>,
+    /// Resources (`pods`, `leases.coordination.k8s.io`) with objects left, and how many.
+    remaining: Vec<(String, usize)>,
+    /// The finalizers the objects left carry, and on how many objects.
+    finalizers: std::collections::BTreeMap<String, usize>,
+}
+
+impl Content {
+    /// The conditions upstream's namespace deleter sets, as this pass found them.
+    fn conditions(&self) -> Vec<NamespaceCondition> {
+        let condition =
+            |type_: &str, status: bool, reason: &str, message: String| NamespaceCondition {
+                type_: type_.into(),
+                status: if status { "True" } else { "False" }.into(),
+                reason: Some(reason.into()),
+                message: Some(message),
+                last_transition_time: Some(Time(jiff::Timestamp::now())),
+            };
+        let mut conditions = vec![
+            condition(
+                "NamespaceDeletionDiscoveryFailure",
+                false,
+                "ResourcesDiscovered",
+                "All resources successfully discovered".into(),
+            ),
+            condition(
+                "NamespaceDeletionGroupVersionParsingFailure",
+                false,
+                "ParsedGroupVersions",
+                "All legacy kube types successfully parsed".into(),
+            ),
+        ];
+        conditions.push(match &self.failed {
+            Some(why) => condition(
+                "NamespaceDeletionContentFailure",
+                true,
+                "ContentDeletionFailed",
+                why.clone(),
+            ),
+            None => condition(
+                "NamespaceDeletionContentFailure",
+                false,
+                "ContentDeleted",
+                "All content successfully deleted, may be waiting on finalization".into(),
+            ),
+        });
+        conditions.push(if self.remaining.is_empty() {
+            condition(
+                "NamespaceContentRemaining",
+                false,
+                "ContentRemoved",
+                "All content successfully removed".into(),
+            )
+        } else {
+            let listed: Vec<String> = self
+                .remaining
+                .iter()
+                .map(|(resource, n)| format!("{resource} has {n} resource instances"))
+                .collect();
+            condition(
+                "NamespaceContentRemaining",
+                true,
+                "SomeResourcesRemain",
+                format!("Some resources are remaining: {}", listed.join(", ")),
+            )
+        });
+        conditions.push(if self.finalizers.is_empty() {
+            condition(
+                "NamespaceFinalizersRemaining",
+                false,
+                "ContentHasNoFinalizers",
+                "All content-preserving finalizers finished".into(),
+            )
+        } else {
+            let listed: Vec<String> = self
+                .finalizers
+                .iter()
+                .map(|(finalizer, n)| format!("{finalizer} in {n} resource instances"))
+                .collect();
+            condition(
+                "NamespaceFinalizersRemaining",
+                true,
+                "SomeFinalizersRemain",
+                format!(
+                    "Some content in the namespace has finalizers remaining: {}",
+                    listed.join(", ")
+                ),
+            )
+        });
+        conditions
+    }
+}
