@@ -61,10 +61,9 @@ impl Strategy for NamespaceStrategy {
         capstan_machinery::validation::dns1123_label
     }
 
+    /// Upstream's `SetDefaults_Namespace`: the name label. (The finalizer is not a default:
+    /// it may be removed over the namespace's life.)
     fn default(&self, namespace: &mut Namespace) {
-        let spec = namespace.spec.get_or_insert_with(NamespaceSpec::default);
-        spec.finalizers
-            .get_or_insert_with(|| vec![FINALIZER.to_string()]);
         let name = namespace.metadata.name.clone().unwrap_or_default();
         let labels = namespace
             .metadata
@@ -75,11 +74,17 @@ impl Strategy for NamespaceStrategy {
         }
     }
 
+    /// Active, and held by the `kubernetes` finalizer (appended to any the request names).
     fn prepare_for_create(&self, namespace: &mut Namespace) {
         namespace.status = Some(NamespaceStatus {
             phase: Some("Active".to_string()),
             ..NamespaceStatus::default()
         });
+        let spec = namespace.spec.get_or_insert_with(NamespaceSpec::default);
+        let finalizers = spec.finalizers.get_or_insert_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            finalizers.push(FINALIZER.to_string());
+        }
     }
 
     /// Only `/finalize` changes `spec.finalizers` (status is kept by the registry).
