@@ -242,6 +242,11 @@ impl ApiServer {
                 .resource("", "v1", rest, request, query, admission)
                 .await;
         }
+        // Under `/api` upstream's router (go-restful's `/api` web service) answers every other
+        // path with the NotFound Status; outside the API, Go's plain 404.
+        if path.starts_with("/api/") {
+            return error_response(&ApiError::resource_not_found(), Encoding::json());
+        }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
 
@@ -277,6 +282,11 @@ impl ApiServer {
         if !discovery::serves(&self.registries, group, version) {
             return match self.aggregator.find_remote(group, version).await {
                 Some(apiservice) => self.aggregator.proxy(&apiservice, request).await,
+                // A group served here routes all of `/apis/<group>/` (upstream's go-restful
+                // group web service): an unknown version is the NotFound Status.
+                None if discovery::serves_group(&self.registries, group) => {
+                    error_response(&ApiError::resource_not_found(), Encoding::json())
+                }
                 None => not_found(),
             };
         }

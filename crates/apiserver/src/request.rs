@@ -326,11 +326,11 @@ pub fn to_table(
         .iter()
         .map(|object| {
             let row_object = match include {
-                IncludeObject::Metadata => Some(partial_metadata(object)),
+                IncludeObject::Metadata => partial_metadata(object),
                 IncludeObject::Object => {
-                    Some(meta::with_type_meta(object, &info.api_version(), info.kind))
+                    meta::with_type_meta(object, &info.api_version(), info.kind)
                 }
-                IncludeObject::None => None,
+                IncludeObject::None => Value::Null,
             };
             (strategy.cells(object), row_object)
         })
@@ -430,7 +430,10 @@ pub fn table_bytes(
                     meta::with_type_meta(&object, &info.api_version(), info.kind),
                 );
             }
-            IncludeObject::None => {}
+            // Upstream's `TableRow.object` is a RawExtension: `null` when not included.
+            IncludeObject::None => {
+                row.insert("object".into(), Value::Null);
+            }
         }
         let _ = serde_json::to_writer(&mut out, &Value::Object(row));
     }

@@ -81,6 +81,7 @@ const EXPECT_KEYS: &[&str] = &[
 ];
 const CHECK_KEYS: &[&str] = &[
     "path",
+    "equals",
     "in_cidr",
     "not_in",
     "equals_path",
@@ -154,7 +155,9 @@ fn in_cidr(ip: &str, cidr: &str) -> bool {
 fn check_one(check: &Value, body: &Value) -> bool {
     let value = lookup(body, check["path"].as_str().unwrap_or_default());
     let text = value.and_then(Value::as_str).unwrap_or_default();
-    if let Some(cidr) = check["in_cidr"].as_str() {
+    if let Some(want) = check.get("equals") {
+        value == Some(want)
+    } else if let Some(cidr) = check["in_cidr"].as_str() {
         in_cidr(text, cidr)
     } else if let Some(list) = check["not_in"].as_array() {
         value.is_some() && !list.iter().any(|v| Some(v) == value)

@@ -53,23 +53,17 @@ pub const AGE_COLUMN: Column = Column {
     priority: 0,
 };
 
-/// Builds a Table. `rows` are (cells, row object) pairs; `object` is omitted when `None`.
+/// Builds a Table. `rows` are (cells, row object) pairs; the object is `null` where it is not
+/// included (upstream's `TableRow.object` is a RawExtension, which has no omitempty).
 pub fn table(
     api_version: &str,
     metadata: Map<String, Value>,
     columns: Option<&[Column]>,
-    rows: Vec<(Vec<Value>, Option<Value>)>,
+    rows: Vec<(Vec<Value>, Value)>,
 ) -> Value {
     let rows: Vec<Value> = rows
         .into_iter()
-        .map(|(cells, object)| {
-            let mut row = Map::new();
-            row.insert("cells".into(), Value::Array(cells));
-            if let Some(object) = object {
-                row.insert("object".into(), object);
-            }
-            Value::Object(row)
-        })
+        .map(|(cells, object)| json!({"cells": cells, "object": object}))
         .collect();
     let mut out = Map::new();
     out.insert("kind".into(), json!("Table"));
