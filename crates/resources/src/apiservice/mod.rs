@@ -116,7 +116,10 @@ impl Strategy for ApiServiceStrategy {
         }
     }
 
+    /// Upstream's PrepareForCreate resets status to the empty struct (which Go always writes:
+    /// `status: {}`); a local APIService is Available at once.
     fn prepare_for_create(&self, apiservice: &mut APIService) {
+        apiservice.status.get_or_insert_default();
         if is_local(apiservice) {
             set_available(apiservice, "True", "Local", LOCAL_MESSAGE);
         }
