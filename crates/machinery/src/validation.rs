@@ -43,15 +43,24 @@ fn dns1123_label_shape(text: &str) -> bool {
 pub fn dns1123_label(text: &str) -> Vec<String> {
     let mut errors: Vec<String> = max_len(text, 63).into_iter().collect();
     if !dns1123_label_shape(text) {
-        errors.push(DNS1123_LABEL_MSG.to_string());
+        // A valid subdomain that is not a label (its length was checked above) has dots.
+        if is_dns1123_subdomain(text) {
+            errors.push("must not contain dots".to_string());
+        } else {
+            errors.push(DNS1123_LABEL_MSG.to_string());
+        }
     }
     errors
+}
+
+fn is_dns1123_subdomain(text: &str) -> bool {
+    !text.is_empty() && text.split('.').all(dns1123_label_shape)
 }
 
 /// RFC 1123 subdomain (names of most objects).
 pub fn dns1123_subdomain(text: &str) -> Vec<String> {
     let mut errors: Vec<String> = max_len(text, 253).into_iter().collect();
-    if text.is_empty() || !text.split('.').all(dns1123_label_shape) {
+    if !is_dns1123_subdomain(text) {
         errors.push(DNS1123_SUBDOMAIN_MSG.to_string());
     }
     errors
@@ -247,6 +256,16 @@ mod tests {
         assert_eq!(
             dns1123_label(&"a".repeat(64)),
             vec!["must be no more than 63 characters".to_string()]
+        );
+        // 1.36: a valid subdomain that is not a label is told about its dots.
+        assert_eq!(dns1123_label("web.v2"), vec!["must not contain dots"]);
+        assert_eq!(dns1123_label("a..b"), vec![DNS1123_LABEL_MSG.to_string()]);
+        assert_eq!(
+            dns1123_label(&format!("{}.b", "a".repeat(63))),
+            vec![
+                "must be no more than 63 characters",
+                "must not contain dots"
+            ]
         );
     }
 
