@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use capstan_machinery::continue_token::ContinueToken;
+use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::fields::FieldSelector;
 use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::media::{self, BodyFormat, Output};

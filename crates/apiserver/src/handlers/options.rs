@@ -9,8 +9,8 @@ pub(super) fn parse_revision(text: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {text}")))
 }
 
-pub(super) fn list_options_invalid(detail: impl std::fmt::Display) -> ApiError {
-    options_invalid("ListOptions", &detail.to_string())
+pub(super) fn list_options_invalid(error: FieldError) -> ApiError {
+    options_invalid("ListOptions", error)
 }
 
 pub(super) fn selectors(
@@ -43,9 +43,10 @@ pub(super) fn list_options(
     let continue_token = match query.get("continue").filter(|v| !v.is_empty()) {
         Some(text) => {
             if rv_match.is_some() {
-                return Err(list_options_invalid(
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided",
-                ));
+                return Err(list_options_invalid(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided",
+                )));
             }
             if rv.is_some_and(|v| v != "0") {
                 return Err(ApiError::bad_request(
@@ -57,26 +58,30 @@ pub(super) fn list_options(
         None => None,
     };
     if query.get("sendInitialEvents").is_some() {
-        return Err(list_options_invalid(
-            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list",
-        ));
+        return Err(list_options_invalid(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        )));
     }
     let read_at = match (rv, rv_match) {
         (None, None) => ReadAt::Latest,
         (None, Some("NotOlderThan" | "Exact")) => {
-            return Err(list_options_invalid(
-                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-            ));
+            return Err(list_options_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            )));
         }
         (Some("0"), Some("Exact")) => {
-            return Err(list_options_invalid(
-                "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
-            ));
+            return Err(list_options_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            )));
         }
         (_, Some(other)) if other != "NotOlderThan" && other != "Exact" => {
-            return Err(list_options_invalid(format!(
-                "resourceVersionMatch: Unsupported value: {}: supported values: \"Exact\", \"NotOlderThan\", \"\"",
-                capstan_machinery::status::quote(other)
+            return Err(list_options_invalid(FieldError::not_supported(
+                "resourceVersionMatch",
+                &json!(other),
+                &["Exact", "NotOlderThan", ""],
             )));
         }
         (Some("0"), _) => ReadAt::Any,
@@ -100,9 +105,10 @@ pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     {
         return Err(options_invalid(
             "CreateOptions",
-            &format!(
-                "fieldValidation: Unsupported value: {}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
-                capstan_machinery::status::quote(validation)
+            FieldError::not_supported(
+                "fieldValidation",
+                &json!(validation),
+                &["", "Ignore", "Strict", "Warn"],
             ),
         ));
     }
@@ -111,7 +117,7 @@ pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
             if manager.len() > 128 {
                 return Err(options_invalid(
                     "CreateOptions",
-                    "fieldManager: Too long: may not be more than 128 bytes",
+                    FieldError::too_long("fieldManager", 128),
                 ));
             }
             manager.to_string()
@@ -135,18 +141,12 @@ pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     })
 }
 
-pub(super) fn options_invalid(kind: &str, detail: &str) -> ApiError {
-    let mut error = ApiError::new(
-        422,
-        Reason::Invalid,
-        format!("{kind}.meta.k8s.io \"\" is invalid: {detail}"),
-    );
-    error.details = Some(Box::new(Details {
-        group: "meta.k8s.io".into(),
-        kind: kind.into(),
-        ..Details::default()
-    }));
-    error
+/// Upstream's answer to invalid request options (`CreateOptions`, `ListOptions`…): 422
+/// `<Kind>.meta.k8s.io "" is invalid: <field error>`, with the error as its cause.
+pub(super) fn options_invalid(kind: &str, error: FieldError) -> ApiError {
+    let mut errors = FieldErrors::new();
+    errors.push(error);
+    ApiError::invalid("meta.k8s.io", &format!("{kind}.meta.k8s.io"), "", &errors)
 }
 
 /// `dryRun` from the query.
@@ -157,16 +157,10 @@ pub(super) fn dry_run(query: &Query, kind: &str) -> Result<bool, ApiError> {
 /// Upstream's `ValidateDryRun`: every value is `All`; the whole list is shown when one is not.
 pub(super) fn check_dry_run(values: &[impl AsRef<str>], kind: &str) -> Result<bool, ApiError> {
     if values.iter().any(|v| v.as_ref() != "All") {
-        let shown: Vec<String> = values
-            .iter()
-            .map(|v| capstan_machinery::status::quote(v.as_ref()))
-            .collect();
+        let shown: Vec<&str> = values.iter().map(AsRef::as_ref).collect();
         return Err(options_invalid(
             kind,
-            &format!(
-                "dryRun: Unsupported value: [{}]: supported values: \"All\"",
-                shown.join(",")
-            ),
+            FieldError::not_supported("dryRun", &json!(shown), &["All"]),
         ));
     }
     Ok(!values.is_empty())
@@ -237,18 +231,20 @@ pub(super) async fn delete_options(
         if !["Orphan", "Background", "Foreground"].contains(&policy.as_str()) {
             return Err(options_invalid(
                 "DeleteOptions",
-                &format!(
-                    "propagationPolicy: Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"",
-                    capstan_machinery::status::quote(policy)
+                FieldError::not_supported(
+                    "propagationPolicy",
+                    &json!(policy),
+                    &["Foreground", "Background", "Orphan", "nil"],
                 ),
             ));
         }
         if orphan.is_some() {
             return Err(options_invalid(
                 "DeleteOptions",
-                &format!(
-                    "propagationPolicy: Invalid value: {}: orphanDependents and deletionPropagation cannot be both set",
-                    capstan_machinery::status::quote(policy)
+                FieldError::invalid(
+                    "propagationPolicy",
+                    &json!(policy),
+                    "orphanDependents and deletionPropagation cannot be both set",
                 ),
             ));
         }

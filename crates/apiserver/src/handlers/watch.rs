@@ -29,19 +29,22 @@ pub(super) async fn start_watch(
     let rv_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
     match (send_initial, rv_match) {
         (Some(_), None) => {
-            return Err(list_options_invalid(
-                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-            ));
+            return Err(list_options_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )));
         }
         (None, Some(_)) => {
-            return Err(list_options_invalid(
-                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-            ));
+            return Err(list_options_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            )));
         }
         (Some(_), Some(other)) if other != "NotOlderThan" => {
-            return Err(list_options_invalid(format!(
-                "resourceVersionMatch: Unsupported value: {}: supported values: \"NotOlderThan\"",
-                capstan_machinery::status::quote(other)
+            return Err(list_options_invalid(FieldError::not_supported(
+                "resourceVersionMatch",
+                &json!(other),
+                &["NotOlderThan"],
             )));
         }
         _ => {}

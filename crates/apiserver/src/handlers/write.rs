@@ -96,7 +96,7 @@ pub(super) async fn patch_object(
     if call.query.get("force").is_some() && patch_type != PatchType::Apply {
         return Err(options_invalid(
             "PatchOptions",
-            "force: Forbidden: may not be specified for non-apply patch",
+            FieldError::forbidden("force", "may not be specified for non-apply patch"),
         ));
     }
     let bytes = match body {
@@ -262,7 +262,7 @@ pub(super) async fn apply_object(
     if call.query.get("fieldManager").is_none_or(|m| m.is_empty()) {
         return Err(options_invalid(
             "PatchOptions",
-            "fieldManager: Required value: is required for apply patch",
+            FieldError::required("fieldManager", "is required for apply patch"),
         ));
     }
     let strategy = request.registry.strategy().clone();
