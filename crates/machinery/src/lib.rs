@@ -23,6 +23,7 @@ pub mod protobuf;
 pub mod schema;
 pub mod smp;
 pub mod status;
+pub mod strict;
 pub mod table;
 pub mod validation;
 pub mod yaml;

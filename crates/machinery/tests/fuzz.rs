@@ -52,6 +52,11 @@ proptest! {
     }
 
     #[test]
+    fn duplicate_field_checks_never_panic(text in "[{}\\[\\],:\"a-c0-9 ]{0,200}") {
+        let _ = capstan_machinery::strict::duplicate_fields(text.as_bytes());
+    }
+
+    #[test]
     fn yaml_bodies_never_panic(text in "[ -~\n]{0,200}") {
         let _ = yaml::from_slice(text.as_bytes());
     }

@@ -48,7 +48,11 @@ pub(super) async fn decode_body(
     let api_version = info.api_version();
     let body_version = meta::text(map.get("apiVersion")).to_string();
     let body_kind = meta::text(map.get("kind")).to_string();
-    if !body_version.is_empty() && body_version != api_version {
+    if info.group.is_empty() {
+        if let Some(error) = core_decode_error(info, &body_version, &body_kind) {
+            return Err(error);
+        }
+    } else if !body_version.is_empty() && body_version != api_version {
         return Err(ApiError::version_mismatch(&body_version, &api_version));
     }
     if !body_kind.is_empty() && body_kind != info.kind {
@@ -62,7 +66,12 @@ pub(super) async fn decode_body(
             info.kind
         )));
     }
-    let problems = request.registry.strategy().unknown_fields(&object);
+    // Strict decoding's problems: keys a JSON body repeats, then fields the schema lacks.
+    let mut problems = match format {
+        BodyFormat::Json => capstan_machinery::strict::duplicate_fields(&bytes),
+        BodyFormat::Yaml | BodyFormat::Protobuf => Vec::new(),
+    };
+    problems.extend(request.registry.strategy().unknown_fields(&object));
     let mut warnings = Vec::new();
     match field_validation(&call.query) {
         FieldValidation::Strict if !problems.is_empty() => {
@@ -87,6 +96,42 @@ pub(super) async fn decode_body(
         ))
     })?;
     Ok((decoded, warnings, bytes.len()))
+}
+
+/// The scheme core/v1 bodies are decoded with upstream, as its errors name it.
+const LEGACY_SCHEME: &str = "pkg/api/legacyscheme/scheme.go:30";
+
+/// What upstream's decoder (the legacy scheme) makes of a core/v1 body that names another
+/// kind or version (`transformDecodeError`): a core/v1 kind decodes but does not convert into
+/// the endpoint's; any other is not registered.
+fn core_decode_error(info: &ResourceInfo, version: &str, kind: &str) -> Option<ApiError> {
+    let version = if version.is_empty() { "v1" } else { version };
+    let kind = if kind.is_empty() { info.kind } else { kind };
+    if version == "v1" && kind == info.kind {
+        return None;
+    }
+    let short_version = version.rsplit('/').next().unwrap_or(version);
+    let registered = version == "v1"
+        && capstan_machinery::schema::named(&format!("io.k8s.api.core.v1.{kind}"))
+            .is_some_and(|schema| schema.get("x-kubernetes-group-version-kind").is_some());
+    let why = if registered {
+        format!(
+            "converting (v1.{kind}) to (core.{}): unknown conversion",
+            info.kind
+        )
+    } else {
+        format!(
+            "no kind {} is registered for version {} in scheme {}",
+            capstan_machinery::status::quote(kind),
+            capstan_machinery::status::quote(version),
+            capstan_machinery::status::quote(LEGACY_SCHEME)
+        )
+    };
+    Some(ApiError::bad_request(format!(
+        "{kind} in version {} cannot be handled as a {}: {why}",
+        capstan_machinery::status::quote(short_version),
+        info.kind
+    )))
 }
 
 /// Upstream's `checkName`: a body's name must be the URL's, and the namespace it names, if
