@@ -12,7 +12,6 @@ use capstan_aggregation::{
     service_ref, tls_config,
 };
 use capstan_machinery::ApiError;
-use capstan_registry::cache::EventType;
 use capstan_registry::strategy::{from_typed, to_typed};
 use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
@@ -88,22 +87,7 @@ impl AvailabilityController {
             },
         ));
         // APIService changes check that APIService.
-        {
-            let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    let mut watcher = watch_all(&controller.apiservices, false);
-                    while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(kind, object) = item
-                            && kind != EventType::Deleted
-                        {
-                            queue.add(object.selectable.name().to_string());
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            });
-        }
+        crate::enqueue_changes(controller.apiservices.clone(), queue.clone());
         // Service and Endpoints changes check every APIService that names that Service.
         for registry in [controller.services.clone(), controller.endpoints.clone()] {
             let (controller, queue) = (controller.clone(), queue.clone());
@@ -146,21 +130,11 @@ impl AvailabilityController {
         // Workers over a per-key queue: a slow probe holds up only its own APIService.
         // Failures are retried with exponential back-off, 5 ms doubling to 30 s.
         for _ in 0..WORKERS {
-            let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    let name = queue.next().await;
-                    let result = controller.sync(&name).await;
-                    queue.done(&name);
-                    match result {
-                        Ok(()) => queue.forget(&name),
-                        Err(error) => {
-                            let delay = queue.retry_later(name.clone());
-                            tracing::debug!(%name, %error, ?delay, "apiservice check failed; retrying");
-                        }
-                    }
-                }
-            });
+            let controller = controller.clone();
+            tokio::spawn(queue.clone().work("apiservice check", move |name| {
+                let controller = controller.clone();
+                async move { controller.sync(&name).await }
+            }));
         }
     }
 

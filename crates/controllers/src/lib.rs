@@ -33,3 +33,24 @@ pub(crate) fn watch_all(
         },
     )
 }
+
+/// Adds the name of every object of `registry` that is added or changes to `queue`, for the
+/// life of the process (the watch is restarted when it ends).
+pub(crate) fn enqueue_changes(
+    registry: std::sync::Arc<capstan_registry::Registry>,
+    queue: std::sync::Arc<queue::WorkQueue<String>>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let mut watcher = watch_all(&registry, false);
+            while let Some(item) = watcher.next().await {
+                if let capstan_registry::watch::WatchItem::Event(kind, object) = item
+                    && kind != capstan_registry::cache::EventType::Deleted
+                {
+                    queue.add(object.selectable.name().to_string());
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
+}

@@ -7,16 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capstan_machinery::ApiError;
-use capstan_registry::cache::EventType;
 use capstan_registry::strategy::from_typed;
-use capstan_registry::watch::WatchItem;
 use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::namespace::FINALIZER;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::queue::{Backoff, WorkQueue};
-use crate::watch_all;
 
 /// How often terminating namespaces are looked at again (content that waits on its own
 /// finalizers or grace periods).
@@ -62,22 +59,7 @@ impl NamespaceController {
             max_retries: None,
             ..Backoff::CONTROLLER
         }));
-        {
-            let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    let mut watcher = watch_all(&controller.namespaces, false);
-                    while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(kind, object) = item
-                            && kind != EventType::Deleted
-                        {
-                            queue.add(object.selectable.name().to_string());
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            });
-        }
+        crate::enqueue_changes(controller.namespaces.clone(), queue.clone());
         {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
@@ -93,20 +75,13 @@ impl NamespaceController {
                 }
             });
         }
-        tokio::spawn(async move {
-            loop {
-                let name = queue.next().await;
-                let result = controller.sync(&name).await;
-                queue.done(&name);
-                match result {
-                    Ok(_) => queue.forget(&name),
-                    Err(error) => {
-                        let delay = queue.retry_later(name.clone());
-                        tracing::debug!(%name, error = %error.message, ?delay, "namespace deletion failed; retrying");
-                    }
-                }
+        tokio::spawn(queue.work("namespace deletion", move |name| {
+            let controller = controller.clone();
+            async move {
+                let pass = controller.sync(&name).await;
+                pass.map(|_| ()).map_err(|e| e.message)
             }
-        });
+        }));
     }
 
     /// One pass over a namespace: nothing to do unless it is being deleted.
@@ -319,48 +294,42 @@ impl Content {
                 "All content successfully deleted, may be waiting on finalization".into(),
             ),
         });
-        conditions.push(if self.remaining.is_empty() {
-            condition(
+        // "pods has 1 resource instances, services has 2 resource instances"
+        let counted = |counts: &mut dyn Iterator<Item = (&String, &usize)>, verb: &str| {
+            counts
+                .map(|(what, n)| format!("{what} {verb} {n} resource instances"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let remaining = counted(&mut self.remaining.iter().map(|(r, n)| (r, n)), "has");
+        conditions.push(match remaining.as_str() {
+            "" => condition(
                 "NamespaceContentRemaining",
                 false,
                 "ContentRemoved",
                 "All content successfully removed".into(),
-            )
-        } else {
-            let listed: Vec<String> = self
-                .remaining
-                .iter()
-                .map(|(resource, n)| format!("{resource} has {n} resource instances"))
-                .collect();
-            condition(
+            ),
+            listed => condition(
                 "NamespaceContentRemaining",
                 true,
                 "SomeResourcesRemain",
-                format!("Some resources are remaining: {}", listed.join(", ")),
-            )
+                format!("Some resources are remaining: {listed}"),
+            ),
         });
-        conditions.push(if self.finalizers.is_empty() {
-            condition(
+        let finalizers = counted(&mut self.finalizers.iter(), "in");
+        conditions.push(match finalizers.as_str() {
+            "" => condition(
                 "NamespaceFinalizersRemaining",
                 false,
                 "ContentHasNoFinalizers",
                 "All content-preserving finalizers finished".into(),
-            )
-        } else {
-            let listed: Vec<String> = self
-                .finalizers
-                .iter()
-                .map(|(finalizer, n)| format!("{finalizer} in {n} resource instances"))
-                .collect();
-            condition(
+            ),
+            listed => condition(
                 "NamespaceFinalizersRemaining",
                 true,
                 "SomeFinalizersRemain",
-                format!(
-                    "Some content in the namespace has finalizers remaining: {}",
-                    listed.join(", ")
-                ),
-            )
+                format!("Some content in the namespace has finalizers remaining: {listed}"),
+            ),
         });
         conditions
     }

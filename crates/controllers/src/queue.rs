@@ -50,6 +50,31 @@ pub(crate) struct QueueState<K> {
     pub(crate) processing: HashSet<K>,
 }
 
+impl<K: Clone + Eq + Hash + std::fmt::Debug + Send + Sync + 'static> WorkQueue<K> {
+    /// One worker, for the life of the process: takes a key, syncs it, and forgets its
+    /// failures on success or queues it again after its back-off on failure (`what` names the
+    /// work in the debug log).
+    pub async fn work<F, Fut, E>(self: Arc<Self>, what: &'static str, sync: F)
+    where
+        F: Fn(K) -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        loop {
+            let key = self.next().await;
+            let result = sync(key.clone()).await;
+            self.done(&key);
+            match result {
+                Ok(()) => self.forget(&key),
+                Err(error) => {
+                    let delay = self.retry_later(key.clone());
+                    tracing::debug!(?key, %error, ?delay, "{what} failed; retrying");
+                }
+            }
+        }
+    }
+}
+
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Queues a key (once, however often it is added before a worker takes it).
     pub fn add(&self, key: K) {

@@ -100,17 +100,15 @@ pub(super) fn list_options(
 
 pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
     let dry_run = dry_run(&call.query, "CreateOptions")?;
-    if let Some(validation) = call.query.get("fieldValidation")
-        && !["", "Ignore", "Strict", "Warn"].contains(&validation)
-    {
-        return Err(options_invalid(
+    if let Some(validation) = call.query.get("fieldValidation") {
+        let directives = ["", "Ignore", "Strict", "Warn"];
+        one_of(
             "CreateOptions",
-            FieldError::not_supported(
-                "fieldValidation",
-                &json!(validation),
-                &["", "Ignore", "Strict", "Warn"],
-            ),
-        ));
+            "fieldValidation",
+            validation,
+            &directives,
+            &directives,
+        )?;
     }
     let field_manager = match call.query.get("fieldManager").filter(|m| !m.is_empty()) {
         Some(manager) => {
@@ -139,6 +137,22 @@ pub(super) fn write_options(call: &Call) -> Result<WriteOptions, ApiError> {
         field_manager,
         applied: false,
     })
+}
+
+/// An option that takes one of `accepted` values only (`listed` in the error, which may name
+/// more, as upstream's `nil` propagation policy).
+fn one_of(
+    kind: &str,
+    field: &str,
+    value: &str,
+    accepted: &[&str],
+    listed: &[&str],
+) -> Result<(), ApiError> {
+    if accepted.contains(&value) {
+        return Ok(());
+    }
+    let error = FieldError::not_supported(field, &json!(value), listed);
+    Err(options_invalid(kind, error))
 }
 
 /// Upstream's answer to invalid request options (`CreateOptions`, `ListOptions`…): 422
@@ -228,16 +242,15 @@ pub(super) async fn delete_options(
         }
     }
     if let Some(policy) = &propagation {
-        if !["Orphan", "Background", "Foreground"].contains(&policy.as_str()) {
-            return Err(options_invalid(
-                "DeleteOptions",
-                FieldError::not_supported(
-                    "propagationPolicy",
-                    &json!(policy),
-                    &["Foreground", "Background", "Orphan", "nil"],
-                ),
-            ));
-        }
+        let policies = ["Foreground", "Background", "Orphan"];
+        let listed = ["Foreground", "Background", "Orphan", "nil"];
+        one_of(
+            "DeleteOptions",
+            "propagationPolicy",
+            policy,
+            &policies,
+            &listed,
+        )?;
         if orphan.is_some() {
             return Err(options_invalid(
                 "DeleteOptions",
