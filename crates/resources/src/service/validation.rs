@@ -453,6 +453,21 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             POLICIES,
         ));
     }
+    // Two addresses must be one of each family (upstream's `IsDualStackIPStrings` check,
+    // made before families are defaulted from the addresses).
+    let addresses: Option<Vec<std::net::IpAddr>> =
+        cluster_ips.iter().map(|ip| ip.parse().ok()).collect();
+    if let Some(addresses) = addresses.filter(|a| a.len() > 1) {
+        let dual_stack =
+            addresses.iter().any(|a| a.is_ipv4()) && addresses.iter().any(|a| a.is_ipv6());
+        if !dual_stack {
+            errors.push(FieldError::invalid(
+                "spec.clusterIPs",
+                &json!(cluster_ips),
+                "may specify no more than one IP for each IP family",
+            ));
+        }
+    }
     errors
 }
 
