@@ -25,16 +25,6 @@ const DELETION_GRACE: Duration = Duration::from_secs(5);
 /// The manager named in the namespace's managedFields.
 const MANAGER: &str = "kube-controller-manager";
 
-/// What one pass over a terminating namespace found.
-enum Pass {
-    /// Nothing left: the namespace was finalized and deleted.
-    Gone,
-    /// Content remains (being finalized or gracefully deleted): look again later.
-    Remaining,
-    /// Deleted less than [`DELETION_GRACE`] ago: look again later.
-    TooSoon,
-}
-
 /// Deletes the content of namespaces being deleted, then the namespaces.
 pub struct NamespaceController {
     namespaces: Arc<Registry>,
@@ -77,38 +67,35 @@ impl NamespaceController {
         }
         tokio::spawn(queue.work("namespace deletion", move |name| {
             let controller = controller.clone();
-            async move {
-                let pass = controller.sync(&name).await;
-                pass.map(|_| ()).map_err(|e| e.message)
-            }
+            async move { controller.sync(&name).await.map_err(|e| e.message) }
         }));
     }
 
-    /// One pass over a namespace: nothing to do unless it is being deleted.
-    async fn sync(&self, name: &str) -> Result<Option<Pass>, ApiError> {
+    /// One pass over a namespace: nothing to do unless it is being deleted. A namespace
+    /// deleted less than [`DELETION_GRACE`] ago, or whose content is still going, is left for
+    /// the periodic recheck.
+    async fn sync(&self, name: &str) -> Result<(), ApiError> {
         let namespace: Namespace = match self.namespaces.get_typed("", name, ReadAt::Latest).await {
             Ok(namespace) => namespace,
-            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e),
         };
         let Some(deleted) = &namespace.metadata.deletion_timestamp else {
-            return Ok(None);
+            return Ok(());
         };
         let since = jiff::Timestamp::now().duration_since(deleted.0);
         if since < jiff::SignedDuration::try_from(DELETION_GRACE).unwrap_or_default() {
-            return Ok(Some(Pass::TooSoon));
+            return Ok(());
         }
         if !holds_finalizer(&namespace) {
-            self.delete_namespace(&namespace).await?;
-            return Ok(Some(Pass::Gone));
+            return self.delete_namespace(&namespace).await;
         }
         let outcome = self.delete_content(name).await;
         let namespace = self.report(namespace, &outcome).await?;
         if outcome.failed.is_some() || !outcome.remaining.is_empty() {
-            return Ok(Some(Pass::Remaining));
+            return Ok(());
         }
-        self.finalize(namespace).await?;
-        Ok(Some(Pass::Gone))
+        self.finalize(namespace).await
     }
 
     /// Deletes every object of every namespaced kind in `namespace`; what is still there

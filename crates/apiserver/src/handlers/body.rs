@@ -66,14 +66,18 @@ pub(super) async fn decode_body(
             info.kind
         )));
     }
-    // Strict decoding's problems: keys a JSON body repeats, then fields the schema lacks.
-    let mut problems = match format {
-        BodyFormat::Json => capstan_machinery::strict::duplicate_fields(&bytes),
-        BodyFormat::Yaml | BodyFormat::Protobuf => Vec::new(),
-    };
-    problems.extend(request.registry.strategy().unknown_fields(&object));
+    // Strict decoding's problems (keys a JSON body repeats, then fields the schema lacks),
+    // looked for only when they will be reported.
+    let validation = field_validation(&call.query);
+    let mut problems = Vec::new();
+    if validation != FieldValidation::Ignore {
+        if format == BodyFormat::Json {
+            problems = capstan_machinery::strict::duplicate_fields(&bytes);
+        }
+        problems.extend(request.registry.strategy().unknown_fields(&object));
+    }
     let mut warnings = Vec::new();
-    match field_validation(&call.query) {
+    match validation {
         FieldValidation::Strict if !problems.is_empty() => {
             return Err(ApiError::bad_request(format!(
                 "{} in version {} cannot be handled as a {}: strict decoding error: {}",
