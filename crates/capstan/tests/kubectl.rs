@@ -676,7 +676,8 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
             .ok(&["apply", "-f", path_str(&first)])
             .contains("service/app created")
     );
-    // A strategic merge patch adds a port next to the existing one (merge key: port).
+    // A strategic merge patch adds a port (merge key: port); upstream's list merge puts an
+    // item the live list lacks before the live ones.
     server.ok(&[
         "patch",
         "svc",
@@ -685,7 +686,7 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
         r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
     ]);
     let ports = server.ok(&["get", "svc", "app", "-o", "jsonpath={.spec.ports[*].port}"]);
-    assert_eq!(ports, "80 443");
+    assert_eq!(ports, "443 80");
     // Re-applying a changed manifest: kubectl computes a three-way patch from the
     // last-applied annotation; fields the manifest dropped go, fields it never had stay.
     let second = server.apply_file(
@@ -700,10 +701,11 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
     let object: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "svc", "app", "-o", "json"])).expect("json");
     assert_eq!(object["metadata"]["labels"]["tier"], "web");
-    assert_eq!(object["spec"]["ports"][0]["targetPort"], 9090);
+    assert_eq!(object["spec"]["ports"][1]["port"], 80);
+    assert_eq!(object["spec"]["ports"][1]["targetPort"], 9090);
     assert_eq!(
-        object["spec"]["ports"][1]["port"], 443,
-        "the patched port was never in the manifest"
+        object["spec"]["ports"][0]["port"], 443,
+        "the patched port was never in the manifest, and keeps its place"
     );
     assert!(
         object["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
@@ -1165,6 +1167,7 @@ fn kubectl_edit_diff_label_annotate_set_selector_and_patch_types() {
             "-o",
             "jsonpath={.spec.ports[*].targetPort} {.metadata.labels.m}"
         ]),
-        "9090 9100 1"
+        "9100 9090 1",
+        "the strategic patch's new port goes first, as upstream's list merge puts it"
     );
 }

@@ -199,13 +199,8 @@ pub(super) fn patched_object(
         PatchType::Json => patch::json_patch(current, bytes)?,
         PatchType::StrategicMerge => {
             let patch_value = strategic.unwrap_or(&Value::Null);
-            capstan_machinery::smp::apply(current, patch_value, strategy.schema()).map_err(|e| {
-                if e.bad_request {
-                    ApiError::bad_request(e.message)
-                } else {
-                    ApiError::new(422, Reason::Invalid, e.message)
-                }
-            })?
+            capstan_machinery::smp::apply(current, patch_value, strategy.schema())
+                .map_err(smp_error)?
         }
         _ => patch::merge_patch(current, bytes)?,
     };
@@ -247,6 +242,22 @@ pub(super) fn patched_object(
         )
     })?;
     Ok((decoded, warnings))
+}
+
+/// A strategic-merge failure as upstream's patch handler answers it
+/// (`interpretStrategicMergePatchError`, then `ErrorToAPIStatus` for plain errors).
+fn smp_error(error: capstan_machinery::smp::SmpError) -> ApiError {
+    use capstan_machinery::smp::SmpErrorKind;
+    match error.kind {
+        SmpErrorKind::BadRequest => ApiError::bad_request(error.message),
+        SmpErrorKind::Unprocessable => ApiError::new(
+            422,
+            Reason::Invalid,
+            "the server rejected our request due to an error in our request",
+        )
+        .with_details(capstan_machinery::status::Details::default()),
+        SmpErrorKind::Internal => ApiError::new(500, Reason::Unknown, error.message),
+    }
 }
 
 /// PATCH with `application/apply-patch+yaml`: server-side apply.
