@@ -72,6 +72,13 @@ pub struct ResourceInfo {
     /// Aggregated discovery's group and version priorities (upstream's
     /// `groupVersionPriority` for the kube-apiserver's own groups).
     pub priority: (i64, i64),
+    /// The JSON of the kind's Go zero value (`scope.Creater.New(kind)` converted to
+    /// unstructured): the live object a create's managedFields are computed against, so a
+    /// struct Go always has (`spec`, `status.loadBalancer`) is never "added" by a create.
+    pub zero: &'static str,
+    /// The fields a `/status` write resets (its strategy's `GetResetFields`): managedFields
+    /// never record them for that write.
+    pub status_resets: &'static [&'static [&'static str]],
 }
 
 impl ResourceInfo {
@@ -106,6 +113,31 @@ impl ResourceInfo {
                 None
             },
             priority: (0, 0),
+            zero: r#"{"metadata":{"creationTimestamp":null}}"#,
+            status_resets: &[&["spec"]],
+        }
+    }
+
+    /// With the JSON of the kind's Go zero value.
+    pub const fn zero(mut self, json: &'static str) -> Self {
+        self.zero = json;
+        self
+    }
+
+    /// With the fields a `/status` write resets.
+    pub const fn status_resets(mut self, fields: &'static [&'static [&'static str]]) -> Self {
+        self.status_resets = fields;
+        self
+    }
+
+    /// The fields a write through `subresource` resets (upstream's `GetResetFields` of the
+    /// strategy serving it): status for the main resource of a kind with a status, and for
+    /// a Namespace's `/finalize`.
+    pub fn resets(&self, subresource: crate::Subresource) -> &'static [&'static [&'static str]] {
+        match subresource {
+            crate::Subresource::Status => self.status_resets,
+            _ if self.has_status => &[&["status"]],
+            _ => &[],
         }
     }
 

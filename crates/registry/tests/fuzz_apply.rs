@@ -44,8 +44,12 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
-fn service_schema() -> Option<&'static Value> {
-    capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
+static SERVICE: capstan_registry::ResourceInfo =
+    capstan_registry::ResourceInfo::of::<k8s_openapi::api::core::v1::Service>().with_status();
+
+fn tracking() -> managed::Tracking {
+    let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+    managed::Tracking::new(&SERVICE, schema, capstan_registry::Subresource::Main)
 }
 
 proptest! {
@@ -55,8 +59,10 @@ proptest! {
     fn apply_never_panics(live in json_value(), config in json_value(), force in any::<bool>()) {
         let live = json!({"metadata": {"name": "x"}, "spec": live});
         let config = json!({"metadata": {"name": "x"}, "spec": config});
-        let _ = managed::apply(Some(&live), &config, "fuzz", "v1", None, service_schema(), force);
-        let _ = managed::apply(None, &config, "fuzz", "v1", None, service_schema(), force);
+        let _ = managed::apply(Some(&live), &config, "fuzz", &tracking(), force);
+        let _ = managed::apply(None, &config, "fuzz", &tracking(), force);
+        let mut updated = config.clone();
+        managed::record_update(&mut updated, Some(&live), "fuzz", &tracking());
     }
 
     #[test]
@@ -64,6 +70,8 @@ proptest! {
         let live = json!({"metadata": {"name": "x", "managedFields": entries},
                           "spec": {"ports": [{"port": 80, "protocol": "TCP"}]}});
         let config = json!({"metadata": {"name": "x"}, "spec": config});
-        let _ = managed::apply(Some(&live), &config, "fuzz", "v1", None, service_schema(), true);
+        let _ = managed::apply(Some(&live), &config, "fuzz", &tracking(), true);
+        let mut updated = config.clone();
+        managed::record_update(&mut updated, Some(&live), "fuzz", &tracking());
     }
 }

@@ -13,174 +13,105 @@ pub struct Conflict {
     pub field: String,
 }
 
-/// Server-side apply, modelled on structured-merge-diff:
-/// merges the applied configuration `config` into `live` (None: the object is created) as
-/// `manager`, following the kind's schema (list-map keys, sets, atomic values), removes the
-/// fields the manager applied before and no longer applies (unless another manager owns them),
-/// and returns the new object with its managedFields. Fields another manager owns with a
-/// different value are conflicts; with `force` they change hands instead.
+/// Server-side apply, modelled on structured-merge-diff's `Updater.Apply`: merges the applied
+/// configuration `config` into `live` (None: the object is created) as `manager`, following
+/// the kind's schema (list-map keys, sets, atomic values), removes the fields the manager
+/// applied before and no longer applies (unless another manager owns them), and returns the
+/// new object with its managedFields. The manager owns exactly the configuration's fields;
+/// a field another manager owns that the apply changes is a conflict, and with `force` it
+/// changes hands instead.
 pub fn apply(
     live: Option<&Value>,
     config: &Value,
     manager: &str,
-    api_version: &str,
-    subresource: Option<&str>,
-    schema: Option<&'static Value>,
+    tracking: &Tracking,
     force: bool,
 ) -> Result<Value, Vec<Conflict>> {
-    let status = subresource == Some("status");
-    let applied = field_set(config, schema, status);
+    let schema = tracking.schema;
+    let status = tracking.subresource == Some("status");
+    let applied = tracking.recordable(field_set(config, schema));
     let mut config = config.clone();
     default_list_keys(&mut config, schema);
-    let empty = json!({});
-    let live_object = live.unwrap_or(&empty);
-    let mut entries: Vec<(Value, BTreeSet<Path>)> = live
-        .and_then(meta::metadata)
-        .and_then(|m| m.get("managedFields"))
-        .and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .map(|entry| {
-                    let mut owned = BTreeSet::new();
-                    if let Some(fields) = entry.get("fieldsV1") {
-                        from_fields_v1(fields, &mut Vec::new(), &mut owned);
-                    }
-                    (entry.clone(), owned)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let live_object = live
+        .map(without_managed_fields)
+        .unwrap_or_else(|| json!({}));
+    let now = meta::now_rfc3339();
+    let mut entries = entries_of(live);
     // An object that has never recorded managers (created with managedFields cleared) gets its
     // existing fields attributed to `before-first-apply`, so the first apply can conflict
     // with them and does not silently take them over.
-    if let Some(live) = live
-        && entries.is_empty()
-    {
-        let existing = field_set(live, schema, status);
+    if live.is_some() && entries.is_empty() {
+        let existing = tracking.recordable(field_set(&live_object, schema));
         if !existing.is_empty() {
-            let first = entry(
-                "before-first-apply",
-                "Update",
-                api_version,
-                &meta::now_rfc3339(),
-                subresource,
-                &existing,
-            );
-            entries.push((first, existing));
+            let first = entry("before-first-apply", "Update", tracking, &now, &existing);
+            entries.push(Owner::new(first, existing));
         }
     }
-    let is_mine = |entry: &Value| {
-        entry.get("manager").and_then(Value::as_str) == Some(manager)
-            && entry.get("operation").and_then(Value::as_str) == Some("Apply")
-            && entry.get("subresource").and_then(Value::as_str) == subresource
-    };
-    let previously: BTreeSet<Path> = entries
+    let mine = |owner: &Owner| is_entry_of(&owner.entry, manager, "Apply", tracking);
+    let previously: Set = entries
         .iter()
-        .find(|(entry, _)| is_mine(entry))
-        .map(|(_, owned)| owned.clone())
+        .find(|owner| mine(owner))
+        .map(|owner| owner.owned.clone())
         .unwrap_or_default();
 
-    // Conflicts: fields this apply sets to a value other than the live one, owned by others.
+    // Fields this manager applied before and no longer does go, unless someone else owns them.
+    let mut object = live_object.clone();
+    let gone: Set = {
+        let others: Vec<&Set> = entries
+            .iter()
+            .filter(|owner| !mine(owner))
+            .map(|owner| &owner.owned)
+            .collect();
+        previously
+            .difference(&applied)
+            .filter(|node| !others.iter().any(|owned| owns_under(owned, node)))
+            .cloned()
+            .collect()
+    };
+    prune(&mut object, schema, &mut Vec::new(), &gone);
+    merge_into(&mut object, &config, schema, 0, status);
+
+    // Conflicts: fields another manager owns that the apply changes.
+    let comparison = tracking.filtered(compare(&live_object, &object, schema));
+    let changed = comparison.changed();
     let mut conflicts = Vec::new();
-    let config_index = fields(&config, schema, status);
-    let live_index = fields(live_object, schema, status);
-    for path in applied
-        .iter()
-        .filter(|p| p.last().map(String::as_str) != Some("."))
-    {
-        if !config_index.differs(&live_index, path) {
-            continue;
+    for owner in entries.iter_mut().filter(|owner| !mine(owner)) {
+        if force {
+            owner.retain(|path| !changed.contains(path));
+        } else {
+            conflicts.extend(owner.owned.intersection(&changed).map(|path| Conflict {
+                manager: manager_text(&owner.entry),
+                field: render_path(path),
+            }));
         }
-        for (entry, owned) in entries.iter_mut() {
-            if is_mine(entry) || !owned.contains(path) {
-                continue;
-            }
-            if force {
-                owned.remove(path);
-            } else {
-                conflicts.push(Conflict {
-                    manager: manager_text(entry),
-                    field: render_path(path),
-                });
-            }
-        }
+        owner.retain(|path| !comparison.removed.contains(path));
     }
     if !conflicts.is_empty() {
         conflicts.sort_by(|a, b| (&a.manager, &a.field).cmp(&(&b.manager, &b.field)));
         return Err(conflicts);
     }
 
-    drop((config_index, live_index));
-    // Fields this manager applied before and no longer does go, unless someone else owns them.
-    let mut object = live_object.clone();
-    let others: Vec<&BTreeSet<Path>> = entries
-        .iter()
-        .filter(|(entry, _)| !is_mine(entry))
-        .map(|(_, owned)| owned)
-        .collect();
-    let gone: BTreeSet<Path> = previously
-        .difference(&applied)
-        .map(|path| match path.split_last() {
-            Some((last, parent)) if last == "." => parent.to_vec(),
-            _ => path.clone(),
-        })
-        .filter(|node| !node.is_empty() && !others.iter().any(|owned| owns_under(owned, node)))
-        .collect();
-    prune(&mut object, schema, &mut Vec::new(), &gone);
-    merge_into(&mut object, &config, schema, 0, status);
-
-    // managedFields: this manager owns exactly what it applied; fields no longer in the
-    // object leave every set.
-    let present = field_set(&object, schema, status);
-    let now = meta::now_rfc3339();
-    let mut found = false;
-    let mut out = Vec::new();
-    for (mut entry, mut owned) in entries {
-        let before = entry
-            .get("fieldsV1")
-            .map(|f| {
-                let mut set = BTreeSet::new();
-                from_fields_v1(f, &mut Vec::new(), &mut set);
-                set
-            })
-            .unwrap_or_default();
-        if is_mine(&entry) {
-            found = true;
-            owned = applied.clone();
-        }
-        owned.retain(|p| !in_scope(p, status) || present.contains(p));
-        if owned.is_empty() {
-            continue;
-        }
-        if owned != before {
-            entry["fieldsV1"] = to_fields_v1(&owned);
-            if is_mine(&entry) {
-                entry["time"] = json!(now);
-                entry["apiVersion"] = json!(api_version);
+    // This manager owns exactly what it applied; the time moves when the object changed
+    // (a no-op apply by a new manager records no time at all, as upstream).
+    let object_changed = live.is_none() || object != live_object;
+    match entries.iter_mut().find(|owner| mine(owner)) {
+        Some(owner) => {
+            owner.replace(applied);
+            owner.entry["apiVersion"] = json!(tracking.api_version);
+            if object_changed {
+                owner.entry["time"] = json!(now);
             }
         }
-        out.push(entry);
+        None if !applied.is_empty() => {
+            let mut fresh = entry(manager, "Apply", tracking, &now, &applied);
+            if !object_changed && let Some(map) = fresh.as_object_mut() {
+                map.shift_remove("time");
+            }
+            entries.push(Owner::new(fresh, applied));
+        }
+        None => {}
     }
-    let owned: BTreeSet<Path> = applied
-        .into_iter()
-        .filter(|p| present.contains(p))
-        .collect();
-    if !found && !owned.is_empty() {
-        out.push(entry(
-            manager,
-            "Apply",
-            api_version,
-            &now,
-            subresource,
-            &owned,
-        ));
-    }
-    let metadata = meta::metadata_mut(&mut object);
-    if out.is_empty() {
-        metadata.shift_remove("managedFields");
-    } else {
-        metadata.insert("managedFields".into(), Value::Array(out));
-    }
+    store_entries(&mut object, entries);
     Ok(object)
 }
 
@@ -199,7 +130,7 @@ fn manager_text(entry: &Value) -> String {
 }
 
 /// A fieldsV1 path in upstream's message syntax: `.spec.ports[port=80,protocol="TCP"].name`.
-pub(super) fn render_path(path: &Path) -> String {
+pub(super) fn render_path(path: &[String]) -> String {
     let mut out = String::new();
     for step in path {
         if let Some(field) = step.strip_prefix("f:") {
@@ -270,16 +201,20 @@ fn prune(
     if !owns_under(remove, path) {
         return;
     }
+    // A removed node goes; so does a list or map whose every entry was removed (upstream's
+    // removing walker leaves nothing there).
     let visit = |step: String, child: &mut Value, child_schema, path: &mut Path| {
         path.push(step);
-        let gone = remove.contains(path);
-        if !gone {
+        let mut keep = !remove.contains(path);
+        if keep {
+            let had = container_len(child);
             prune(child, child_schema, path, remove);
+            keep = had == 0 || container_len(child) > 0;
         }
         path.pop();
-        !gone
+        keep
     };
-    match (shape_of(value, schema), value) {
+    match (shape_of(Some(&*value), schema), value) {
         (Shape::Struct(properties), Value::Object(map)) => {
             map.retain(|key, child| visit(format!("f:{key}"), child, properties.get(key), path));
         }
@@ -296,6 +231,14 @@ fn prune(
             list.retain_mut(|element| visit(format!("v:{element}"), element, None, path));
         }
         _ => {}
+    }
+}
+
+fn container_len(value: &Value) -> usize {
+    match value {
+        Value::Array(list) => list.len(),
+        Value::Object(map) => map.len(),
+        _ => 0,
     }
 }
 

@@ -1,15 +1,31 @@
-//! `metadata.managedFields` for Update operations: which manager set which fields.
+//! `metadata.managedFields`: which manager set which fields, by structured-merge-diff's rules.
 //!
-//! Field sets follow the kind's OpenAPI schema as upstream's structured-merge-diff does: struct
-//! fields `f:<name>`, granular maps `f:<key>` under a `.` marker, list-map entries
-//! `k:{"port":80,"protocol":"TCP"}`, set entries `v:<value>`, and atomic values owned whole.
+//! A field set is a set of member paths, walked by the kind's OpenAPI schema: struct fields
+//! `f:<name>`, granular map keys `f:<key>`, list-map entries `k:{"port":80,"protocol":"TCP"}`,
+//! set entries `v:<value>`; atomic values are leaves. In `fieldsV1`, a member that also has
+//! members below it carries a `.` key.
+//!
+//! - An **Update** (`record_update`) compares the stored object with the new one
+//!   (structured-merge-diff's `Compare`): changed leaves are *modified*, and a node that is new
+//!   or gone is *added* or *removed* itself — which is where a `.` comes from. The writer gains
+//!   what was modified or added, every other manager loses it, and everyone loses what was
+//!   removed. A create compares with the kind's Go zero value, so the structs Go always has
+//!   (`metadata`, `spec`) are never added, while a new map, list or list entry is.
+//! - An **Apply** owns exactly the applied configuration's fields (`ToFieldSet`: leaves, list
+//!   entries, empty maps and granular map entries — not the maps and lists holding them), and
+//!   conflicts with every other manager owning a field the apply changes.
+//! - The fields the subresource resets (status for the main resource; spec and more for
+//!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
 use capstan_machinery::schema::{Shape, shape};
 use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
+
+use crate::{ResourceInfo, Subresource};
 
 mod apply;
 #[cfg(test)]
@@ -17,44 +33,93 @@ mod tests;
 
 pub use apply::{Conflict, apply};
 
-/// A path of fieldsV1 keys; a path ending in `.` marks the node itself.
+/// A path of fieldsV1 steps (`f:spec`, `k:{…}`, `v:…`).
 type Path = Vec<String>;
+/// A field set: its member paths.
+type Set = BTreeSet<Path>;
 
-const SYSTEM_METADATA: &[&str] = &[
-    "name",
-    "namespace",
-    "generateName",
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "managedFields",
-    "selfLink",
+/// The paths upstream's `stripMetaManager` takes out of every write's set.
+const STRIPPED: &[&[&str]] = &[
+    &["f:apiVersion"],
+    &["f:kind"],
+    &["f:metadata"],
+    &["f:metadata", "f:name"],
+    &["f:metadata", "f:namespace"],
+    &["f:metadata", "f:creationTimestamp"],
+    &["f:metadata", "f:selfLink"],
+    &["f:metadata", "f:uid"],
+    &["f:metadata", "f:clusterName"],
+    &["f:metadata", "f:generation"],
+    &["f:metadata", "f:managedFields"],
+    &["f:metadata", "f:resourceVersion"],
 ];
 
-/// An object's field set, with the node at every path it visited (a path's value, or for a
-/// `.` marker the node it marks), so comparisons between two objects are lookups.
-struct Fields<'a> {
-    set: BTreeSet<Path>,
-    /// Filled only when the fields are compared with another object's.
-    nodes: Option<HashMap<Path, &'a Value>>,
+/// What managedFields bookkeeping needs to know about a write: the kind's schema, version
+/// and Go zero value, and the subresource it goes through with the fields that resets.
+#[derive(Debug, Clone)]
+pub struct Tracking {
+    /// The kind's OpenAPI definition.
+    pub schema: Option<&'static Value>,
+    /// The entries' `apiVersion`.
+    pub api_version: String,
+    /// The entries' `subresource`.
+    pub subresource: Option<&'static str>,
+    resets: &'static [&'static [&'static str]],
+    zero: &'static str,
 }
 
-impl Fields<'_> {
-    /// Whether the value at a path differs from `other`'s. For a `.` marker only the marked
-    /// node's existence counts.
-    fn differs(&self, other: &Fields<'_>, path: &Path) -> bool {
-        fn node<'v>(fields: &Fields<'v>, path: &[String]) -> Option<&'v Value> {
-            fields.nodes.as_ref().and_then(|n| n.get(path).copied())
+impl Tracking {
+    /// The bookkeeping of a write of `info`'s kind through `subresource`.
+    pub fn new(
+        info: &ResourceInfo,
+        schema: Option<&'static Value>,
+        subresource: Subresource,
+    ) -> Self {
+        Tracking {
+            schema,
+            api_version: info.api_version(),
+            subresource: subresource.name(),
+            resets: info.resets(subresource),
+            zero: info.zero,
         }
-        match path.split_last() {
-            Some((last, parent)) if last == "." => {
-                node(self, parent).is_some() != node(other, parent).is_some()
-            }
-            _ => node(self, path) != node(other, path),
+    }
+
+    /// The kind's Go zero value.
+    fn zero(&self) -> Value {
+        serde_json::from_str(self.zero).unwrap_or_else(|_| json!({}))
+    }
+
+    /// Whether a path is a reset field or lies under one.
+    fn resets_path(&self, path: &Path) -> bool {
+        self.resets.iter().any(|reset| {
+            reset.len() <= path.len()
+                && reset
+                    .iter()
+                    .zip(path)
+                    .all(|(field, step)| step.strip_prefix("f:") == Some(field))
+        })
+    }
+
+    /// `comparison` without the reset fields (upstream's `FilterFields` on the comparison).
+    fn filtered(&self, comparison: Comparison) -> Comparison {
+        let keep = |set: Set| -> Set { set.into_iter().filter(|p| !self.resets_path(p)).collect() };
+        Comparison {
+            added: keep(comparison.added),
+            modified: keep(comparison.modified),
+            removed: keep(comparison.removed),
         }
+    }
+
+    /// `set` as this write records it: without the reset fields (and everything under them)
+    /// and without system metadata.
+    fn recordable(&self, mut set: Set) -> Set {
+        set.retain(|path| {
+            !self.resets_path(path)
+                && !STRIPPED.iter().any(|stripped| {
+                    stripped.len() == path.len() && stripped.iter().zip(path).all(|(a, b)| a == b)
+                })
+        });
+        set
     }
 }
 
@@ -81,280 +146,474 @@ fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String 
 }
 
 /// The shape a value takes: its schema's, or a map / atomic value without one.
-fn shape_of(value: &Value, schema: Option<&'static Value>) -> Shape<'static> {
+fn shape_of(value: Option<&Value>, schema: Option<&'static Value>) -> Shape<'static> {
     schema.map(shape).unwrap_or(match value {
-        Value::Object(_) => Shape::Map(None),
+        Some(Value::Object(_)) => Shape::Map(None),
         _ => Shape::Atomic,
     })
 }
 
-fn collect<'a>(
-    value: &'a Value,
-    schema: Option<&'static Value>,
-    path: &mut Path,
-    out: &mut Fields<'a>,
-    depth: usize,
-    status: bool,
-) {
-    if let Some(nodes) = out.nodes.as_mut() {
-        nodes.entry(path.clone()).or_insert(value);
-    }
-    let mark = |path: &Path, out: &mut Fields<'a>| {
-        let mut marker = path.clone();
-        marker.push(".".into());
-        out.set.insert(marker);
-    };
-    match (shape_of(value, schema), value) {
-        (Shape::Struct(properties), Value::Object(map)) if !map.is_empty() => {
-            for (key, child) in map {
-                // A write through /status owns only status; any other write never does.
-                if depth == 0
-                    && (matches!(key.as_str(), "kind" | "apiVersion")
-                        || (key == "status") != status)
-                {
-                    continue;
-                }
-                if depth == 1 && path[0] == "f:metadata" && SYSTEM_METADATA.contains(&key.as_str())
-                {
-                    continue;
-                }
-                path.push(format!("f:{key}"));
-                collect(child, properties.get(key), path, out, depth + 1, status);
-                path.pop();
-            }
-        }
-        (Shape::Map(values), Value::Object(map)) if !map.is_empty() => {
-            mark(path, out);
-            for (key, child) in map {
-                path.push(format!("f:{key}"));
-                collect(child, values, path, out, depth + 1, status);
-                path.pop();
-            }
-        }
-        (Shape::ListMap(items, keys), Value::Array(list)) if !list.is_empty() => {
-            mark(path, out);
-            for element in list {
-                path.push(entry_step(element, items, keys));
-                mark(path, out);
-                collect(element, Some(items), path, out, depth + 1, status);
-                path.pop();
-            }
-        }
-        (Shape::Set, Value::Array(list)) if !list.is_empty() => {
-            mark(path, out);
-            for element in list {
-                path.push(format!("v:{element}"));
-                if let Some(nodes) = out.nodes.as_mut() {
-                    nodes.entry(path.clone()).or_insert(element);
-                }
-                out.set.insert(path.clone());
-                path.pop();
-            }
-        }
-        _ => {
-            if !path.is_empty() {
-                out.set.insert(path.clone());
-            }
-        }
+/// A child step's schema in a struct or map node.
+fn child_schema(shape: &Shape<'static>, key: &str) -> Option<&'static Value> {
+    match shape {
+        Shape::Struct(properties) => properties.get(key),
+        Shape::Map(values) => *values,
+        _ => None,
     }
 }
 
-/// Whether a path lies in the part of the object a write covers: status for a write through
-/// `/status`, everything else otherwise.
-fn in_scope(path: &Path, status: bool) -> bool {
-    (path.first().map(String::as_str) == Some("f:status")) == status
-}
-
-/// The fields an object sets (system metadata excluded; status only (`status`) or all but
-/// status), with the nodes they name, for comparing with another object's.
-fn fields<'a>(object: &'a Value, schema: Option<&'static Value>, status: bool) -> Fields<'a> {
-    let mut out = Fields {
-        set: BTreeSet::new(),
-        nodes: Some(HashMap::new()),
-    };
-    collect(object, schema, &mut Vec::new(), &mut out, 0, status);
+/// The fields a value sets (structured-merge-diff's `ToFieldSet`).
+fn field_set(value: &Value, schema: Option<&'static Value>) -> Set {
+    let mut out = Set::new();
+    to_field_set(value, schema, &mut Vec::new(), &mut out);
     out
 }
 
-/// Just the field set.
-fn field_set(object: &Value, schema: Option<&'static Value>, status: bool) -> BTreeSet<Path> {
-    let mut out = Fields {
-        set: BTreeSet::new(),
-        nodes: None,
+fn to_field_set(value: &Value, schema: Option<&'static Value>, path: &mut Path, out: &mut Set) {
+    let node = shape_of(Some(value), schema);
+    match (&node, value) {
+        (Shape::Struct(_) | Shape::Map(_), Value::Object(map)) => {
+            let granular = matches!(node, Shape::Map(_));
+            for (key, child) in map {
+                let declared = !granular && child_schema(&node, key).is_some();
+                path.push(format!("f:{key}"));
+                to_field_set(child, child_schema(&node, key), path, out);
+                let empty = child.is_null() || child.as_object().is_some_and(Map::is_empty);
+                if empty || !declared {
+                    out.insert(path.clone());
+                }
+                path.pop();
+            }
+        }
+        (Shape::ListMap(items, keys), Value::Array(list)) => {
+            for element in list {
+                path.push(entry_step(element, items, keys));
+                to_field_set(element, Some(items), path, out);
+                out.insert(path.clone());
+                path.pop();
+            }
+        }
+        (Shape::Set, Value::Array(list)) => {
+            for element in list {
+                path.push(format!("v:{element}"));
+                out.insert(path.clone());
+                path.pop();
+            }
+        }
+        _ if !path.is_empty() => {
+            out.insert(path.clone());
+        }
+        _ => {}
+    }
+}
+
+/// What changed between two objects (structured-merge-diff's `Comparison`).
+#[derive(Debug, Default)]
+struct Comparison {
+    added: Set,
+    modified: Set,
+    removed: Set,
+}
+
+impl Comparison {
+    /// Everything the newer object sets anew or differently.
+    fn changed(&self) -> Set {
+        self.added.union(&self.modified).cloned().collect()
+    }
+}
+
+/// Compares `lhs` (the live object) with `rhs` (the new one).
+fn compare(lhs: &Value, rhs: &Value, schema: Option<&'static Value>) -> Comparison {
+    let mut out = Comparison::default();
+    compare_node(Some(lhs), Some(rhs), schema, &mut Vec::new(), &mut out);
+    out
+}
+
+/// The entries of a list node by their step (the first of duplicates).
+fn entries<'v>(list: Option<&'v Vec<Value>>, node: &Shape<'static>) -> Vec<(String, &'v Value)> {
+    let mut seen = HashSet::new();
+    list.into_iter()
+        .flatten()
+        .map(|element| {
+            let step = match node {
+                Shape::ListMap(items, keys) => entry_step(element, items, keys),
+                _ => format!("v:{element}"),
+            };
+            (step, element)
+        })
+        .filter(|(step, _)| seen.insert(step.clone()))
+        .collect()
+}
+
+fn compare_node(
+    lhs: Option<&Value>,
+    rhs: Option<&Value>,
+    schema: Option<&'static Value>,
+    path: &mut Path,
+    out: &mut Comparison,
+) {
+    let node = shape_of(rhs.or(lhs), schema);
+    // A leaf: added, removed or modified as a whole.
+    let leaf = |out: &mut Comparison| {
+        if path.is_empty() {
+            return;
+        }
+        match (lhs, rhs) {
+            (None, _) => out.added.insert(path.clone()),
+            (_, None) => out.removed.insert(path.clone()),
+            (Some(l), Some(r)) if l != r => out.modified.insert(path.clone()),
+            _ => false,
+        };
     };
-    collect(object, schema, &mut Vec::new(), &mut out, 0, status);
-    out.set
+    match &node {
+        Shape::Struct(_) | Shape::Map(_) => {
+            let (l, r) = (
+                lhs.and_then(Value::as_object),
+                rhs.and_then(Value::as_object),
+            );
+            // Both empty (or null): a leaf, which keeps `{}` apart from absent.
+            if l.is_none_or(Map::is_empty) && r.is_none_or(Map::is_empty) {
+                return leaf(out);
+            }
+            for (key, value) in l.into_iter().flatten() {
+                path.push(format!("f:{key}"));
+                let other = r.and_then(|r| r.get(key));
+                compare_node(Some(value), other, child_schema(&node, key), path, out);
+                path.pop();
+            }
+            for (key, value) in r.into_iter().flatten() {
+                if l.is_some_and(|l| l.contains_key(key)) {
+                    continue;
+                }
+                path.push(format!("f:{key}"));
+                compare_node(None, Some(value), child_schema(&node, key), path, out);
+                path.pop();
+            }
+        }
+        Shape::ListMap(..) | Shape::Set => {
+            let items = match &node {
+                Shape::ListMap(items, _) => Some(*items),
+                _ => None,
+            };
+            let (l, r) = (lhs.and_then(Value::as_array), rhs.and_then(Value::as_array));
+            if l.is_none_or(Vec::is_empty) && r.is_none_or(Vec::is_empty) {
+                return leaf(out);
+            }
+            let right: HashMap<String, &Value> = entries(r, &node).into_iter().collect();
+            let left = entries(l, &node);
+            let in_left: HashSet<&String> = left.iter().map(|(step, _)| step).collect();
+            for (step, value) in &left {
+                path.push(step.clone());
+                compare_node(Some(value), right.get(step).copied(), items, path, out);
+                path.pop();
+            }
+            for (step, value) in entries(r, &node) {
+                if in_left.contains(&step) {
+                    continue;
+                }
+                path.push(step);
+                compare_node(None, Some(value), items, path, out);
+                path.pop();
+            }
+        }
+        _ => return leaf(out),
+    }
+    // A node with members below it: itself added or removed when new or gone.
+    if !path.is_empty() {
+        if lhs.is_none() {
+            out.added.insert(path.clone());
+        } else if rhs.is_none() {
+            out.removed.insert(path.clone());
+        }
+    }
 }
 
 /// Whether any path of `set` lies under `node` (or is `node`): one ordered lookup, since the
 /// paths under a node sort right after it.
-fn owns_under(set: &BTreeSet<Path>, node: &[String]) -> bool {
+fn owns_under(set: &Set, node: &[String]) -> bool {
     set.range(node.to_vec()..)
         .next()
         .is_some_and(|p| p.starts_with(node))
 }
 
-fn to_fields_v1(paths: &BTreeSet<Path>) -> Value {
-    let mut root = Map::new();
-    for path in paths {
+/// Upstream's order of path elements: field names, then keys, then values, then indexes;
+/// keys and values compared as values (so port 80 precedes port 443).
+fn step_order(a: &str, b: &str) -> Ordering {
+    fn rank(step: &str) -> u8 {
+        match step.get(..2) {
+            Some("f:") => 0,
+            Some("k:") => 1,
+            Some("v:") => 2,
+            _ => 3,
+        }
+    }
+    let parsed = |s: &str| serde_json::from_str::<Value>(&s[2..]).unwrap_or(Value::Null);
+    rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
+        1 | 2 => value_order(&parsed(a), &parsed(b)),
+        3 => {
+            let index = |s: &str| s[2..].parse::<i64>().unwrap_or_default();
+            index(a).cmp(&index(b))
+        }
+        _ => a.cmp(b),
+    })
+}
+
+/// structured-merge-diff's total order of values: numbers, strings, booleans, lists, maps
+/// (as sorted field lists), null.
+fn value_order(a: &Value, b: &Value) -> Ordering {
+    fn rank(v: &Value) -> u8 {
+        match v {
+            Value::Number(_) => 0,
+            Value::String(_) => 1,
+            Value::Bool(_) => 2,
+            Value::Array(_) => 3,
+            Value::Object(_) => 4,
+            Value::Null => 5,
+        }
+    }
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (
+                x.as_f64().unwrap_or_default(),
+                y.as_f64().unwrap_or_default(),
+            );
+            x.partial_cmp(&y).unwrap_or(Ordering::Equal)
+        }
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Array(x), Value::Array(y)) => x
+            .iter()
+            .zip(y)
+            .map(|(x, y)| value_order(x, y))
+            .find(|o| o.is_ne())
+            .unwrap_or_else(|| x.len().cmp(&y.len())),
+        (Value::Object(x), Value::Object(y)) => {
+            fn sorted(m: &Map<String, Value>) -> Vec<(&String, &Value)> {
+                let mut fields: Vec<(&String, &Value)> = m.iter().collect();
+                fields.sort_by(|a, b| a.0.cmp(b.0));
+                fields
+            }
+            let (x, y) = (sorted(x), sorted(y));
+            x.iter()
+                .zip(&y)
+                .map(|((kx, vx), (ky, vy))| kx.cmp(ky).then_with(|| value_order(vx, vy)))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| x.len().cmp(&y.len()))
+        }
+        _ => rank(a).cmp(&rank(b)),
+    }
+}
+
+/// A set as `fieldsV1`: members with nothing below them are `{}`, members with something
+/// below them carry `.`; children in upstream's order.
+fn to_fields_v1(set: &Set) -> Value {
+    #[derive(Default)]
+    struct Node {
+        member: bool,
+        children: BTreeMap<String, Node>,
+    }
+    fn render(node: &Node) -> Value {
+        let mut out = Map::new();
+        if node.member && !node.children.is_empty() {
+            out.insert(".".into(), json!({}));
+        }
+        let mut children: Vec<(&String, &Node)> = node.children.iter().collect();
+        children.sort_by(|a, b| step_order(a.0, b.0));
+        for (step, child) in children {
+            out.insert(step.clone(), render(child));
+        }
+        Value::Object(out)
+    }
+    let mut root = Node::default();
+    for path in set {
         let mut node = &mut root;
-        for key in path {
-            let entry = node
-                .entry(key.clone())
-                .or_insert_with(|| Value::Object(Map::new()));
-            let Value::Object(child) = entry else { break };
-            node = child;
+        for step in path {
+            node = node.children.entry(step.clone()).or_default();
         }
+        node.member = true;
     }
-    sort_marker_first(&mut root);
-    Value::Object(root)
+    render(&root)
 }
 
-fn sort_marker_first(node: &mut Map<String, Value>) {
-    for child in node.values_mut() {
-        if let Value::Object(map) = child {
-            sort_marker_first(map);
-        }
-    }
-    if let Some(marker) = node.shift_remove(".") {
-        let rest = std::mem::take(node);
-        node.insert(".".into(), marker);
-        node.extend(rest);
-    }
-}
-
-fn from_fields_v1(value: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
-    let Some(map) = value.as_object() else { return };
-    if map.is_empty() {
-        if !path.is_empty() {
+/// The set a `fieldsV1` value names.
+fn from_fields_v1(value: &Value) -> Set {
+    fn walk(value: &Value, path: &mut Path, out: &mut Set) {
+        let Some(map) = value.as_object() else { return };
+        if (map.is_empty() || map.contains_key(".")) && !path.is_empty() {
             out.insert(path.clone());
         }
-        return;
+        for (key, child) in map {
+            if key == "." {
+                continue;
+            }
+            path.push(key.clone());
+            walk(child, path, out);
+            path.pop();
+        }
     }
-    for (key, child) in map {
-        path.push(key.clone());
-        from_fields_v1(child, path, out);
-        path.pop();
-    }
+    let mut out = Set::new();
+    walk(value, &mut Vec::new(), &mut out);
+    out
+}
+
+/// An entry's set.
+fn owned_by(entry: &Value) -> Set {
+    entry
+        .get("fieldsV1")
+        .map(from_fields_v1)
+        .unwrap_or_default()
 }
 
 /// A managedFields entry owning `fields`.
-fn entry(
-    manager: &str,
-    operation: &str,
-    api_version: &str,
-    time: &str,
-    subresource: Option<&str>,
-    fields: &BTreeSet<Path>,
-) -> Value {
+fn entry(manager: &str, operation: &str, tracking: &Tracking, time: &str, fields: &Set) -> Value {
     let mut entry = Map::new();
     entry.insert("manager".into(), json!(manager));
     entry.insert("operation".into(), json!(operation));
-    entry.insert("apiVersion".into(), json!(api_version));
+    entry.insert("apiVersion".into(), json!(tracking.api_version));
     entry.insert("time".into(), json!(time));
     entry.insert("fieldsType".into(), json!("FieldsV1"));
     entry.insert("fieldsV1".into(), to_fields_v1(fields));
-    if let Some(sub) = subresource {
+    if let Some(sub) = tracking.subresource {
         entry.insert("subresource".into(), json!(sub));
     }
     Value::Object(entry)
 }
 
-/// Records an `Update` by `manager` (at `api_version`, through `subresource`) on `new`, given the
-/// stored `old` object (None on create). `schema` is the kind's OpenAPI definition.
-pub fn record_update(
-    new: &mut Value,
-    old: Option<&Value>,
-    manager: &str,
-    api_version: &str,
-    subresource: Option<&str>,
-    schema: Option<&'static Value>,
-) {
-    let now = meta::now_rfc3339();
-    let status = subresource == Some("status");
-    let (new_fields, changed) = match old {
-        // A create: everything it sets changed; nothing to compare with.
-        None => {
-            let set = field_set(new, schema, status);
-            (set.clone(), set)
+/// Whether `entry` is the one `manager` keeps for `operation` through this write's version
+/// and subresource.
+fn is_entry_of(entry: &Value, manager: &str, operation: &str, tracking: &Tracking) -> bool {
+    let text = |key: &str| entry.get(key).and_then(Value::as_str);
+    text("manager") == Some(manager)
+        && text("operation") == Some(operation)
+        && (operation == "Apply" || text("apiVersion") == Some(tracking.api_version.as_str()))
+        && text("subresource") == tracking.subresource
+}
+
+/// An object without its managedFields (they are never compared).
+fn without_managed_fields(object: &Value) -> Value {
+    let mut copy = object.clone();
+    if let Some(metadata) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.shift_remove("managedFields");
+    }
+    copy
+}
+
+/// A managedFields entry and the set it owns, parsed once; re-rendered only when edited.
+struct Owner {
+    entry: Value,
+    owned: Set,
+    edited: bool,
+}
+
+impl Owner {
+    fn new(entry: Value, owned: Set) -> Self {
+        Owner {
+            entry,
+            owned,
+            edited: true,
         }
-        Some(old) => {
-            let new_index = fields(new, schema, status);
-            let old_index = fields(old, schema, status);
-            let changed: BTreeSet<Path> = new_index
-                .set
-                .iter()
-                .filter(|p| new_index.differs(&old_index, p))
-                .chain(old_index.set.iter().filter(|p| !new_index.set.contains(*p)))
-                .cloned()
-                .collect();
-            (new_index.set, changed)
+    }
+
+    /// Keeps the fields `keep` accepts.
+    fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
+        let before = self.owned.len();
+        self.owned.retain(|p| keep(p));
+        self.edited |= self.owned.len() != before;
+    }
+
+    /// Owns `set` instead.
+    fn replace(&mut self, set: Set) {
+        if self.owned != set {
+            self.owned = set;
+            self.edited = true;
         }
-    };
-    let mut entries: Vec<Value> = old
+    }
+}
+
+/// The stored entries with their sets.
+fn entries_of(object: Option<&Value>) -> Vec<Owner> {
+    object
         .and_then(meta::metadata)
         .and_then(|m| m.get("managedFields"))
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let is_mine = |entry: &Value| {
-        entry.get("manager").and_then(Value::as_str) == Some(manager)
-            && entry.get("operation").and_then(Value::as_str) == Some("Update")
-            && entry.get("apiVersion").and_then(Value::as_str) == Some(api_version)
-            && entry.get("subresource").and_then(Value::as_str) == subresource
+        .map(|list| {
+            list.iter()
+                .map(|e| Owner {
+                    owned: owned_by(e),
+                    entry: e.clone(),
+                    edited: false,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes entries back, each edited one re-rendered, those left empty dropped, in upstream's
+/// order.
+fn store_entries(object: &mut Value, owners: Vec<Owner>) {
+    let mut out: Vec<Value> = Vec::with_capacity(owners.len());
+    for mut owner in owners {
+        if owner.owned.is_empty() {
+            continue;
+        }
+        if owner.edited {
+            owner.entry["fieldsV1"] = to_fields_v1(&owner.owned);
+        }
+        out.push(owner.entry);
+    }
+    cap_updates(&mut out);
+    sort_entries(&mut out);
+    let metadata = meta::metadata_mut(object);
+    if out.is_empty() {
+        metadata.shift_remove("managedFields");
+    } else {
+        metadata.insert("managedFields".into(), Value::Array(out));
+    }
+}
+
+/// Records an `Update` by `manager` on `new`, given the stored `old` object (None on create).
+pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
+    let zero;
+    let live = match old {
+        Some(old) => without_managed_fields(old),
+        None => {
+            zero = tracking.zero();
+            zero
+        }
     };
-    let mut mine_found = false;
-    for entry in entries.iter_mut() {
-        let mut owned = BTreeSet::new();
-        if let Some(fields) = entry.get("fieldsV1") {
-            from_fields_v1(fields, &mut Vec::new(), &mut owned);
+    let comparison = tracking.filtered(compare(
+        &live,
+        &without_managed_fields(new),
+        tracking.schema,
+    ));
+    let changed = comparison.changed();
+    let mut entries = entries_of(old);
+    // Every other manager loses what this write changed or removed.
+    for owner in entries.iter_mut() {
+        if !is_entry_of(&owner.entry, manager, "Update", tracking) {
+            owner.retain(|p| !changed.contains(p) && !comparison.removed.contains(p));
         }
-        let before = owned.clone();
-        let mine = is_mine(entry);
-        if mine {
-            mine_found = true;
-            owned.extend(changed.iter().filter(|p| new_fields.contains(*p)).cloned());
-        } else {
-            owned.retain(|p| !changed.contains(p) || p.last().map(String::as_str) == Some("."));
-        }
-        // Only fields inside this write's scope (status, or everything but status) can have
-        // gone; other managers' fields outside it are untouched.
-        owned.retain(|p| !in_scope(p, status) || new_fields.contains(p));
-        if owned != before {
-            entry["fieldsV1"] = to_fields_v1(&owned);
-            if mine {
-                entry["time"] = json!(now);
+    }
+    let taken = tracking.recordable(changed);
+    let now = meta::now_rfc3339();
+    match entries
+        .iter_mut()
+        .find(|owner| is_entry_of(&owner.entry, manager, "Update", tracking))
+    {
+        Some(owner) => {
+            owner.retain(|p| !comparison.removed.contains(p));
+            if !taken.is_empty() {
+                owner.replace(owner.owned.union(&taken).cloned().collect());
+                owner.entry["time"] = json!(now);
             }
         }
-    }
-    if !mine_found {
-        let owned: BTreeSet<Path> = changed
-            .into_iter()
-            .filter(|p| new_fields.contains(p))
-            .collect();
-        if !owned.is_empty() {
-            entries.push(entry(
-                manager,
-                "Update",
-                api_version,
-                &now,
-                subresource,
-                &owned,
-            ));
+        None if !taken.is_empty() => {
+            let fresh = entry(manager, "Update", tracking, &now, &taken);
+            entries.push(Owner::new(fresh, taken));
         }
+        None => {}
     }
-    entries.retain(|e| {
-        e.get("fieldsV1")
-            .and_then(Value::as_object)
-            .is_some_and(|m| !m.is_empty())
-    });
-    cap_updates(&mut entries);
-    let meta = meta::metadata_mut(new);
-    if entries.is_empty() {
-        meta.shift_remove("managedFields");
-    } else {
-        meta.insert("managedFields".into(), Value::Array(entries));
-    }
+    store_entries(new, entries);
 }
 
 /// The most `Update` entries kept; older ones are merged into one named `ancient-changes`.
@@ -378,12 +637,8 @@ fn cap_updates(entries: &mut Vec<Value>) {
         };
         match entries.iter().position(&is_ancient) {
             Some(ancient) => {
-                let mut fields = BTreeSet::new();
-                for i in [ancient, oldest] {
-                    if let Some(f) = entries[i].get("fieldsV1") {
-                        from_fields_v1(f, &mut Vec::new(), &mut fields);
-                    }
-                }
+                let mut fields = owned_by(&entries[ancient]);
+                fields.extend(owned_by(&entries[oldest]));
                 if let Some(entry) = entries[ancient].as_object_mut() {
                     entry.insert("fieldsV1".into(), to_fields_v1(&fields));
                 }
@@ -397,6 +652,23 @@ fn cap_updates(entries: &mut Vec<Value>) {
             }
         }
     }
+}
+
+/// Upstream's order of entries (`sortEncodedManagedFields`): by operation (`Apply` first),
+/// then time (to the second), manager, apiVersion and subresource.
+fn sort_entries(entries: &mut [Value]) {
+    let key = |entry: &Value| {
+        let text = |k: &str| meta::text(entry.get(k)).to_string();
+        // RFC 3339 times in UTC with whole seconds sort as text; no time sorts first.
+        (
+            text("operation"),
+            text("time").get(..19).unwrap_or_default().to_string(),
+            text("manager"),
+            text("apiVersion"),
+            text("subresource"),
+        )
+    };
+    entries.sort_by_cached_key(key);
 }
 
 fn without_times(object: &Value) -> Value {

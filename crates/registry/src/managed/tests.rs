@@ -7,6 +7,22 @@ fn service_schema() -> Option<&'static Value> {
     capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
 }
 
+static SERVICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::core::v1::Service>()
+    .with_status()
+    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
+
+fn tracking(subresource: Subresource) -> Tracking {
+    Tracking::new(&SERVICE, service_schema(), subresource)
+}
+
+fn update(new: &mut Value, old: Option<&Value>, manager: &str) {
+    record_update(new, old, manager, &tracking(Subresource::Main));
+}
+
+fn update_status(new: &mut Value, old: Option<&Value>, manager: &str) {
+    record_update(new, old, manager, &tracking(Subresource::Status));
+}
+
 #[test]
 fn create_records_fields_as_upstream() {
     // The reference transcript: kube-apiserver 1.36's managedFields for this create.
@@ -14,7 +30,7 @@ fn create_records_fields_as_upstream() {
         "spec":{"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}],
                 "selector":{"app":"web"},"type":"ClusterIP","sessionAffinity":"None","internalTrafficPolicy":"Cluster"},
         "status":{"loadBalancer":{}}});
-    record_update(&mut object, None, "curl", "v1", None, service_schema());
+    update(&mut object, None, "curl");
     let entry = &object["metadata"]["managedFields"][0];
     assert_eq!(entry["manager"], "curl");
     assert_eq!(
@@ -29,18 +45,19 @@ fn create_records_fields_as_upstream() {
 #[test]
 fn update_moves_changed_fields_to_the_new_manager() {
     let mut old = json!({"metadata":{"labels":{"a":"1"}},"spec":{"type":"ClusterIP"}});
-    record_update(&mut old, None, "first", "v1", None, service_schema());
+    update(&mut old, None, "first");
     let mut new = old.clone();
     new["metadata"]["labels"]["a"] = json!("2");
-    record_update(&mut new, Some(&old), "second", "v1", None, service_schema());
+    update(&mut new, Some(&old), "second");
     let entries = new["metadata"]["managedFields"]
         .as_array()
         .expect("entries");
     assert_eq!(entries.len(), 2);
-    // The map itself stays with its first manager; the changed key moves.
+    // The map itself (added by the create) stays with its first manager, now with nothing
+    // below it: `{}`, not `.`; the changed key moves.
     assert_eq!(
         entries[0]["fieldsV1"],
-        json!({"f:metadata":{"f:labels":{".":{}}},"f:spec":{"f:type":{}}})
+        json!({"f:metadata":{"f:labels":{}},"f:spec":{"f:type":{}}})
     );
     assert_eq!(
         entries[1]["fieldsV1"],
@@ -53,7 +70,7 @@ fn applied(
     manager: &str,
     force: bool,
 ) -> Result<Value, Vec<Conflict>> {
-    apply(live, &config, manager, "v1", None, service_schema(), force)
+    apply(live, &config, manager, &tracking(Subresource::Main), force)
 }
 
 fn owned(object: &Value, manager: &str) -> Value {
@@ -75,10 +92,11 @@ fn apply_creates_and_owns_what_it_sent_with_defaulted_keys() {
     let entry = &object["metadata"]["managedFields"][0];
     assert_eq!(entry["operation"], "Apply");
     assert_eq!(entry["manager"], "alice");
-    // The entry is named with the defaulted protocol; the protocol field itself is not owned.
+    // The entry is named with the defaulted protocol; the protocol field itself is not owned,
+    // nor is the list holding the entry (an applied set has no `.` for lists and maps).
     assert_eq!(
         entry["fieldsV1"],
-        json!({"f:spec": {"f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}":
+        json!({"f:spec": {"f:ports": {"k:{\"port\":80,\"protocol\":\"TCP\"}":
             {".": {}, "f:name": {}, "f:port": {}, "f:targetPort": {}}}, "f:selector": {}}})
     );
     // Applying the same again changes nothing, not even the time.
@@ -125,21 +143,14 @@ fn the_same_value_is_shared_and_a_field_dropped_by_one_owner_stays() {
 fn update_managers_are_named_with_their_version_in_conflicts() {
     let mut live = web(8080);
     live["spec"]["ports"][0]["protocol"] = json!("TCP");
-    record_update(
-        &mut live,
-        None,
-        "kubectl-client-side-apply",
-        "v1",
-        None,
-        service_schema(),
-    );
+    update(&mut live, None, "kubectl-client-side-apply");
     let conflicts = applied(Some(&live), web(1234), "kubectl", false).expect_err("conflict");
     assert_eq!(
         conflicts[0].manager,
         "\"kubectl-client-side-apply\" using v1"
     );
     assert_eq!(
-        render_path(&vec![
+        render_path(&[
             "f:spec".into(),
             "f:externalIPs".into(),
             "v:\"1.2.3.4\"".into()
@@ -150,17 +161,11 @@ fn update_managers_are_named_with_their_version_in_conflicts() {
 
 #[test]
 fn writes_through_status_own_status_only() {
-    let old = json!({"metadata": {"name": "web"}, "spec": {"type": "ClusterIP"}, "status": {}});
+    let old = json!({"metadata": {"name": "web"}, "spec": {"type": "ClusterIP"},
+                     "status": {"loadBalancer": {}}});
     let mut new = old.clone();
     new["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
-    record_update(
-        &mut new,
-        Some(&old),
-        "lb",
-        "v1",
-        Some("status"),
-        service_schema(),
-    );
+    update_status(&mut new, Some(&old), "lb");
     let entry = &new["metadata"]["managedFields"][0];
     assert_eq!(entry["subresource"], "status");
     assert_eq!(
@@ -173,9 +178,7 @@ fn writes_through_status_own_status_only() {
         Some(&old),
         &config,
         "lb",
-        "v1",
-        Some("status"),
-        service_schema(),
+        &tracking(Subresource::Status),
         false,
     )
     .expect("no conflicts");
@@ -210,14 +213,7 @@ fn applying_and_dropping_long_lists_is_linear() {
     assert_eq!(after["spec"]["ports"].as_array().map(Vec::len), Some(2_000));
     // A second manager sharing the same values owns them too: nothing conflicts.
     let mut shared = after.clone();
-    record_update(
-        &mut shared,
-        Some(&after),
-        "bob",
-        "v1",
-        None,
-        service_schema(),
-    );
+    update(&mut shared, Some(&after), "bob");
     assert!(
         applied(
             Some(&shared),
@@ -235,14 +231,7 @@ fn more_than_ten_update_managers_fold_into_ancient_changes() {
     for i in 0..12 {
         let old = object.clone();
         object["metadata"]["labels"][format!("l{i}")] = json!("x");
-        record_update(
-            &mut object,
-            Some(&old),
-            &format!("m{i:02}"),
-            "v1",
-            None,
-            service_schema(),
-        );
+        update(&mut object, Some(&old), &format!("m{i:02}"));
     }
     let entries = object["metadata"]["managedFields"]
         .as_array()
@@ -269,9 +258,7 @@ fn the_first_apply_to_an_unmanaged_object_meets_before_first_apply() {
             Some(&live),
             &web(9090),
             "kubectl",
-            "v1",
-            None,
-            service_schema(),
+            &tracking(Subresource::Main),
             force,
         )
     };
@@ -282,7 +269,8 @@ fn the_first_apply_to_an_unmanaged_object_meets_before_first_apply() {
         .as_array()
         .map(|l| l.iter().filter_map(|e| e["manager"].as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(managers, ["before-first-apply", "kubectl"]);
+    // Upstream's order: Apply entries first.
+    assert_eq!(managers, ["kubectl", "before-first-apply"]);
 }
 
 #[test]
@@ -291,28 +279,14 @@ fn a_status_write_keeps_the_main_resource_managers_and_the_reverse() {
     object["status"] = json!({});
     let old = object.clone();
     object["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
-    record_update(
-        &mut object,
-        Some(&old),
-        "lb",
-        "v1",
-        Some("status"),
-        service_schema(),
-    );
+    update_status(&mut object, Some(&old), "lb");
     assert!(
         owned(&object, "alice").to_string().contains("targetPort"),
         "{object}"
     );
     let old = object.clone();
     object["metadata"]["labels"] = json!({"a": "b"});
-    record_update(
-        &mut object,
-        Some(&old),
-        "labeller",
-        "v1",
-        None,
-        service_schema(),
-    );
+    update(&mut object, Some(&old), "labeller");
     assert!(
         owned(&object, "lb").to_string().contains("f:loadBalancer"),
         "{object}"
@@ -324,5 +298,63 @@ fn a_status_write_keeps_the_main_resource_managers_and_the_reverse() {
     assert!(
         after["spec"]["ports"].as_array().is_none_or(Vec::is_empty),
         "{after}"
+    );
+}
+
+#[test]
+fn a_status_write_records_the_labels_it_changes_and_takes_them_over() {
+    // The status strategy keeps the request's metadata, so upstream's comparison for a
+    // `/status` write covers metadata too (only spec is reset).
+    let mut object = json!({"metadata": {"name": "web", "labels": {"a": "1", "b": "1"}},
+        "spec": {"type": "ClusterIP"}, "status": {"loadBalancer": {}}});
+    update(&mut object, None, "alice");
+    let old = object.clone();
+    object["metadata"]["labels"]["a"] = json!("2");
+    object["spec"]["type"] = json!("NodePort"); // reset by the status strategy: not recorded
+    object["status"]["loadBalancer"] = json!({"ingress": [{"ip": "192.0.2.1"}]});
+    update_status(&mut object, Some(&old), "lb");
+    assert_eq!(
+        owned(&object, "lb"),
+        json!({"f:metadata": {"f:labels": {"f:a": {}}},
+               "f:status": {"f:loadBalancer": {"f:ingress": {}}}})
+    );
+    assert_eq!(
+        owned(&object, "alice"),
+        json!({"f:metadata": {"f:labels": {".": {}, "f:b": {}}}, "f:spec": {"f:type": {}}})
+    );
+}
+
+#[test]
+fn a_create_adds_nodes_go_does_not_have_and_keys_sort_as_values() {
+    // sessionAffinityConfig is a pointer in Go: new, so it is marked; spec is not.
+    let mut object = json!({"metadata": {"name": "web"}, "spec": {
+        "ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}],
+        "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}});
+    update(&mut object, None, "curl");
+    let fields = owned(&object, "curl");
+    assert_eq!(
+        fields["f:spec"]["f:sessionAffinityConfig"],
+        json!({".": {}, "f:clientIP": {".": {}, "f:timeoutSeconds": {}}})
+    );
+    let keys: Vec<&String> = fields["f:spec"]["f:ports"]
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        [
+            ".",
+            "k:{\"port\":80,\"protocol\":\"TCP\"}",
+            "k:{\"port\":443,\"protocol\":\"TCP\"}"
+        ]
+    );
+    // Labels added later by another manager: the map is new, so it is marked.
+    let old = object.clone();
+    object["metadata"]["labels"] = json!({"x": "1"});
+    update(&mut object, Some(&old), "labeller");
+    assert_eq!(
+        owned(&object, "labeller"),
+        json!({"f:metadata": {"f:labels": {".": {}, "f:x": {}}}})
     );
 }

@@ -179,9 +179,7 @@ impl Registry {
                 &mut object,
                 None,
                 &options.field_manager,
-                &info.api_version(),
-                None,
-                self.strategy.schema(),
+                &crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main),
             );
         }
         meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
@@ -362,12 +360,11 @@ impl Registry {
         force: bool,
     ) -> Result<(Value, bool), ApiError> {
         let info = self.strategy.info();
-        let api_version = info.api_version();
         let options = WriteOptions {
             applied: true,
             ..options.clone()
         };
-        let fields_of = subresource.name();
+        let tracking = crate::managed::Tracking::new(info, self.strategy.schema(), subresource);
         let conflicts = |conflicts: Vec<crate::managed::Conflict>| {
             let message = if let [one] = conflicts.as_slice() {
                 format!(
@@ -407,16 +404,9 @@ impl Registry {
             error
         };
         let merge = |live: Option<&Value>| {
-            let mut object = crate::managed::apply(
-                live,
-                &config,
-                &options.field_manager,
-                &api_version,
-                fields_of,
-                self.strategy.schema(),
-                force,
-            )
-            .map_err(conflicts)?;
+            let mut object =
+                crate::managed::apply(live, &config, &options.field_manager, &tracking, force)
+                    .map_err(conflicts)?;
             if live.is_some() && meta::resource_version(&config).is_empty() {
                 // Apply never carries an optimistic lock unless the config names a version.
                 meta::metadata_mut(&mut object).shift_remove("resourceVersion");
@@ -513,9 +503,7 @@ impl Registry {
                     &mut new,
                     Some(&old),
                     &options.field_manager,
-                    &info.api_version(),
-                    subresource.name(),
-                    self.strategy.schema(),
+                    &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
                 );
             }
             let (extras, invalid) = self

@@ -24,7 +24,11 @@ pub static APISERVICE_INFO: ResourceInfo = ResourceInfo::of::<APIService>()
         "apis/apiregistration.k8s.io/v1",
         capstan_machinery::schema::APIREGISTRATION_V1_OPENAPI,
     )
-    .priority(20001, 15);
+    .priority(20001, 15)
+    // APIServiceSpec's priorities are not omitempty.
+    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{"groupPriorityMinimum":0,"versionPriority":0},"status":{}}"#)
+    // apiServerStatusStrategy.GetResetFields: a status write keeps spec and all metadata.
+    .status_resets(&[&["spec"], &["metadata"]]);
 
 /// The label of APIServices the server registers for the groups it serves itself.
 pub const AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";

@@ -27,7 +27,8 @@ pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo::of::<Namespace>()
         "io.k8s.api.core.v1.Namespace",
         "api/v1",
         capstan_machinery::schema::CORE_V1_OPENAPI,
-    );
+    )
+    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{}}"#);
 
 /// The storage prefix namespaced kinds check for their namespace.
 pub const NAMESPACE_PREFIX: &str = "namespaces/";

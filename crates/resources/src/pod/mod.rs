@@ -21,7 +21,15 @@ pub static POD_INFO: ResourceInfo = ResourceInfo::of::<Pod>()
         "io.k8s.api.core.v1.Pod",
         "api/v1",
         capstan_machinery::schema::CORE_V1_OPENAPI,
-    );
+    )
+    // PodSpec's containers are not omitempty.
+    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{"containers":null},"status":{}}"#)
+    // podStatusStrategy.GetResetFields.
+    .status_resets(&[
+        &["spec"],
+        &["metadata", "deletionTimestamp"],
+        &["metadata", "ownerReferences"],
+    ]);
 
 /// The Pod strategy.
 pub struct PodStrategy;

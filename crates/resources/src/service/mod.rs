@@ -37,7 +37,9 @@ pub static SERVICE_INFO: ResourceInfo = ResourceInfo::of::<Service>()
         "io.k8s.api.core.v1.Service",
         "api/v1",
         capstan_machinery::schema::CORE_V1_OPENAPI,
-    );
+    )
+    // ServiceStatus.loadBalancer is a struct: Go always has it.
+    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
 
 /// The Service strategy.
 pub struct ServiceStrategy {
