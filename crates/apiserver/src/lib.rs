@@ -23,7 +23,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 
 use crate::handlers::{Call, ResourceRequest};
-use crate::request::{Body, Encoding, Query, error_response, json_response, text_response};
+use crate::request::{Body, Encoding, Query, document_response, error_response, text_response};
 
 /// The API server's state.
 pub struct ApiServer {
@@ -200,9 +200,12 @@ impl ApiServer {
             }
         }
         let pretty = query.flag("pretty").unwrap_or(false);
-        let discovery = |value: serde_json::Value| json_response(StatusCode::OK, &value, pretty);
+        let discovery = |value: serde_json::Value| document_response(&accept, &value, pretty);
         match path.trim_end_matches('/') {
-            "/version" => return discovery(discovery::version()),
+            // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
+            "/version" => {
+                return request::json_response(StatusCode::OK, &discovery::version(), pretty);
+            }
             "/api" => {
                 return match discovery::wants_aggregated(&accept) {
                     Some(version) => aggregated(
@@ -261,20 +264,21 @@ impl ApiServer {
         admission: limits::Admission,
     ) -> Response<Body> {
         let not_found = || text_response(StatusCode::NOT_FOUND, "404 page not found\n");
+        let accept = request::header_text(request.headers(), header::ACCEPT).to_string();
         let mut segments = rest.splitn(3, '/');
         let group = segments.next().unwrap_or_default();
         let version = segments.next().filter(|v| !v.is_empty());
         let tail = segments.next().unwrap_or_default();
         let Some(version) = version else {
             if discovery::serves_group(&self.registries, group) {
-                return json_response(
-                    StatusCode::OK,
+                return document_response(
+                    &accept,
                     &discovery::local_group(&self.registries, group),
                     pretty,
                 );
             }
             return match self.aggregator.legacy_group(group).await {
-                Some(document) => json_response(StatusCode::OK, &document, pretty),
+                Some(document) => document_response(&accept, &document, pretty),
                 None => not_found(),
             };
         };
@@ -291,8 +295,8 @@ impl ApiServer {
             };
         }
         if tail.is_empty() {
-            return json_response(
-                StatusCode::OK,
+            return document_response(
+                &accept,
                 &discovery::group_resources(&self.registries, group, version),
                 pretty,
             );

@@ -186,6 +186,19 @@ pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Respons
     response(status, "application/json", full(json_bytes(value, pretty)))
 }
 
+/// A discovery document as JSON or YAML, whichever the client accepts, else the 406 Status.
+pub fn document_response(accept: &str, value: &Value, pretty: bool) -> Response<Body> {
+    match capstan_machinery::media::negotiate_plain(accept) {
+        Ok(negotiated) if negotiated.output == Output::Yaml => response(
+            StatusCode::OK,
+            "application/yaml",
+            full(yaml::to_string(value).unwrap_or_default()),
+        ),
+        Ok(negotiated) => json_response(StatusCode::OK, value, pretty || negotiated.pretty),
+        Err(error) => error_response(&error, Encoding::json()),
+    }
+}
+
 /// A `Status` error response.
 pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
     let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -116,22 +116,11 @@ pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
         let pretty = range
             .param("pretty")
             .is_some_and(|v| v == "1" || v == "true");
-        let json_like = range.kind == "*"
-            || (range.kind == "application" && (range.subtype == "*" || range.subtype == "json"));
         let target = range.param("as");
         match target {
             None => {
-                if json_like {
-                    return Ok(Negotiated {
-                        output: Output::Json,
-                        pretty,
-                    });
-                }
-                if !watch && range.kind == "application" && range.subtype == "yaml" {
-                    return Ok(Negotiated {
-                        output: Output::Yaml,
-                        pretty,
-                    });
+                if let Some(negotiated) = plain(&range, watch) {
+                    return Ok(negotiated);
                 }
             }
             Some(kind) if range.kind == "application" && range.subtype == "json" => {
@@ -169,6 +158,35 @@ pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
     } else {
         SERVED_TYPES
     }))
+}
+
+/// Picks JSON or YAML for a document no conversion applies to (discovery): upstream's
+/// `DefaultEndpointRestrictions` skip every clause asking for one (`as=Table`, …).
+pub fn negotiate_plain(accept: &str) -> Result<Negotiated, ApiError> {
+    parse_accept(accept)
+        .iter()
+        .filter(|range| range.param("as").is_none())
+        .find_map(|range| plain(range, false))
+        .ok_or_else(|| ApiError::not_acceptable(SERVED_TYPES))
+}
+
+/// JSON or YAML (not for watches), if the clause accepts either.
+fn plain(range: &MediaRange, watch: bool) -> Option<Negotiated> {
+    let pretty = range
+        .param("pretty")
+        .is_some_and(|v| v == "1" || v == "true");
+    let json_like = range.kind == "*"
+        || (range.kind == "application" && (range.subtype == "*" || range.subtype == "json"));
+    if json_like {
+        return Some(Negotiated {
+            output: Output::Json,
+            pretty,
+        });
+    }
+    (!watch && range.kind == "application" && range.subtype == "yaml").then_some(Negotiated {
+        output: Output::Yaml,
+        pretty,
+    })
 }
 
 /// The format of a request body.
