@@ -2,10 +2,33 @@
 
 use serde_json::{Map, Value};
 
-/// Parses a YAML document into JSON.
+/// Parses a YAML document into JSON. A key a mapping repeats takes its last value, as
+/// upstream's (non-strict) `YAMLToJSON` does; [`duplicate_key`] reports it.
 pub fn from_slice(bytes: &[u8]) -> Result<Value, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
-    serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string())
+    let options = serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    };
+    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| e.to_string())
+}
+
+/// Strict decoding's complaint about a key a mapping of the document repeats, as upstream's
+/// `YAMLToJSONStrict` words it (go-yaml v2: the line of the repeated key).
+pub fn duplicate_key(bytes: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let error = serde_saphyr::from_str::<Value>(text).err()?;
+    let mut inner = error.without_snippet();
+    while let serde_saphyr::Error::AliasError { error, .. } = inner {
+        inner = error.without_snippet();
+    }
+    let serde_saphyr::Error::DuplicateMappingKey { key, location } = inner else {
+        return None;
+    };
+    Some(format!(
+        "error converting YAML to JSON: yaml: unmarshal errors:\n  line {}: key {} already set in map",
+        location.line(),
+        crate::status::quote(key.as_deref().unwrap_or_default()),
+    ))
 }
 
 fn sorted(value: &Value) -> Value {
@@ -45,5 +68,21 @@ mod tests {
         let back = to_string(&value).expect("renders");
         assert_eq!(from_slice(back.as_bytes()).expect("parses again"), value);
         assert!(back.starts_with("apiVersion: v1\n"));
+    }
+
+    #[test]
+    fn a_repeated_key_takes_its_last_value_and_is_reported_with_its_line() {
+        let yaml = "metadata:\n  name: a\n  labels: {x: z}\n  name: b\n";
+        assert_eq!(
+            from_slice(yaml.as_bytes()).expect("parses"),
+            json!({"metadata": {"name": "b", "labels": {"x": "z"}}})
+        );
+        assert_eq!(
+            duplicate_key(yaml.as_bytes()).as_deref(),
+            Some(
+                "error converting YAML to JSON: yaml: unmarshal errors:\n  line 4: key \"name\" already set in map"
+            )
+        );
+        assert_eq!(duplicate_key(b"a: 1\nb: 2\n"), None);
     }
 }

@@ -66,13 +66,15 @@ pub(super) async fn decode_body(
             info.kind
         )));
     }
-    // Strict decoding's problems (keys a JSON body repeats, then fields the schema lacks),
+    // Strict decoding's problems (keys a JSON or YAML body repeats, then fields the schema lacks),
     // looked for only when they will be reported.
     let validation = field_validation(&call.query);
     let mut problems = Vec::new();
     if validation != FieldValidation::Ignore {
-        if format == BodyFormat::Json {
-            problems = capstan_machinery::strict::duplicate_fields(&bytes);
+        match format {
+            BodyFormat::Json => problems = capstan_machinery::strict::duplicate_fields(&bytes),
+            BodyFormat::Yaml => problems.extend(capstan_machinery::yaml::duplicate_key(&bytes)),
+            _ => {}
         }
         problems.extend(request.registry.strategy().unknown_fields(&object));
     }

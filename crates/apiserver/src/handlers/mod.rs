@@ -163,8 +163,14 @@ fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<
         if !seen.insert(warning) {
             continue;
         }
-        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
-        if let Ok(value) = http::HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+        // Upstream escapes only `"` and `\`; Go's header writer turns line breaks into spaces.
+        let escaped = warning
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace(['\n', '\r'], " ");
+        // UTF-8 goes out as it is (obs-text), as Go writes it.
+        if let Ok(value) = http::HeaderValue::from_bytes(format!("299 - \"{escaped}\"").as_bytes())
+        {
             response.headers_mut().append(header::WARNING, value);
         }
     }
