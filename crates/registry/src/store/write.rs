@@ -526,8 +526,19 @@ impl Registry {
             if crate::managed::same_ignoring_times(&new, &old) {
                 return Ok((old, false));
             }
-            let finalized = !meta::meta_str(&new, "deletionTimestamp").is_empty()
-                && meta::finalizers(&new).is_empty();
+            // Upstream's ShouldDeleteDuringUpdate: an update that leaves a deleted object
+            // without finalizers deletes it, unless its grace period is still running or the
+            // kind holds it otherwise (a Namespace until its spec.finalizers are gone).
+            let finalized = !meta::meta_str(&old, "deletionTimestamp").is_empty()
+                && meta::finalizers(&new).is_empty()
+                && meta::metadata(&old)
+                    .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                    .and_then(Value::as_i64)
+                    .is_none_or(|grace| grace == 0)
+                && matches!(
+                    self.strategy.deleting(&mut new.clone()),
+                    crate::Deleting::Proceed
+                );
             if options.dry_run {
                 return Ok((new, false));
             }
