@@ -14,6 +14,7 @@ mod definitions;
 pub mod duration;
 pub mod field;
 pub mod fields;
+pub mod go_json;
 pub mod ip;
 pub mod labels;
 pub mod media;

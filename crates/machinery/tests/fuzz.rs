@@ -59,6 +59,7 @@ proptest! {
     #[test]
     fn yaml_bodies_never_panic(text in "[ -~\n]{0,200}") {
         let _ = yaml::from_slice(text.as_bytes());
+        let _ = yaml::duplicate_key(text.as_bytes());
     }
 
     #[test]
@@ -67,6 +68,7 @@ proptest! {
         let _ = FieldSelector::parse(&text);
         let _ = ContinueToken::decode(&text);
         let _ = media::negotiate(&text, false);
+        let _ = media::negotiate_plain(&text);
         let _ = media::body_format(Some(&text));
     }
 
@@ -77,5 +79,9 @@ proptest! {
         let bytes = serde_json::to_vec(&patch_doc).unwrap_or_default();
         let _ = patch::merge_patch(&original, &bytes);
         let _ = patch::json_patch(&original, &bytes);
+        if let Some(schema) = schema {
+            let _ = capstan_machinery::go_json::type_error("Service", schema, &patch_doc);
+            let _ = capstan_machinery::go_json::type_error("Service", schema, &serde_json::json!({"spec": patch_doc, "metadata": original}));
+        }
     }
 }

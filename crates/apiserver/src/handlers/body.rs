@@ -93,9 +93,23 @@ pub(super) async fn decode_body(
         _ => {}
     }
     meta::strip_type_meta(&mut object);
-    let decoded = request.registry.strategy().decode(object).map_err(|e| {
+    let strategy = request.registry.strategy();
+    let decoded = strategy.decode(object).map_err(|e| {
+        // A value of the wrong type is reported in Go's JSON decoder's words, found by the
+        // schema in the body (parsed again: this is the rare path).
+        let parsed = match format {
+            BodyFormat::Json => serde_json::from_slice(&bytes).ok(),
+            BodyFormat::Yaml => capstan_machinery::yaml::from_slice(&bytes).ok(),
+            BodyFormat::Protobuf => None,
+        };
+        let why = parsed
+            .zip(strategy.schema())
+            .and_then(|(body, schema)| {
+                capstan_machinery::go_json::type_error(info.kind, schema, &body)
+            })
+            .unwrap_or(e);
         ApiError::bad_request(format!(
-            "{} in version {} cannot be handled as a {}: {e}",
+            "{} in version {} cannot be handled as a {}: {why}",
             info.kind,
             capstan_machinery::status::quote(info.version),
             info.kind

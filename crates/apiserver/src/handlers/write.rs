@@ -232,15 +232,26 @@ pub(super) fn patched_object(
             return Err(ApiError::version_mismatch(version, &info.api_version()));
         }
     }
+    // A patched object with a value of the wrong type: upstream's patcher answers with the
+    // decoder's error on the `patch` field, valued with the patched object's JSON.
+    let type_error = strategy
+        .schema()
+        .and_then(|schema| capstan_machinery::go_json::type_error(info.kind, schema, &result));
+    let invalid_patch = |result: &Value, why: String| {
+        let rendered = capstan_machinery::smp::value_key(result);
+        let errors = capstan_machinery::field::FieldErrors(vec![
+            capstan_machinery::field::FieldError::invalid("patch", &Value::String(rendered), why),
+        ]);
+        ApiError::invalid("", "", "", &errors)
+    };
+    if let Some(why) = type_error {
+        return Err(invalid_patch(&result, why));
+    }
     meta::strip_type_meta(&mut result);
     check_name(info, name, namespace, &result)?;
-    let decoded = strategy.decode(result).map_err(|e| {
-        ApiError::new(
-            422,
-            Reason::Invalid,
-            format!(" \"\" is invalid: patch: Invalid value: \"\": {e}"),
-        )
-    })?;
+    let decoded = strategy
+        .decode(result)
+        .map_err(|e| invalid_patch(&Value::Null, e))?;
     Ok((decoded, warnings))
 }
 
