@@ -79,6 +79,10 @@ pub struct ResourceInfo {
     /// The fields a `/status` write resets (its strategy's `GetResetFields`): managedFields
     /// never record them for that write.
     pub status_resets: &'static [&'static [&'static str]],
+    /// The scheme upstream decodes the group's bodies with, as its errors name it (a Go source
+    /// location), and the group versions it knows: a body naming another version is "not
+    /// registered" there. Empty for a group Capstan alone serves.
+    pub scheme: (&'static str, &'static [&'static str]),
 }
 
 impl ResourceInfo {
@@ -115,7 +119,18 @@ impl ResourceInfo {
             priority: (0, 0),
             zero: r#"{"metadata":{"creationTimestamp":null}}"#,
             status_resets: &[&["spec"]],
+            scheme: if T::GROUP.is_empty() {
+                ("pkg/api/legacyscheme/scheme.go:30", &["v1"])
+            } else {
+                ("", &[])
+            },
         }
+    }
+
+    /// With the scheme upstream decodes the group's bodies with.
+    pub const fn scheme(mut self, name: &'static str, versions: &'static [&'static str]) -> Self {
+        self.scheme = (name, versions);
+        self
     }
 
     /// With the JSON of the kind's Go zero value.

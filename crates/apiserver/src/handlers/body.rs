@@ -53,7 +53,11 @@ pub(super) async fn decode_body(
             return Err(error);
         }
     } else if !body_version.is_empty() && body_version != api_version {
-        return Err(ApiError::version_mismatch(&body_version, &api_version));
+        let (scheme, versions) = info.scheme;
+        if scheme.is_empty() || versions.contains(&body_version.as_str()) {
+            return Err(ApiError::version_mismatch(&body_version, &api_version));
+        }
+        return Err(not_registered(info, &body_version, &body_kind));
     }
     if !body_kind.is_empty() && body_kind != info.kind {
         return Err(ApiError::bad_request(format!(
@@ -118,9 +122,6 @@ pub(super) async fn decode_body(
     Ok((decoded, warnings, bytes.len()))
 }
 
-/// The scheme core/v1 bodies are decoded with upstream, as its errors name it.
-const LEGACY_SCHEME: &str = "pkg/api/legacyscheme/scheme.go:30";
-
 /// What upstream's decoder (the legacy scheme) makes of a core/v1 body that names another
 /// kind or version (`transformDecodeError`): a core/v1 kind decodes but does not convert into
 /// the endpoint's; any other is not registered.
@@ -130,28 +131,43 @@ fn core_decode_error(info: &ResourceInfo, version: &str, kind: &str) -> Option<A
     if version == "v1" && kind == info.kind {
         return None;
     }
-    let short_version = version.rsplit('/').next().unwrap_or(version);
     let registered = version == "v1"
         && capstan_machinery::schema::named(&format!("io.k8s.api.core.v1.{kind}"))
             .is_some_and(|schema| schema.get("x-kubernetes-group-version-kind").is_some());
-    let why = if registered {
-        format!(
+    if !registered {
+        return Some(not_registered(info, version, kind));
+    }
+    Some(cannot_handle(
+        info,
+        version,
+        kind,
+        &format!(
             "converting (v1.{kind}) to (core.{}): unknown conversion",
             info.kind
-        )
-    } else {
-        format!(
-            "no kind {} is registered for version {} in scheme {}",
-            capstan_machinery::status::quote(kind),
-            capstan_machinery::status::quote(version),
-            capstan_machinery::status::quote(LEGACY_SCHEME)
-        )
-    };
-    Some(ApiError::bad_request(format!(
+        ),
+    ))
+}
+
+/// A body whose version (or kind) the group's scheme does not know.
+fn not_registered(info: &ResourceInfo, version: &str, kind: &str) -> ApiError {
+    let kind = if kind.is_empty() { info.kind } else { kind };
+    let why = format!(
+        "no kind {} is registered for version {} in scheme {}",
+        capstan_machinery::status::quote(kind),
+        capstan_machinery::status::quote(version),
+        capstan_machinery::status::quote(info.scheme.0)
+    );
+    cannot_handle(info, version, kind, &why)
+}
+
+/// `transformDecodeError`'s message for a body that names its kind.
+fn cannot_handle(info: &ResourceInfo, version: &str, kind: &str, why: &str) -> ApiError {
+    let short_version = version.rsplit('/').next().unwrap_or(version);
+    ApiError::bad_request(format!(
         "{kind} in version {} cannot be handled as a {}: {why}",
         capstan_machinery::status::quote(short_version),
         info.kind
-    )))
+    ))
 }
 
 /// Upstream's `checkName`: a body's name must be the URL's, and the namespace it names, if

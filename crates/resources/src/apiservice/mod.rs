@@ -28,7 +28,12 @@ pub static APISERVICE_INFO: ResourceInfo = ResourceInfo::of::<APIService>()
     // APIServiceSpec's priorities are not omitempty.
     .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{"groupPriorityMinimum":0,"versionPriority":0},"status":{}}"#)
     // apiServerStatusStrategy.GetResetFields: a status write keeps spec and all metadata.
-    .status_resets(&[&["spec"], &["metadata"]]);
+    .status_resets(&[&["spec"], &["metadata"]])
+    // k8s.io/kube-aggregator/pkg/apiserver/scheme: runtime.NewScheme() on line 32.
+    .scheme(
+        "pkg/apiserver/scheme/scheme.go:32",
+        &["apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1"],
+    );
 
 /// The label of APIServices the server registers for the groups it serves itself.
 pub const AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
