@@ -9,43 +9,38 @@ use serde_json::{Map, Value};
 
 use crate::schema::resolve;
 
-/// Fields whose Go type is a named string type (OpenAPI says only `string`), by struct and
-/// field; for lists, the element's type.
-const NAMED_STRINGS: &[(&str, &str, &str)] = &[
-    ("ServiceSpec", "type", "v1.ServiceType"),
-    ("ServiceSpec", "sessionAffinity", "v1.ServiceAffinity"),
-    (
-        "ServiceSpec",
-        "externalTrafficPolicy",
-        "v1.ServiceExternalTrafficPolicy",
-    ),
-    (
-        "ServiceSpec",
-        "internalTrafficPolicy",
-        "v1.ServiceInternalTrafficPolicy",
-    ),
-    ("ServiceSpec", "ipFamilies", "v1.IPFamily"),
-    ("ServiceSpec", "ipFamilyPolicy", "v1.IPFamilyPolicy"),
-    ("ServicePort", "protocol", "v1.Protocol"),
-    ("EndpointPort", "protocol", "v1.Protocol"),
-    ("PortStatus", "protocol", "v1.Protocol"),
-    ("LoadBalancerIngress", "ipMode", "v1.LoadBalancerIPMode"),
-    ("ObjectMeta", "uid", "types.UID"),
-    ("OwnerReference", "uid", "types.UID"),
-    ("ObjectReference", "uid", "types.UID"),
-    (
-        "ManagedFieldsEntry",
-        "operation",
-        "v1.ManagedFieldsOperationType",
-    ),
-    ("NamespaceSpec", "finalizers", "v1.FinalizerName"),
-    ("NamespaceStatus", "phase", "v1.NamespacePhase"),
-    ("NamespaceCondition", "type", "v1.NamespaceConditionType"),
-    ("NamespaceCondition", "status", "v1.ConditionStatus"),
-    ("APIServiceCondition", "type", "v1.APIServiceConditionType"),
-    ("APIServiceCondition", "status", "v1.ConditionStatus"),
-    ("Condition", "status", "v1.ConditionStatus"),
-];
+/// Fields whose Go type is a named string type (OpenAPI says only `string`), as
+/// `<struct>.<field> <type>`; for lists, the element's type.
+const NAMED_STRINGS: &str = "\
+    ServiceSpec.type v1.ServiceType
+    ServiceSpec.sessionAffinity v1.ServiceAffinity
+    ServiceSpec.externalTrafficPolicy v1.ServiceExternalTrafficPolicy
+    ServiceSpec.internalTrafficPolicy v1.ServiceInternalTrafficPolicy
+    ServiceSpec.ipFamilies v1.IPFamily
+    ServiceSpec.ipFamilyPolicy v1.IPFamilyPolicy
+    ServicePort.protocol v1.Protocol
+    EndpointPort.protocol v1.Protocol
+    PortStatus.protocol v1.Protocol
+    LoadBalancerIngress.ipMode v1.LoadBalancerIPMode
+    ObjectMeta.uid types.UID
+    OwnerReference.uid types.UID
+    ObjectReference.uid types.UID
+    ManagedFieldsEntry.operation v1.ManagedFieldsOperationType
+    NamespaceSpec.finalizers v1.FinalizerName
+    NamespaceStatus.phase v1.NamespacePhase
+    NamespaceCondition.type v1.NamespaceConditionType
+    NamespaceCondition.status v1.ConditionStatus
+    APIServiceCondition.type v1.APIServiceConditionType
+    APIServiceCondition.status v1.ConditionStatus
+    Condition.status v1.ConditionStatus";
+
+/// The named string type of `owner`'s field `key`, if it has one.
+fn named_string(owner: &str, key: &str) -> Option<&'static str> {
+    NAMED_STRINGS.lines().find_map(|line| {
+        let (field, go) = line.trim().split_once(' ')?;
+        (field.split_once('.')? == (owner, key)).then_some(go)
+    })
+}
 
 /// The first type mismatch of `body` against the kind's definition `schema` (`kind` names
 /// its Go struct), in Go's words; `None` when every field has a value of its type.
@@ -133,10 +128,7 @@ fn fields<'v>(
         let Some(field) = properties.get(key) else {
             continue;
         };
-        let named = NAMED_STRINGS
-            .iter()
-            .find(|(s, f, _)| *s == owner && f == key)
-            .map(|(_, _, t)| *t);
+        let named = named_string(owner, key);
         path.push(key);
         let found = check(owner, field, named, value, path);
         path.pop();

@@ -170,16 +170,13 @@ pub struct SmpError {
     pub kind: SmpErrorKind,
 }
 
-const BAD_JSON_DOC: &str = "invalid JSON document";
-const BAD_PRIMITIVE_LIST: &str = "invalid patch format of primitive list";
-const BAD_RETAIN_KEYS: &str = "invalid patch format of retainKeys";
-const BAD_SET_ORDER: &str = "invalid patch format of setElementOrder list";
-
+// The directives.
 const PATCH: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
 const SET_ORDER: &str = "$setElementOrder";
 const DELETE_FROM: &str = "$deleteFromPrimitiveList";
 
+/// One of mergepatch's format errors (`invalid patch format of …`): a 400 with its text.
 fn bad(message: &str) -> SmpError {
     SmpError {
         message: message.into(),
@@ -315,7 +312,7 @@ pub fn apply(
     schema: Option<&'static Value>,
 ) -> Result<Value, SmpError> {
     let (Value::Object(original), Value::Object(patch)) = (original, patch) else {
-        return Err(bad(BAD_JSON_DOC));
+        return Err(bad("invalid JSON document"));
     };
     Ok(Value::Object(merge_map(
         original.clone(),
@@ -355,7 +352,8 @@ fn merge_map(
     merge_ordered_lists(&mut original, &mut patch, schema)?;
     for (key, mut value) in patch {
         let (key, delete_list) = if key.starts_with(DELETE_FROM) {
-            let field = extract_key(&key, DELETE_FROM).ok_or_else(|| bad(BAD_PRIMITIVE_LIST))?;
+            let field = extract_key(&key, DELETE_FROM)
+                .ok_or_else(|| bad("invalid patch format of primitive list"))?;
             (field.to_string(), true)
         } else {
             (key, false)
@@ -407,7 +405,7 @@ fn retain_keys(
         return Ok(());
     };
     let Value::Array(keys) = retain else {
-        return Err(bad(BAD_RETAIN_KEYS));
+        return Err(bad("invalid patch format of retainKeys"));
     };
     let keep: HashSet<&str> = keys.iter().filter_map(Value::as_str).collect();
     let unlisted = patch.iter().any(|(k, v)| {
@@ -417,7 +415,7 @@ fn retain_keys(
             && !keep.contains(k.as_str())
     });
     if unlisted {
-        return Err(bad(BAD_RETAIN_KEYS));
+        return Err(bad("invalid patch format of retainKeys"));
     }
     original.retain(|k, _| keep.contains(k.as_str()));
     Ok(())
@@ -450,7 +448,8 @@ fn merge_ordered_lists(
         let Value::Array(order) = order else {
             return Err(bad_arg_type(LIST, &order));
         };
-        let key = extract_key(&directive, SET_ORDER).ok_or_else(|| bad(BAD_SET_ORDER))?;
+        let key = extract_key(&directive, SET_ORDER)
+            .ok_or_else(|| bad("invalid patch format of setElementOrder list"))?;
         let live = as_list(original.get(key))?.cloned();
         let patched = as_list(patch.get(key))?.cloned();
         let field = schema.field(key)?;
@@ -1087,13 +1086,16 @@ mod tests {
         );
         assert_eq!(
             (err.message.as_str(), err.kind),
-            (BAD_RETAIN_KEYS, SmpErrorKind::BadRequest)
+            (
+                "invalid patch format of retainKeys",
+                SmpErrorKind::BadRequest
+            )
         );
         let err = refused(
             json!({"metadata": {"finalizers": ["a"]}}),
             json!({"metadata": {"$deleteFromPrimitiveListfinalizers": ["a"]}}),
         );
-        assert_eq!(err.message, BAD_PRIMITIVE_LIST);
+        assert_eq!(err.message, "invalid patch format of primitive list");
         let err = refused(
             live.clone(),
             json!({"spec": {"$setElementOrder/ports": "x"}}),

@@ -45,10 +45,12 @@ async fn assign_node_ports(
     metadata: &ObjectMeta,
     spec: &mut ServiceSpec,
 ) -> Result<Vec<i32>, ApiError> {
+    // Only NodePort and LoadBalancer Services take node ports (upstream's txnAllocNodePorts);
+    // any other asking for one is refused by validation.
     let wants_node_ports = match super::spec::kind(spec) {
         "NodePort" => true,
         "LoadBalancer" => spec.allocate_load_balancer_node_ports != Some(false),
-        _ => false,
+        _ => return Ok(Vec::new()),
     };
     let mut used: Vec<i32> = Vec::new();
     let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();

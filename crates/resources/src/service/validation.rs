@@ -112,7 +112,7 @@ pub fn validate(service: &Service) -> FieldErrors {
     if kind == "ExternalName" {
         errors.extend(validate_external_name(&spec));
     }
-    errors.extend(validate_ports(kind, ports, headless));
+    errors.extend(validate_ports(ports));
     if let Some(selector) = &spec.selector {
         errors.extend(validate_label_pairs(
             selector.iter().map(|(k, v)| (&**k, &**v)),
@@ -130,6 +130,16 @@ pub fn validate(service: &Service) -> FieldErrors {
             &json!(other),
             &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
         )),
+    }
+    if kind == "ClusterIP" {
+        for (i, port) in ports.iter().enumerate() {
+            if port.node_port.unwrap_or(0) != 0 {
+                errors.push(FieldError::forbidden(
+                    format!("spec.ports[{i}].nodePort"),
+                    "may not be used when `type` is 'ClusterIP'",
+                ));
+            }
+        }
     }
     errors.extend(validate_duplicate_ports(ports));
     errors.extend(validate_source_ranges(
@@ -193,7 +203,7 @@ fn validate_external_name(spec: &ServiceSpec) -> FieldErrors {
 }
 
 /// The ports: names (required when there are several, DNS labels, unique), then each port.
-fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErrors {
+fn validate_ports(ports: &[ServicePort]) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let mut names: Vec<&str> = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -204,14 +214,14 @@ fn validate_ports(kind: &str, ports: &[ServicePort], headless: bool) -> FieldErr
             errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
         }
         names.push(name);
-        errors.extend(validate_port(&path, port, kind, headless));
+        errors.extend(validate_port(&path, port));
     }
     errors
 }
 
 /// One port's number, protocol, target port, app protocol and node port (its name is checked
 /// with its siblings').
-fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> FieldErrors {
+fn validate_port(path: &str, port: &ServicePort) -> FieldErrors {
     let mut errors = FieldErrors::new();
     if !(1..=65535).contains(&port.port) {
         errors.push(FieldError::invalid(
@@ -222,7 +232,7 @@ fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> 
     }
     crate::validate_protocol(&mut errors, path, port.protocol.as_deref());
     match &port.target_port {
-        Some(IntOrString::Int(n)) if !(1..=65535).contains(n) && !headless => {
+        Some(IntOrString::Int(n)) if !(1..=65535).contains(n) => {
             errors.push(FieldError::invalid(
                 format!("{path}.targetPort"),
                 &json!(n),
@@ -236,12 +246,6 @@ fn validate_port(path: &str, port: &ServicePort, kind: &str, headless: bool) -> 
     }
     if let Some(app) = port.app_protocol.as_deref() {
         errors.check(format!("{path}.appProtocol"), app, qualified_name);
-    }
-    if kind == "ClusterIP" && port.node_port.unwrap_or(0) != 0 {
-        errors.push(FieldError::forbidden(
-            format!("{path}.nodePort"),
-            "may not be used when `type` is 'ClusterIP'",
-        ));
     }
     errors
 }
@@ -419,6 +423,16 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             "must be empty when `clusterIP` is not specified",
         ));
     }
+    errors.extend(validate_ip_families(spec));
+    const POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
+    let policy = text(&spec.ip_family_policy);
+    if !policy.is_empty() && !POLICIES.contains(&policy) {
+        errors.push(FieldError::not_supported(
+            "spec.ipFamilyPolicy",
+            &json!(policy),
+            POLICIES,
+        ));
+    }
     for (i, ip) in cluster_ips.iter().enumerate() {
         if ip == "None" && i == 0 {
             if cluster_ips.len() > 1 {
@@ -443,21 +457,15 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             "may only hold up to 2 values",
         ));
     }
-    errors.extend(validate_ip_families(spec));
-    const POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
-    let policy = text(&spec.ip_family_policy);
-    if !policy.is_empty() && !POLICIES.contains(&policy) {
-        errors.push(FieldError::not_supported(
-            "spec.ipFamilyPolicy",
-            &json!(policy),
-            POLICIES,
-        ));
+    // Anything wrong so far would skew what follows: upstream stops here.
+    if !errors.is_empty() {
+        return errors;
     }
     // Two addresses must be one of each family (upstream's `IsDualStackIPStrings` check,
     // made before families are defaulted from the addresses).
     let addresses: Option<Vec<std::net::IpAddr>> =
         cluster_ips.iter().map(|ip| ip.parse().ok()).collect();
-    if let Some(addresses) = addresses.filter(|a| a.len() > 1) {
+    if let Some(addresses) = addresses.as_ref().filter(|a| a.len() > 1) {
         let dual_stack =
             addresses.iter().any(|a| a.is_ipv4()) && addresses.iter().any(|a| a.is_ipv6());
         if !dual_stack {
@@ -465,6 +473,24 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
                 "spec.clusterIPs",
                 &json!(cluster_ips),
                 "may specify no more than one IP for each IP family",
+            ));
+        }
+    }
+    // Each address of the family its `ipFamilies` entry names.
+    if cluster_ip != "None" {
+        let families = list(&spec.ip_families);
+        for (i, (ip, family)) in cluster_ips.iter().zip(families).enumerate() {
+            let v6 = ip.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_ipv6());
+            let v4 = ip.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_ipv4());
+            let expected = match family.as_str() {
+                "IPv4" if v6 => "IPv4",
+                "IPv6" if v4 => "IPv6",
+                _ => continue,
+            };
+            errors.push(FieldError::invalid(
+                format!("spec.clusterIPs[{i}]"),
+                &json!(ip),
+                format!("expected an {expected} value as indicated by `ipFamilies[{i}]`"),
             ));
         }
     }
@@ -482,7 +508,8 @@ fn validate_ip_families(spec: &ServiceSpec) -> FieldErrors {
                 &json!(family),
                 &["IPv4", "IPv6"],
             ));
-        } else if seen.contains(&&**family) {
+        }
+        if seen.contains(&&**family) {
             errors.push(FieldError::duplicate(
                 format!("spec.ipFamilies[{i}]"),
                 &json!(family),
