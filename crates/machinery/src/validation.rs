@@ -192,14 +192,52 @@ pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
     if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
         errors.extend(validate_annotations(annotations, "metadata.annotations"));
     }
+    // Upstream's ValidateOwnerReferences, then ValidateFinalizers: both report at the list's
+    // path, without an index.
+    if let Some(owners) = meta.get("ownerReferences").and_then(Value::as_array) {
+        let mut first_controller: Option<String> = None;
+        for owner in owners {
+            let text = |field: &str| crate::meta::text(owner.get(field));
+            let version = text("apiVersion").rsplit('/').next().unwrap_or_default();
+            if version.is_empty() {
+                errors.push(FieldError::invalid(
+                    "metadata.ownerReferences.apiVersion",
+                    &json!(text("apiVersion")),
+                    "version must not be empty",
+                ));
+            }
+            for field in ["kind", "name", "uid"] {
+                if text(field).is_empty() {
+                    errors.push(FieldError::invalid(
+                        format!("metadata.ownerReferences.{field}"),
+                        &json!(""),
+                        "must not be empty",
+                    ));
+                }
+            }
+            if owner.get("controller").and_then(Value::as_bool) == Some(true) {
+                let this = format!("{}/{}", text("kind"), text("name"));
+                match &first_controller {
+                    Some(first) => errors.push(FieldError::invalid(
+                        "metadata.ownerReferences",
+                        &Value::Array(owners.clone()),
+                        format!(
+                            "Only one reference can have Controller set to true. Found \"true\" in references for {first} and {this}"
+                        ),
+                    )),
+                    None => first_controller = Some(this),
+                }
+            }
+        }
+    }
     if let Some(finalizers) = meta.get("finalizers").and_then(Value::as_array) {
         let mut has_orphan = false;
         let mut has_foreground = false;
-        for (i, finalizer) in finalizers.iter().enumerate() {
+        for finalizer in finalizers {
             let text = finalizer.as_str().unwrap_or_default();
             for message in qualified_name(text) {
                 errors.push(FieldError::invalid(
-                    format!("metadata.finalizers[{i}]"),
+                    "metadata.finalizers",
                     finalizer,
                     message,
                 ));
@@ -212,30 +250,6 @@ pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
                 "metadata.finalizers",
                 &Value::Array(finalizers.clone()),
                 "finalizer orphan and foregroundDeletion cannot be both set",
-            ));
-        }
-    }
-    if let Some(owners) = meta.get("ownerReferences").and_then(Value::as_array) {
-        let mut controllers = 0;
-        for (i, owner) in owners.iter().enumerate() {
-            for field in ["apiVersion", "kind", "name", "uid"] {
-                if crate::meta::text(owner.get(field)).is_empty() {
-                    errors.push(FieldError::invalid(
-                        format!("metadata.ownerReferences[{i}].{field}"),
-                        &json!(""),
-                        format!("{field} must not be empty"),
-                    ));
-                }
-            }
-            if owner.get("controller").and_then(Value::as_bool) == Some(true) {
-                controllers += 1;
-            }
-        }
-        if controllers > 1 {
-            errors.push(FieldError::invalid(
-                "metadata.ownerReferences",
-                &Value::Array(owners.clone()),
-                "Only one reference can have Controller set to true",
             ));
         }
     }

@@ -4,7 +4,7 @@
 //! removes its content and the finalizer, through `/finalize`, and deletes it again); a DELETE
 //! while the finalizer is there waits (409).
 
-use capstan_machinery::field::FieldErrors;
+use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{Deleting, ResourceInfo, Strategy};
 use k8s_openapi::api::core::v1::{Namespace, NamespaceSpec, NamespaceStatus};
@@ -124,8 +124,51 @@ impl Strategy for NamespaceStrategy {
         format!("field label not supported: {field}")
     }
 
-    fn validate_create(&self, _namespace: &Namespace) -> FieldErrors {
-        FieldErrors::new()
+    /// Upstream's ValidateNamespace: each `spec.finalizers` entry a qualified name, and one
+    /// without a `/` a standard finalizer.
+    fn validate_create(&self, namespace: &Namespace) -> FieldErrors {
+        let mut errors = FieldErrors::new();
+        let finalizers = namespace.spec.as_ref().and_then(|s| s.finalizers.as_ref());
+        for finalizer in finalizers.into_iter().flatten() {
+            let value = json!(finalizer);
+            for message in capstan_machinery::validation::qualified_name(finalizer) {
+                errors.push(FieldError::invalid("spec.finalizers", &value, message));
+            }
+            if !finalizer.contains('/')
+                && !["kubernetes", "orphan", "foregroundDeletion"].contains(&finalizer.as_str())
+            {
+                errors.push(FieldError::invalid(
+                    "spec.finalizers",
+                    &value,
+                    "name is neither a standard finalizer name nor is it fully qualified",
+                ));
+            }
+        }
+        errors
+    }
+
+    /// Upstream's ValidateNamespaceStatusUpdate: the phase says whether it is being deleted.
+    fn validate_status_update(&self, new: &Namespace, _old: &Namespace) -> FieldErrors {
+        let mut errors = FieldErrors::new();
+        let phase = new
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("");
+        let (wanted, message) = match new.metadata.deletion_timestamp {
+            None => (
+                "Active",
+                "may only be 'Active' if `deletionTimestamp` is empty",
+            ),
+            Some(_) => (
+                "Terminating",
+                "may only be 'Terminating' if `deletionTimestamp` is not empty",
+            ),
+        };
+        if phase != wanted {
+            errors.push(FieldError::invalid("status.Phase", &json!(phase), message));
+        }
+        errors
     }
 
     fn validate_update(&self, _new: &Namespace, _old: &Namespace) -> FieldErrors {
