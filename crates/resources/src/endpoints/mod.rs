@@ -54,8 +54,14 @@ impl Strategy for EndpointsStrategy {
         validation::validate(endpoints)
     }
 
-    fn validate_update(&self, new: &Endpoints, _old: &Endpoints) -> FieldErrors {
-        validation::validate(new)
+    /// Upstream's ValidateEndpointsUpdate: subsets left as they were are not judged again
+    /// (so an object stored under older rules can still have its labels changed).
+    fn validate_update(&self, new: &Endpoints, old: &Endpoints) -> FieldErrors {
+        let mut errors = validation::validate(new);
+        if new.subsets == old.subsets {
+            errors.0.retain(|e| !e.field.starts_with("subsets"));
+        }
+        errors
     }
 
     fn request_warnings(&self) -> Vec<String> {
@@ -68,5 +74,26 @@ impl Strategy for EndpointsStrategy {
 
     fn cells(&self, endpoints: &Endpoints) -> Vec<Value> {
         printer::cells(endpoints)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subsets_left_as_stored_are_not_judged_again_on_update() {
+        // Stored under older rules (a leading zero), then relabelled: accepted, as upstream.
+        let old: Endpoints = serde_json::from_value(
+            json!({"subsets": [{"addresses": [{"ip": "010.1.1.1"}], "ports": [{"port": 80}]}]}),
+        )
+        .expect("endpoints");
+        let mut new = old.clone();
+        new.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert!(EndpointsStrategy.validate_update(&new, &old).0.is_empty());
+        // A changed subset list is judged whole.
+        new.subsets.as_mut().expect("subsets")[0].ports = None;
+        assert!(!EndpointsStrategy.validate_update(&new, &old).0.is_empty());
     }
 }

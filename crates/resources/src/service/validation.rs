@@ -339,9 +339,14 @@ fn validate_source_ranges(kind: &str, spec: &ServiceSpec, annotation: Option<&st
         if kind != "LoadBalancer" {
             errors.push(FieldError::forbidden(path, LB_ONLY));
         }
+        // Each CIDR of the list on its own, as the trimmed text (upstream's loop).
         let trimmed = value.trim();
-        if !trimmed.is_empty() && !trimmed.split(',').all(|r| valid_cidr(r.trim())) {
-            errors.push(FieldError::invalid(path, &json!(value), CIDR));
+        if !trimmed.is_empty() {
+            for range in trimmed.split(',').map(str::trim) {
+                if !valid_cidr(range) {
+                    errors.push(FieldError::invalid(path, &json!(range), CIDR));
+                }
+            }
         }
     }
     errors
