@@ -31,6 +31,10 @@ impl Request {
         let has_selector = spec.selector.as_ref().is_some_and(|m| !m.is_empty());
         let policy = match spec.ip_family_policy.as_deref().unwrap_or_default() {
             "" if headless && !has_selector => "RequireDualStack".to_string(),
+            // Upstream's inferred default: two addresses or two families ask for dual stack.
+            "" if ips.len() == 2 || spec.ip_families.as_ref().is_some_and(|f| f.len() == 2) => {
+                "RequireDualStack".to_string()
+            }
             "" => "SingleStack".to_string(),
             given => given.to_string(),
         };
@@ -91,6 +95,22 @@ impl Request {
                 self.families.push(second.to_string());
             }
             return errors;
+        }
+        // A single-stack Service holds one address of one family.
+        if self.policy == "SingleStack" {
+            for (count, what) in [
+                (self.ips.len(), "cluster IPs"),
+                (self.families.len(), "IP families"),
+            ] {
+                if count == 2 {
+                    errors.push(FieldError::invalid(
+                        "spec.ipFamilyPolicy",
+                        &json!(self.policy),
+                        format!("must be 'RequireDualStack' or 'PreferDualStack' when multiple {what} are specified"),
+                    ));
+                    return errors;
+                }
+            }
         }
         for (i, ip) in self.ips.iter().enumerate().skip(self.families.len()) {
             let Ok(addr) = ip.parse::<IpAddr>() else {

@@ -725,7 +725,7 @@ pub fn validate_update(new: &Service, old: &Service) -> FieldErrors {
     {
         errors.push(FieldError::invalid(
             "spec.loadBalancerClass",
-            &json!(new_spec.load_balancer_class.as_deref().unwrap_or("null")),
+            &json!(new_spec.load_balancer_class),
             "may not change once set",
         ));
     }
