@@ -307,14 +307,16 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
-        let name = if prefix {
-            name.trim_end_matches('-')
-        } else {
-            name
+        // A prefix is judged as upstream's maskTrailingDash leaves it: a trailing dash (of a
+        // prefix longer than one character) and the character before it become one `a`.
+        let masked;
+        let name = match name.get(..name.len().saturating_sub(2)) {
+            Some(head) if prefix && name.len() > 1 && name.ends_with('-') => {
+                masked = format!("{head}a");
+                masked.as_str()
+            }
+            _ => name,
         };
-        if prefix && name.is_empty() {
-            return Vec::new();
-        }
         (self.name_rule())(name)
     }
 

@@ -69,6 +69,16 @@ impl Registry {
         let info = self.strategy.info();
         let name = meta::name(object);
         let generate_name = meta::meta_str(object, "generateName");
+        // Upstream's ValidateObjectMetaAccessor: generateName first, then name.
+        if !generate_name.is_empty() {
+            for message in self.strategy.validate_name(generate_name, true) {
+                errors.push(FieldError::invalid(
+                    "metadata.generateName",
+                    &json!(generate_name),
+                    message,
+                ));
+            }
+        }
         if name.is_empty() {
             if generate_name.is_empty() {
                 errors.push(FieldError::required(
@@ -79,15 +89,6 @@ impl Registry {
         } else {
             for message in self.strategy.validate_name(name, false) {
                 errors.push(FieldError::invalid("metadata.name", &json!(name), message));
-            }
-        }
-        if !generate_name.is_empty() {
-            for message in self.strategy.validate_name(generate_name, true) {
-                errors.push(FieldError::invalid(
-                    "metadata.generateName",
-                    &json!(generate_name),
-                    message,
-                ));
             }
         }
         let namespace = meta::namespace(object);
