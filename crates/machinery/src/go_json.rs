@@ -191,9 +191,11 @@ fn check<'v>(
         let Value::Object(map) = value else {
             return fail(false, &go);
         };
-        let owner = named_type(reference.unwrap_or(owner));
-        let owner = owner.rsplit('.').next().unwrap_or_default().to_string();
-        return fields(&owner, resolved, map, path);
+        // Inside it, the struct is the innermost one (`ServicePort`).
+        let owner = reference
+            .and_then(|r| r.rsplit('.').next())
+            .unwrap_or(owner);
+        return fields(owner, resolved, map, path);
     }
     match text("type") {
         "array" => {
