@@ -82,40 +82,107 @@ pub fn parse_cidr(text: &str) -> Option<IpNet> {
     IpNet::new(address, prefix.parse::<u8>().ok()?).ok()
 }
 
-/// The ≥1.33 warning for an IPv6 address not in RFC 5952 canonical form.
-pub fn canonical_ip_warning(path: &str, text: &str) -> Option<String> {
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) if v6.to_string() != text => Some(format!(
-            "{path}: IPv6 address {text:?} should be in RFC 5952 canonical format ({:?})",
-            v6.to_string()
-        )),
-        _ => None,
+/// The detail for a value that is not a CIDR at all.
+pub const INVALID_CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
+
+/// The address and prefix texts of a CIDR, when they parse strictly (no leading zeros in
+/// either, as Go's `netip.ParsePrefix`).
+fn strict_cidr(text: &str) -> bool {
+    text.split_once('/').is_some_and(|(address, prefix)| {
+        address.parse::<IpAddr>().is_ok() && !(prefix.len() > 1 && prefix.starts_with('0'))
+    })
+}
+
+fn is_4in6(addr: IpAddr) -> bool {
+    matches!(addr, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+}
+
+/// 1.36's strict CIDR check (`parseCIDR` with `StrictIPCIDRValidation`, beta and on in 1.36):
+/// what is wrong with `text` as a CIDR, if anything.
+pub fn strict_cidr_problem(text: &str) -> Option<&'static str> {
+    let cidr = parse_cidr(text)?;
+    if !strict_cidr(text) {
+        Some("must not have leading 0s in IP or prefix length")
+    } else if is_4in6(cidr.addr()) {
+        Some("must not have an IPv4-mapped IPv6 address")
+    } else if cidr.addr() != cidr.network() {
+        Some("must not have bits set beyond the prefix length")
+    } else {
+        None
     }
 }
 
-/// The ≥1.33 warnings for a CIDR that is valid but not canonical.
-pub fn cidr_warning(path: &str, text: &str) -> Option<String> {
-    let cidr = parse_cidr(text)?;
+/// `IsValidCIDRForLegacyField`: what is wrong with a CIDR, unless the old object held it.
+pub fn legacy_cidr_problem(text: &str, existing: &[String]) -> Option<&'static str> {
+    if existing.iter().any(|old| old == text) {
+        return None;
+    }
+    match parse_cidr(text) {
+        None => Some(INVALID_CIDR),
+        Some(_) => strict_cidr_problem(text),
+    }
+}
+
+/// `IsValidIPForLegacyField`: what is wrong with an IP, unless the old object held it.
+pub fn legacy_ip_problem(text: &str, existing: &[String]) -> Option<&'static str> {
+    if existing.iter().any(|old| old == text) {
+        return None;
+    }
+    strict_problem(text)
+}
+
+/// `GetWarningsForIP`: a legacy value kept from an old object, or an IPv6 address not in
+/// RFC 5952 canonical form.
+pub fn ip_warnings(path: &str, text: &str) -> Option<String> {
+    let sloppy = parse_sloppy(text)?;
+    match text.parse::<IpAddr>() {
+        Ok(addr) if !is_4in6(addr) => match addr {
+            IpAddr::V6(v6) if v6.to_string() != text => Some(format!(
+                "{path}: IPv6 address {text:?} should be in RFC 5952 canonical format ({:?})",
+                v6.to_string()
+            )),
+            _ => None,
+        },
+        _ => {
+            let preferred = match sloppy {
+                IpAddr::V6(v6) => v6
+                    .to_ipv4_mapped()
+                    .map_or_else(|| v6.to_string(), |v4| v4.to_string()),
+                v4 => v4.to_string(),
+            };
+            Some(format!(
+                "{path}: non-standard IP address {text:?} is invalid: use {preferred:?}"
+            ))
+        }
+    }
+}
+
+/// `GetWarningsForCIDR`: an ambiguous host-bits value, a legacy form, or an IPv6 CIDR not in
+/// RFC 5952 canonical form (only when nothing else is wrong).
+pub fn cidr_warnings(path: &str, text: &str) -> Vec<String> {
+    let Some(cidr) = parse_cidr(text) else {
+        return Vec::new();
+    };
     let (address, bits, network) = (cidr.addr(), cidr.prefix_len(), cidr.network());
-    let canonical = format!("{address}/{bits}");
+    let mut warnings = Vec::new();
     if network != address {
         let host_bits = if address.is_ipv4() { 32 } else { 128 };
-        return Some(format!(
+        warnings.push(format!(
             "{path}: CIDR value {text:?} is ambiguous in this context (should be \"{network}/{bits}\" or \"{address}/{host_bits}\"?)"
         ));
     }
-    if canonical != text {
-        return Some(if address.is_ipv4() {
-            format!(
-                "{path}: non-standard CIDR value {text:?} will be considered invalid in a future Kubernetes release: use {canonical:?}"
-            )
-        } else {
-            format!(
-                "{path}: IPv6 CIDR value {text:?} should be in RFC 5952 canonical format ({canonical:?})"
-            )
-        });
+    if !strict_cidr(text) || is_4in6(address) {
+        warnings.push(format!(
+            "{path}: non-standard CIDR value {text:?} is invalid: use \"{network}/{bits}\""
+        ));
     }
-    None
+    let canonical = format!("{address}/{bits}");
+    if warnings.is_empty() && address.is_ipv6() && canonical != text {
+        warnings.push(format!(
+            "{path}: IPv6 CIDR value {text:?} should be in RFC 5952 canonical format ({canonical:?})"
+        ));
+    }
+    warnings
 }
 
 #[cfg(test)]
@@ -136,14 +203,56 @@ mod tests {
         assert_eq!(strict_problem("nope"), Some(INVALID_IP));
         assert_eq!(parse_sloppy("010.1.1.1"), Some(IpAddr::from([10, 1, 1, 1])));
         assert_eq!(
-            canonical_ip_warning("spec.clusterIPs[1]", "FD00:10:96::A"),
+            ip_warnings("spec.clusterIPs[1]", "FD00:10:96::A"),
             Some("spec.clusterIPs[1]: IPv6 address \"FD00:10:96::A\" should be in RFC 5952 canonical format (\"fd00:10:96::a\")".into())
         );
+        assert_eq!(
+            ip_warnings("spec.externalIPs[0]", "010.1.1.1"),
+            Some("spec.externalIPs[0]: non-standard IP address \"010.1.1.1\" is invalid: use \"10.1.1.1\"".into())
+        );
+        assert_eq!(ip_warnings("spec.externalIPs[0]", "10.1.1.1"), None);
         assert_eq!(parse_cidr("1.2.3.4/33"), None);
         assert_eq!(parse_cidr("0.0.0.0/0").map(|c| c.prefix_len()), Some(0));
         assert_eq!(
             parse_cidr("010.0.0.0/8").map(|c| c.to_string()),
             Some("10.0.0.0/8".into())
+        );
+    }
+
+    #[test]
+    fn strict_cidrs() {
+        assert_eq!(strict_cidr_problem("10.0.0.0/8"), None);
+        assert_eq!(
+            strict_cidr_problem("010.0.0.0/8"),
+            Some("must not have leading 0s in IP or prefix length")
+        );
+        assert_eq!(
+            strict_cidr_problem("10.0.0.0/08"),
+            Some("must not have leading 0s in IP or prefix length")
+        );
+        assert_eq!(
+            strict_cidr_problem("::ffff:10.0.0.0/104"),
+            Some("must not have an IPv4-mapped IPv6 address")
+        );
+        assert_eq!(
+            strict_cidr_problem("10.1.2.3/8"),
+            Some("must not have bits set beyond the prefix length")
+        );
+        assert_eq!(
+            legacy_cidr_problem("10.1.2.3/8", &["10.1.2.3/8".into()]),
+            None
+        );
+        assert_eq!(legacy_cidr_problem("nope", &[]), Some(INVALID_CIDR));
+        assert_eq!(
+            cidr_warnings("p", "010.1.2.3/8"),
+            vec![
+                "p: CIDR value \"010.1.2.3/8\" is ambiguous in this context (should be \"10.0.0.0/8\" or \"10.1.2.3/32\"?)".to_string(),
+                "p: non-standard CIDR value \"010.1.2.3/8\" is invalid: use \"10.0.0.0/8\"".to_string(),
+            ]
+        );
+        assert_eq!(
+            cidr_warnings("p", "FD00::/64"),
+            vec!["p: IPv6 CIDR value \"FD00::/64\" should be in RFC 5952 canonical format (\"fd00::/64\")".to_string()]
         );
     }
 

@@ -68,6 +68,32 @@ impl Strategy for EndpointsStrategy {
         vec![DEPRECATION_WARNING.to_string()]
     }
 
+    /// `endpointsWarnings`: non-canonical or legacy addresses, except in what the endpoints
+    /// controller writes (it canonicalises them).
+    fn warnings(&self, endpoints: &Endpoints) -> Vec<String> {
+        let managed_by = endpoints
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("endpoints.kubernetes.io/managed-by"));
+        if managed_by.is_some_and(|m| m == "endpoint-controller") {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, subset) in endpoints.subsets.iter().flatten().enumerate() {
+            for (list, addresses) in [
+                ("addresses", &subset.addresses),
+                ("notReadyAddresses", &subset.not_ready_addresses),
+            ] {
+                for (j, address) in addresses.iter().flatten().enumerate() {
+                    let path = format!("subsets[{i}].{list}[{j}].ip");
+                    out.extend(capstan_machinery::ip::ip_warnings(&path, &address.ip));
+                }
+            }
+        }
+        out
+    }
+
     fn columns(&self) -> Vec<Column> {
         printer::columns()
     }

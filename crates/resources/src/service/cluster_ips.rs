@@ -81,21 +81,16 @@ impl Request {
         errors
     }
 
-    /// Fills the families from the addresses, the cluster's configuration and the policy.
-    fn resolve_families(&mut self, configured: &[&'static str]) -> FieldErrors {
+    /// Fills the families from the addresses, the cluster's configuration and the policy, in
+    /// `initIPFamilyFields`' order: `errors` (an update's) join the policy and inference checks,
+    /// then the headless-selectorless special case, then the cluster's configuration.
+    fn resolve_families(
+        &mut self,
+        configured: &[&'static str],
+        mut errors: FieldErrors,
+    ) -> FieldErrors {
         let primary = configured[0];
         let other = |family: &str| if family == "IPv4" { "IPv6" } else { "IPv4" };
-        let mut errors = FieldErrors::new();
-        if self.headless {
-            if self.families.is_empty() {
-                self.families.push(primary.to_string());
-            }
-            if !self.has_selector && self.policy != "SingleStack" && self.families.len() == 1 {
-                let second = other(&self.families[0]);
-                self.families.push(second.to_string());
-            }
-            return errors;
-        }
         // A single-stack Service holds one address of one family.
         if self.policy == "SingleStack" {
             for (count, what) in [
@@ -108,14 +103,16 @@ impl Request {
                         &json!(self.policy),
                         format!("must be 'RequireDualStack' or 'PreferDualStack' when multiple {what} are specified"),
                     ));
-                    return errors;
                 }
             }
         }
-        for (i, ip) in self.ips.iter().enumerate().skip(self.families.len()) {
+        for (i, ip) in self.ips.iter().enumerate() {
             let Ok(addr) = ip.parse::<IpAddr>() else {
-                continue;
+                break;
             };
+            if i < self.families.len() {
+                continue;
+            }
             let family = if addr.is_ipv4() { "IPv4" } else { "IPv6" };
             if configured.contains(&family) {
                 self.families.push(family.into());
@@ -127,6 +124,20 @@ impl Request {
                 ));
             }
         }
+        if !errors.is_empty() {
+            return errors;
+        }
+        // Headless without a selector may name families the cluster does not serve.
+        if self.headless && !self.has_selector {
+            if self.families.is_empty() {
+                self.families.push(primary.to_string());
+            }
+            if self.policy != "SingleStack" && self.families.len() == 1 {
+                let second = other(&self.families[0]);
+                self.families.push(second.to_string());
+            }
+            return errors;
+        }
         if self.policy == "RequireDualStack" && configured.len() < 2 {
             errors.push(FieldError::invalid(
                 "spec.ipFamilyPolicy",
@@ -135,7 +146,7 @@ impl Request {
             ));
         }
         for (i, family) in self.families.iter().enumerate() {
-            if (family == "IPv4" || family == "IPv6") && !configured.contains(&&**family) {
+            if !configured.contains(&&**family) {
                 errors.push(FieldError::invalid(
                     format!("spec.ipFamilies[{i}]"),
                     &json!(family),
@@ -150,11 +161,28 @@ impl Request {
             self.families.push(primary.to_string());
         }
         if self.policy != "SingleStack" && self.families.len() == 1 && configured.len() == 2 {
-            let second = other(primary);
+            let second = other(&self.families[0]);
             self.families.push(second.to_string());
         }
         errors
     }
+}
+
+/// `isMatchingPreferDualStackClusterIPFields`: an update that keeps a PreferDualStack Service's
+/// type, addresses and families is not upgraded or downgraded after the cluster's families
+/// changed.
+fn keeps_prefer_dual_stack(spec: &ServiceSpec, old: &Service) -> bool {
+    let old_spec = super::spec::of(old);
+    let kind = |s: &ServiceSpec| s.type_.clone().unwrap_or_default();
+    let prefer = |s: &ServiceSpec| s.ip_family_policy.as_deref() == Some("PreferDualStack");
+    kind(spec) == kind(&old_spec)
+        && matches!(&*kind(spec), "ClusterIP" | "NodePort" | "LoadBalancer")
+        && prefer(spec)
+        && prefer(&old_spec)
+        && spec.cluster_ips.clone().unwrap_or_default()
+            == old_spec.cluster_ips.clone().unwrap_or_default()
+        && spec.ip_families.clone().unwrap_or_default()
+            == old_spec.ip_families.clone().unwrap_or_default()
 }
 
 /// Resolves `service`'s families and policy and gives it its cluster IPs (requested ones
@@ -164,7 +192,11 @@ pub(super) async fn allocate(
     service: &mut Service,
     old: Option<&Service>,
 ) -> Result<(), ApiError> {
-    let problems = super::validation::validate_cluster_ip_fields(&super::spec::of(service));
+    let old_spec = old.map(super::spec::of);
+    let problems = super::validation::validate_cluster_ip_fields(
+        &super::spec::of(service),
+        old_spec.as_deref(),
+    );
     if !problems.is_empty() {
         return Err(invalid(&service.metadata, problems));
     }
@@ -172,15 +204,12 @@ pub(super) async fn allocate(
         return Err(ApiError::bad_request("spec is required"));
     };
     let mut request = Request::of(spec);
-    if let Some(old) = old {
-        let errors = request.follow_old(old);
+    if !old.is_some_and(|old| keeps_prefer_dual_stack(spec, old)) {
+        let errors = old.map(|old| request.follow_old(old)).unwrap_or_default();
+        let errors = request.resolve_families(&picker.allocator.families(), errors);
         if !errors.is_empty() {
             return Err(invalid(&service.metadata, errors));
         }
-    }
-    let errors = request.resolve_families(&picker.allocator.families());
-    if !errors.is_empty() {
-        return Err(invalid(&service.metadata, errors));
     }
     let addresses = if request.headless {
         vec!["None".to_string()]

@@ -86,17 +86,17 @@ impl Strategy for ServiceStrategy {
     }
 
     fn validate_create(&self, service: &Service) -> FieldErrors {
-        validation::validate(service)
+        validation::validate(service, None)
     }
 
     fn validate_update(&self, new: &Service, old: &Service) -> FieldErrors {
         let mut errors = validation::validate_update(new, old);
-        errors.extend(validation::validate(new));
+        errors.extend(validation::validate(new, Some(old)));
         errors
     }
 
-    fn validate_status_update(&self, new: &Service, _old: &Service) -> FieldErrors {
-        validation::validate_status(new)
+    fn validate_status_update(&self, new: &Service, old: &Service) -> FieldErrors {
+        validation::validate_status(new, old)
     }
 
     async fn allocate(

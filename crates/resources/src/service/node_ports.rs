@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use capstan_machinery::ApiError;
 use capstan_machinery::field::{FieldError, FieldErrors};
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
@@ -177,21 +177,44 @@ pub fn keep_allocated_values(new: &mut Service, old: &Service) {
     if !matches!(&*new_type, "NodePort" | "LoadBalancer") {
         return;
     }
-    let old_ports: Vec<(i32, i32)> = old_spec
+    // Node ports are matched by port name (the user may have changed the rest of the port),
+    // and one still in use by another port of the new Service is not taken again.
+    let used = |ports: &Option<Vec<ServicePort>>| -> Vec<i32> {
+        ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.node_port.filter(|n| *n != 0))
+            .collect()
+    };
+    let (old_used, new_used) = (used(&old_spec.ports), used(&spec.ports));
+    let old_ports: Vec<(Option<String>, i32)> = old_spec
         .ports
         .iter()
         .flatten()
-        .map(|p| (p.port, p.node_port.unwrap_or(0)))
+        .map(|p| {
+            (
+                p.name.clone().filter(|n| !n.is_empty()),
+                p.node_port.unwrap_or(0),
+            )
+        })
         .collect();
     for port in spec.ports.iter_mut().flatten() {
         if port.node_port.unwrap_or(0) != 0 {
             continue;
         }
-        if let Some((_, node_port)) = old_ports.iter().find(|(p, n)| *p == port.port && *n > 0) {
+        let name = port.name.clone().filter(|n| !n.is_empty());
+        // Go's map keeps the last old port of a name.
+        let Some((_, node_port)) = old_ports.iter().rev().find(|(n, _)| *n == name) else {
+            continue;
+        };
+        if *node_port != 0 && !(old_used.contains(node_port) && new_used.contains(node_port)) {
             port.node_port = Some(*node_port);
         }
     }
-    if spec.health_check_node_port.is_none() && old_spec.health_check_node_port.is_some() {
+    if super::spec::needs_health_check(old_spec)
+        && super::spec::needs_health_check(spec)
+        && spec.health_check_node_port.unwrap_or(0) == 0
+    {
         spec.health_check_node_port = old_spec.health_check_node_port;
     }
 }

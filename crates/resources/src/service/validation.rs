@@ -3,8 +3,8 @@
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip::{
-    INVALID_IP as IP, canonical_ip_warning, cidr_warning, parse_cidr, special_problem,
-    strict_problem,
+    cidr_warnings, ip_warnings, legacy_cidr_problem, legacy_ip_problem, parse_sloppy,
+    special_problem,
 };
 use capstan_machinery::validation::{
     PORT_RANGE, dns1123_subdomain, qualified_name, validate_label_pairs,
@@ -15,15 +15,10 @@ use serde_json::{Value, json};
 
 use super::spec::{cluster_ip, externally_accessible, kind, needs_health_check};
 
-const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 const LB_ONLY: &str = "may only be used when `type` is 'LoadBalancer'";
 
 fn valid_ip(text: &str) -> bool {
-    text.parse::<std::net::IpAddr>().is_ok()
-}
-
-fn valid_cidr(text: &str) -> bool {
-    parse_cidr(text).is_some()
+    parse_sloppy(text).is_some()
 }
 
 fn text(value: &Option<String>) -> &str {
@@ -70,10 +65,12 @@ fn iana_service_name(name: &str) -> Vec<&'static str> {
     errors
 }
 
-/// Validates a Service (create, and the object side of update).
-pub fn validate(service: &Service) -> FieldErrors {
+/// Validates a Service (create, and the object side of update: `old` is the stored Service,
+/// whose addresses and ranges are accepted as they are even if today's rules refuse them).
+pub fn validate(service: &Service, old: Option<&Service>) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let spec = super::spec::of(service);
+    let old_spec = old.map(super::spec::of);
     let kind = kind(&spec);
     let headless = cluster_ip(&spec) == "None"
         || list(&spec.cluster_ips).first().map(String::as_ref) == Some("None");
@@ -83,7 +80,7 @@ pub fn validate(service: &Service) -> FieldErrors {
             .annotations
             .as_ref()
             .and_then(|a| a.get(key))
-            .map(String::as_ref)
+            .map(String::as_str)
     };
     if let (Some(mode), Some(hints)) = (
         annotation("service.kubernetes.io/topology-mode"),
@@ -120,8 +117,8 @@ pub fn validate(service: &Service) -> FieldErrors {
         ));
     }
     errors.extend(validate_session_affinity(&spec));
-    errors.extend(validate_cluster_ip_fields(&spec));
-    errors.extend(validate_external_ips(&spec));
+    errors.extend(validate_cluster_ip_fields(&spec, old_spec.as_deref()));
+    errors.extend(validate_external_ips(&spec, old_spec.as_deref()));
     match kind {
         "" => errors.push(FieldError::required("spec.type", "")),
         "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName" => {}
@@ -142,11 +139,7 @@ pub fn validate(service: &Service) -> FieldErrors {
         }
     }
     errors.extend(validate_duplicate_ports(ports));
-    errors.extend(validate_source_ranges(
-        kind,
-        &spec,
-        annotation("service.beta.kubernetes.io/load-balancer-source-ranges"),
-    ));
+    errors.extend(validate_source_ranges(kind, &spec, service, old));
     if spec.allocate_load_balancer_node_ports.is_some() && kind != "LoadBalancer" {
         errors.push(FieldError::forbidden(
             "spec.allocateLoadBalancerNodePorts",
@@ -158,14 +151,16 @@ pub fn validate(service: &Service) -> FieldErrors {
     errors
 }
 
-/// `externalIPs`: strict IPs that are not special (loopback, link-local, unspecified).
-fn validate_external_ips(spec: &ServiceSpec) -> FieldErrors {
+/// `externalIPs`: strict IPs (or ones the old object held) that are not special (loopback,
+/// link-local, unspecified).
+fn validate_external_ips(spec: &ServiceSpec, old: Option<&ServiceSpec>) -> FieldErrors {
     let mut errors = FieldErrors::new();
+    let existing = old.map(|o| list(&o.external_ips)).unwrap_or_default();
     for (i, ip) in list(&spec.external_ips).iter().enumerate() {
         let path = format!("spec.externalIPs[{i}]");
-        if let Some(problem) = strict_problem(ip) {
+        if let Some(problem) = legacy_ip_problem(ip, existing) {
             errors.push(FieldError::invalid(path, &json!(ip), problem));
-        } else if let Some(why) = ip.parse().ok().and_then(|a| special_problem(a, ip)) {
+        } else if let Some(why) = parse_sloppy(ip).and_then(|a| special_problem(a, ip)) {
             errors.push(FieldError::invalid(path, &json!(ip), why));
         }
     }
@@ -314,7 +309,20 @@ fn validate_duplicate_ports(ports: &[ServicePort]) -> FieldErrors {
 }
 
 /// `loadBalancerSourceRanges`, or the older annotation when the field is empty.
-fn validate_source_ranges(kind: &str, spec: &ServiceSpec, annotation: Option<&str>) -> FieldErrors {
+fn validate_source_ranges(
+    kind: &str,
+    spec: &ServiceSpec,
+    service: &Service,
+    old: Option<&Service>,
+) -> FieldErrors {
+    const ANNOTATION: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+    let annotation = |s: &Service| {
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .cloned()
+    };
     let mut errors = FieldErrors::new();
     let ranges = list(&spec.load_balancer_source_ranges);
     if !ranges.is_empty() {
@@ -324,27 +332,34 @@ fn validate_source_ranges(kind: &str, spec: &ServiceSpec, annotation: Option<&st
                 LB_ONLY,
             ));
         }
+        let existing: Vec<String> = old
+            .map(|o| list(&super::spec::of(o).load_balancer_source_ranges).to_vec())
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.trim().to_string())
+            .collect();
         for (i, range) in ranges.iter().enumerate() {
             let trimmed = range.trim();
-            if !valid_cidr(trimmed) {
+            if let Some(problem) = legacy_cidr_problem(trimmed, &existing) {
                 errors.push(FieldError::invalid(
                     format!("spec.LoadBalancerSourceRanges[{i}]"),
                     &json!(trimmed),
-                    CIDR,
+                    problem,
                 ));
             }
         }
-    } else if let Some(value) = annotation {
-        let path = "metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]";
+    } else if let Some(value) = annotation(service) {
+        let path = format!("metadata.annotations[{ANNOTATION}]");
         if kind != "LoadBalancer" {
-            errors.push(FieldError::forbidden(path, LB_ONLY));
+            errors.push(FieldError::forbidden(&*path, LB_ONLY));
         }
-        // Each CIDR of the list on its own, as the trimmed text (upstream's loop).
+        // An unchanged annotation is not judged again; a changed one CIDR by CIDR, each as
+        // the trimmed text (upstream's loop).
         let trimmed = value.trim();
-        if !trimmed.is_empty() {
+        if old.and_then(annotation).as_deref() != Some(&*value) && !trimmed.is_empty() {
             for range in trimmed.split(',').map(str::trim) {
-                if !valid_cidr(range) {
-                    errors.push(FieldError::invalid(path, &json!(range), CIDR));
+                if let Some(problem) = legacy_cidr_problem(range, &[]) {
+                    errors.push(FieldError::invalid(&*path, &json!(range), problem));
                 }
             }
         }
@@ -405,7 +420,7 @@ fn validate_traffic_policies(spec: &ServiceSpec) -> FieldErrors {
 
 /// `ValidateServiceClusterIPsRelatedFields` (skipped for ExternalName): also run by the
 /// allocator before it allocates, so malformed input gets these errors and only these.
-pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
+pub fn validate_cluster_ip_fields(spec: &ServiceSpec, old: Option<&ServiceSpec>) -> FieldErrors {
     let mut errors = FieldErrors::new();
     if kind(spec) == "ExternalName" {
         return errors;
@@ -438,16 +453,20 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             POLICIES,
         ));
     }
+    let existing = old.map(|o| list(&o.cluster_ips)).unwrap_or_default();
+    let mut invalid_ips = false;
     for (i, ip) in cluster_ips.iter().enumerate() {
         if ip == "None" && i == 0 {
             if cluster_ips.len() > 1 {
+                invalid_ips = true;
                 errors.push(FieldError::invalid(
                     "spec.clusterIPs",
                     &json!(cluster_ips),
                     "'None' must be the first and only value",
                 ));
             }
-        } else if let Some(problem) = strict_problem(ip) {
+        } else if let Some(problem) = legacy_ip_problem(ip, existing) {
+            invalid_ips = true;
             errors.push(FieldError::invalid(
                 format!("spec.clusterIPs[{i}]"),
                 &json!(ip),
@@ -462,14 +481,14 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
             "may only hold up to 2 values",
         ));
     }
-    // Anything wrong so far would skew what follows: upstream stops here.
-    if !errors.is_empty() {
+    // A malformed or misplaced address would skew what follows: upstream stops here.
+    if invalid_ips {
         return errors;
     }
     // Two addresses must be one of each family (upstream's `IsDualStackIPStrings` check,
     // made before families are defaulted from the addresses).
     let addresses: Option<Vec<std::net::IpAddr>> =
-        cluster_ips.iter().map(|ip| ip.parse().ok()).collect();
+        cluster_ips.iter().map(|ip| parse_sloppy(ip)).collect();
     if let Some(addresses) = addresses.as_ref().filter(|a| a.len() > 1) {
         let dual_stack =
             addresses.iter().any(|a| a.is_ipv4()) && addresses.iter().any(|a| a.is_ipv6());
@@ -482,14 +501,13 @@ pub fn validate_cluster_ip_fields(spec: &ServiceSpec) -> FieldErrors {
         }
     }
     // Each address of the family its `ipFamilies` entry names.
-    if cluster_ip != "None" {
+    if cluster_ips != ["None"] {
         let families = list(&spec.ip_families);
         for (i, (ip, family)) in cluster_ips.iter().zip(families).enumerate() {
-            let v6 = ip.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_ipv6());
-            let v4 = ip.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_ipv4());
+            let v6 = parse_sloppy(ip).is_some_and(|a| a.is_ipv6());
             let expected = match family.as_str() {
                 "IPv4" if v6 => "IPv4",
-                "IPv6" if v4 => "IPv6",
+                "IPv6" if !v6 => "IPv6",
                 _ => continue,
             };
             errors.push(FieldError::invalid(
@@ -539,10 +557,21 @@ fn validate_load_balancer_class(spec: &ServiceSpec) -> FieldErrors {
 }
 
 /// One `status.loadBalancer.ingress` entry.
-fn validate_ingress(errors: &mut FieldErrors, path: &str, entry: &LoadBalancerIngress) {
+fn validate_ingress(
+    errors: &mut FieldErrors,
+    path: &str,
+    entry: &LoadBalancerIngress,
+    existing: &[String],
+) {
     let ip = text(&entry.ip);
-    if !ip.is_empty() && !valid_ip(ip) {
-        errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), IP));
+    if !ip.is_empty()
+        && let Some(problem) = legacy_ip_problem(ip, existing)
+    {
+        errors.push(FieldError::invalid(
+            format!("{path}.ip"),
+            &json!(ip),
+            problem,
+        ));
     }
     match entry.ip_mode.as_deref() {
         None if !ip.is_empty() => errors.push(FieldError::required(
@@ -573,14 +602,23 @@ fn validate_ingress(errors: &mut FieldErrors, path: &str, entry: &LoadBalancerIn
     }
 }
 
-/// `ValidateServiceStatusUpdate`: the load balancer status.
-pub fn validate_status(new: &Service) -> FieldErrors {
+/// `ValidateServiceStatusUpdate`: the load balancer status (addresses the old status held
+/// are accepted as they are).
+pub fn validate_status(new: &Service, old: &Service) -> FieldErrors {
     let mut errors = FieldErrors::new();
-    let ingress: Vec<&LoadBalancerIngress> = new
-        .status
-        .iter()
-        .filter_map(|s| s.load_balancer.as_ref())
-        .flat_map(|l| l.ingress.iter().flatten())
+    let ingress_of = |service: &Service| -> Vec<LoadBalancerIngress> {
+        service
+            .status
+            .iter()
+            .filter_map(|s| s.load_balancer.as_ref())
+            .flat_map(|l| l.ingress.iter().flatten())
+            .cloned()
+            .collect()
+    };
+    let ingress = ingress_of(new);
+    let existing: Vec<String> = ingress_of(old)
+        .into_iter()
+        .filter_map(|i| i.ip.filter(|ip| !ip.is_empty()))
         .collect();
     if ingress.is_empty() {
         return errors;
@@ -592,17 +630,18 @@ pub fn validate_status(new: &Service) -> FieldErrors {
         ));
         return errors;
     }
-    for (i, entry) in ingress.into_iter().enumerate() {
+    for (i, entry) in ingress.iter().enumerate() {
         validate_ingress(
             &mut errors,
             &format!("status.loadBalancer.ingress[{i}]"),
             entry,
+            &existing,
         );
     }
     errors
 }
 
-/// The `Warning` texts upstream sends for a Service.
+/// The `Warning` texts upstream sends for a Service (`GetWarningsForService`, in its order).
 pub fn warnings(service: &Service) -> Vec<String> {
     let mut out = Vec::new();
     let spec = super::spec::of(service);
@@ -615,51 +654,52 @@ pub fn warnings(service: &Service) -> Vec<String> {
     {
         out.push("annotation service.kubernetes.io/topology-aware-hints is deprecated, please use service.kubernetes.io/topology-mode instead".to_string());
     }
-    let external_ips = !list(&spec.external_ips).is_empty();
-    if kind == "ExternalName" && external_ips {
+    if !matches!(cluster_ip(&spec), "" | "None") {
+        for (i, ip) in list(&spec.cluster_ips).iter().enumerate() {
+            out.extend(ip_warnings(&format!("spec.clusterIPs[{i}]"), ip));
+        }
+    }
+    let headless = kind == "ClusterIP" && cluster_ip(&spec) == "None";
+    let external_ips = list(&spec.external_ips);
+    if headless {
+        if !text(&spec.load_balancer_ip).is_empty() {
+            out.push("spec.loadBalancerIP is ignored for headless services".to_string());
+        }
+        if !external_ips.is_empty() {
+            out.push("spec.externalIPs is ignored for headless services".to_string());
+        }
+        if text(&spec.session_affinity) != "None" {
+            out.push("spec.SessionAffinity is ignored for headless services".to_string());
+        }
+    }
+    for (i, ip) in external_ips.iter().enumerate() {
+        out.extend(ip_warnings(&format!("spec.externalIPs[{i}]"), ip));
+    }
+    if !external_ips.is_empty() && !headless && kind != "ExternalName" {
+        out.push(
+            "spec.externalIPs is deprecated and may no longer be implemented in some clusters"
+                .to_string(),
+        );
+    }
+    out.extend(ip_warnings(
+        "spec.loadBalancerIP",
+        text(&spec.load_balancer_ip),
+    ));
+    for (i, range) in list(&spec.load_balancer_source_ranges).iter().enumerate() {
+        out.extend(cidr_warnings(
+            &format!("spec.loadBalancerSourceRanges[{i}]"),
+            range,
+        ));
+    }
+    if kind == "ExternalName" && !external_ips.is_empty() {
         out.push("spec.externalIPs is ignored when spec.type is \"ExternalName\"".to_string());
     }
     if kind != "ExternalName" && !text(&spec.external_name).is_empty() {
         out.push("spec.externalName is ignored when spec.type is not \"ExternalName\"".to_string());
     }
-    if kind == "ClusterIP" && cluster_ip(&spec) == "None" {
-        if !text(&spec.load_balancer_ip).is_empty() {
-            out.push("spec.loadBalancerIP is ignored for headless services".to_string());
-        }
-        if external_ips {
-            out.push("spec.externalIPs is ignored for headless services".to_string());
-        }
-        if !matches!(text(&spec.session_affinity), "" | "None") {
-            out.push("spec.SessionAffinity is ignored for headless services".to_string());
-        }
-    }
-    if cluster_ip(&spec) != "None" {
-        for (i, ip) in list(&spec.cluster_ips).iter().enumerate() {
-            out.extend(canonical_ip_warning(&format!("spec.clusterIPs[{i}]"), ip));
-        }
-    }
-    for (i, ip) in list(&spec.external_ips).iter().enumerate() {
-        out.extend(canonical_ip_warning(&format!("spec.externalIPs[{i}]"), ip));
-    }
-    out.extend(canonical_ip_warning(
-        "spec.loadBalancerIP",
-        text(&spec.load_balancer_ip),
-    ));
-    for (i, range) in list(&spec.load_balancer_source_ranges).iter().enumerate() {
-        out.extend(cidr_warning(
-            &format!("spec.loadBalancerSourceRanges[{i}]"),
-            range.trim(),
-        ));
-    }
     if text(&spec.traffic_distribution) == "PreferClose" {
         out.push(
             "spec.trafficDistribution: \"PreferClose\" is deprecated; use \"PreferSameZone\""
-                .to_string(),
-        );
-    }
-    if external_ips {
-        out.push(
-            "spec.externalIPs is deprecated and may no longer be implemented in some clusters"
                 .to_string(),
         );
     }
@@ -704,7 +744,7 @@ fn validate_cluster_ips_update(old_spec: &ServiceSpec, new_spec: &ServiceSpec) -
         if new_ips.len() == 1 && policy != "SingleStack" {
             errors.push(FieldError::invalid(
                 "spec.ipFamilyPolicy",
-                &json!(policy),
+                &json!(new_spec.ip_family_policy),
                 "must be set to 'SingleStack' when releasing the secondary clusterIP",
             ));
         }
@@ -714,11 +754,71 @@ fn validate_cluster_ips_update(old_spec: &ServiceSpec, new_spec: &ServiceSpec) -
     errors
 }
 
-/// The update-only rules.
+/// The ipFamilies rules of an update (`validateUpgradeDowngradeIPFamilies`): the primary family
+/// stays; releasing the secondary needs SingleStack. Headless Services may change families.
+fn validate_ip_families_update(old_spec: &ServiceSpec, new_spec: &ServiceSpec) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let headless = |s: &ServiceSpec| list(&s.cluster_ips) == ["None"];
+    if kind(old_spec) == "ExternalName"
+        || kind(new_spec) == "ExternalName"
+        || headless(old_spec)
+        || headless(new_spec)
+    {
+        return errors;
+    }
+    let (old_families, new_families) = (list(&old_spec.ip_families), list(&new_spec.ip_families));
+    let changed = |errors: &mut FieldErrors, value: Value| {
+        errors.push(FieldError::invalid(
+            "spec.ipFamilies[0]",
+            &value,
+            "may not change once set",
+        ));
+    };
+    let ips = json!(list(&new_spec.cluster_ips));
+    match old_families.len().cmp(&new_families.len()) {
+        std::cmp::Ordering::Equal => {
+            for (old, new) in old_families.iter().zip(new_families) {
+                if old != new {
+                    changed(&mut errors, json!(new_families));
+                }
+            }
+        }
+        std::cmp::Ordering::Greater => {
+            if list(&new_spec.cluster_ips).is_empty() {
+                errors.push(FieldError::invalid(
+                    "spec.ipFamilies[0]",
+                    &json!(new_families),
+                    "primary ipFamily can not be unset",
+                ));
+            }
+            if new_families.first().is_some_and(|f| *f != old_families[0]) {
+                changed(&mut errors, ips);
+            }
+            if new_families.len() == 1 && text(&new_spec.ip_family_policy) != "SingleStack" {
+                errors.push(FieldError::invalid(
+                    "spec.ipFamilyPolicy",
+                    &json!(new_spec.ip_family_policy),
+                    "must be set to 'SingleStack' when releasing the secondary ipFamily",
+                ));
+            }
+        }
+        std::cmp::Ordering::Less => {
+            if let (Some(old), Some(new)) = (old_families.first(), new_families.first())
+                && old != new
+            {
+                changed(&mut errors, ips);
+            }
+        }
+    }
+    errors
+}
+
+/// The update-only rules, in `ValidateServiceUpdate`'s order (before the object's own).
 pub fn validate_update(new: &Service, old: &Service) -> FieldErrors {
     let old_spec = super::spec::of(old);
     let new_spec = super::spec::of(new);
     let mut errors = validate_cluster_ips_update(&old_spec, &new_spec);
+    errors.extend(validate_ip_families_update(&old_spec, &new_spec));
     if kind(&old_spec) == "LoadBalancer"
         && kind(&new_spec) == "LoadBalancer"
         && old_spec.load_balancer_class != new_spec.load_balancer_class
@@ -746,29 +846,70 @@ pub fn validate_update(new: &Service, old: &Service) -> FieldErrors {
 mod ip_tests {
     use super::*;
 
+    fn service(value: Value) -> Service {
+        serde_json::from_value(value).expect("a Service")
+    }
+
     #[test]
-    fn cidr_warnings() {
-        let path = "spec.loadBalancerSourceRanges[0]";
-        assert_eq!(cidr_warning(path, "10.0.0.0/8"), None);
-        assert_eq!(
-            cidr_warning(path, "10.1.2.3/8"),
-            Some("spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous in this context (should be \"10.0.0.0/8\" or \"10.1.2.3/32\"?)".into())
+    fn source_ranges_are_strict_but_stored_ones_stay() {
+        let lb = |ranges: Value| {
+            service(
+                json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80}],
+                "loadBalancerSourceRanges": ranges}}),
+            )
+        };
+        let stored = lb(json!(["10.1.2.3/8"]));
+        let refused: Vec<String> = validate(&stored, None)
+            .0
+            .iter()
+            .filter(|e| e.field.starts_with("spec.LoadBalancerSourceRanges"))
+            .map(|e| e.detail.clone())
+            .collect();
+        assert_eq!(refused, ["must not have bits set beyond the prefix length"]);
+        // An update that keeps a value stored under older rules is accepted; a new one is not.
+        let kept = lb(json!([" 10.1.2.3/8 ", "10.0.0.0/8"]));
+        assert!(
+            !validate(&kept, Some(&stored))
+                .0
+                .iter()
+                .any(|e| e.field.starts_with("spec.LoadBalancerSourceRanges"))
         );
-        assert_eq!(
-            cidr_warning(path, "010.0.0.0/8"),
-            Some("spec.loadBalancerSourceRanges[0]: non-standard CIDR value \"010.0.0.0/8\" will be considered invalid in a future Kubernetes release: use \"10.0.0.0/8\"".into())
+        let added = lb(json!(["10.1.2.3/8", "192.168.1.1/24"]));
+        assert!(
+            validate(&added, Some(&stored))
+                .0
+                .iter()
+                .any(|e| e.field == "spec.LoadBalancerSourceRanges[1]")
         );
-        assert_eq!(
-            cidr_warning(path, "FD00::/64"),
-            Some("spec.loadBalancerSourceRanges[0]: IPv6 CIDR value \"FD00::/64\" should be in RFC 5952 canonical format (\"fd00::/64\")".into())
+        // A space-padded value is not warned about (upstream's parser refuses the padding).
+        assert!(
+            !warnings(&kept)
+                .iter()
+                .any(|w| w.starts_with("spec.loadBalancerSourceRanges[0]"))
         );
-        assert!(!valid_cidr("1.2.3.4/33") && !valid_cidr("foo.bar"));
-        let service: Service = serde_json::from_value(
-            json!({"spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": [" 10.1.2.3/8 "]}}),
-        )
-        .expect("a Service");
-        assert!(warnings(&service).iter().any(|w| w.starts_with(
-            "spec.loadBalancerSourceRanges[0]: CIDR value \"10.1.2.3/8\" is ambiguous"
-        )));
+    }
+
+    #[test]
+    fn families_may_not_change_but_headless_ones_may() {
+        let old = service(
+            json!({"spec": {"type": "ClusterIP", "clusterIPs": ["10.0.0.1"],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"}}),
+        );
+        let new = service(
+            json!({"spec": {"type": "ClusterIP", "clusterIPs": ["10.0.0.1"],
+            "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack"}}),
+        );
+        let errors = validate_update(&new, &old);
+        assert_eq!(errors.0[0].field, "spec.ipFamilies[0]");
+        assert_eq!(errors.0[0].detail, "may not change once set");
+        let headless = |family: &str| {
+            service(json!({"spec": {"type": "ClusterIP", "clusterIPs": ["None"],
+                "ipFamilies": [family]}}))
+        };
+        assert!(
+            validate_update(&headless("IPv6"), &headless("IPv4"))
+                .0
+                .is_empty()
+        );
     }
 }
