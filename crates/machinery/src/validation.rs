@@ -182,9 +182,19 @@ pub fn validate_annotations(annotations: &Map<String, Value>, path: &str) -> Fie
     errors
 }
 
-/// The generic `ObjectMeta` rules every kind shares on create and update (labels,
-/// annotations, finalizers, owner references). Name rules belong to the resource.
+/// The generic `ObjectMeta` rules of a create (labels, annotations, owner references,
+/// finalizers). Name rules belong to the resource.
 pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
+    let mut errors = validate_object_meta_update(meta);
+    if let Some(finalizers) = meta.get("finalizers").and_then(Value::as_array) {
+        errors.extend(validate_finalizers(finalizers));
+    }
+    errors
+}
+
+/// The `ObjectMeta` rules an update judges again (ValidateObjectMetaAccessorUpdate: labels,
+/// annotations, owner references; finalizers are not).
+pub fn validate_object_meta_update(meta: &Map<String, Value>) -> FieldErrors {
     let mut errors = FieldErrors::new();
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
         errors.extend(validate_labels(labels, "metadata.labels"));
@@ -230,30 +240,48 @@ pub fn validate_object_meta(meta: &Map<String, Value>) -> FieldErrors {
             }
         }
     }
-    if let Some(finalizers) = meta.get("finalizers").and_then(Value::as_array) {
-        let mut has_orphan = false;
-        let mut has_foreground = false;
-        for finalizer in finalizers {
-            let text = finalizer.as_str().unwrap_or_default();
-            for message in qualified_name(text) {
-                errors.push(FieldError::invalid(
-                    "metadata.finalizers",
-                    finalizer,
-                    message,
-                ));
-            }
-            has_orphan |= text == "orphan";
-            has_foreground |= text == "foregroundDeletion";
-        }
-        if has_orphan && has_foreground {
+    errors
+}
+
+/// `ValidateFinalizers`: qualified names, and not both `orphan` and `foregroundDeletion`; at
+/// the list's path.
+fn validate_finalizers(finalizers: &[Value]) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let mut has_orphan = false;
+    let mut has_foreground = false;
+    for finalizer in finalizers {
+        let text = finalizer.as_str().unwrap_or_default();
+        for message in qualified_name(text) {
             errors.push(FieldError::invalid(
                 "metadata.finalizers",
-                &Value::Array(finalizers.clone()),
-                "finalizer orphan and foregroundDeletion cannot be both set",
+                finalizer,
+                message,
             ));
         }
+        has_orphan |= text == "orphan";
+        has_foreground |= text == "foregroundDeletion";
+    }
+    if has_orphan && has_foreground {
+        errors.push(FieldError::invalid(
+            "metadata.finalizers",
+            &Value::Array(finalizers.to_vec()),
+            "finalizer orphan and foregroundDeletion cannot be both set",
+        ));
     }
     errors
+}
+
+/// The finalizers Kubernetes itself defines (`IsStandardFinalizerName`).
+pub const STANDARD_FINALIZERS: &[&str] = &["kubernetes", "orphan", "foregroundDeletion"];
+
+/// The core group's extra rule (`validateKubeFinalizerName`): a finalizer without a `/` must
+/// be a standard one.
+pub fn kube_finalizer_name(name: &str) -> Vec<String> {
+    if name.contains('/') || STANDARD_FINALIZERS.contains(&name) {
+        Vec::new()
+    } else {
+        vec!["name is neither a standard finalizer name nor is it fully qualified".to_string()]
+    }
 }
 
 #[cfg(test)]

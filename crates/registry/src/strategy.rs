@@ -70,6 +70,13 @@ pub trait Strategy: Send + Sync + 'static {
         capstan_machinery::validation::dns1123_subdomain
     }
 
+    /// What is wrong with `name` given the object's own fields, asked once the name rule
+    /// passes (the rest of the name function upstream passes to ValidateObjectMeta; an
+    /// APIService must be named `version.group`).
+    fn name_against_object(&self, _object: &Value, _name: &str) -> Option<String> {
+        None
+    }
+
     /// `Warning` header texts sent with every request on this kind (deprecations).
     fn request_warnings(&self) -> Vec<String> {
         Vec::new()
@@ -101,6 +108,11 @@ pub trait Strategy: Send + Sync + 'static {
     /// Kind-specific validation of a `/status` update.
     fn validate_status_update(&self, _new: &Self::Object, _old: &Self::Object) -> FieldErrors {
         FieldErrors::new()
+    }
+
+    /// Kind-specific validation of a `/finalize` update (Namespaces).
+    fn validate_finalize_update(&self, new: &Self::Object, old: &Self::Object) -> FieldErrors {
+        self.validate_update(new, old)
     }
 
     /// Allocations for a write (called before validation, as upstream's BeginCreate and
@@ -209,7 +221,7 @@ pub trait DynStrategy: Send + Sync + 'static {
 
     /// Checks `metadata.name` (or a `generateName` prefix when `prefix` is true); returns
     /// the messages for `Invalid value: "<name>": <message>`.
-    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String>;
+    fn validate_name(&self, object: &Value, name: &str, prefix: bool) -> Vec<String>;
 
     /// Decodes a request body into the kind's schema: unknown fields dropped, wrong types
     /// refused (the error text follows "cannot be handled as a <Kind>: ").
@@ -306,7 +318,7 @@ impl<S: Strategy> DynStrategy for S {
         Strategy::info(self)
     }
 
-    fn validate_name(&self, name: &str, prefix: bool) -> Vec<String> {
+    fn validate_name(&self, object: &Value, name: &str, prefix: bool) -> Vec<String> {
         // A prefix is judged as upstream's maskTrailingDash leaves it: a trailing dash (of a
         // prefix longer than one character) and the character before it become one `a`.
         let masked;
@@ -317,7 +329,13 @@ impl<S: Strategy> DynStrategy for S {
             }
             _ => name,
         };
-        (self.name_rule())(name)
+        let problems = (self.name_rule())(name);
+        if !problems.is_empty() {
+            return problems;
+        }
+        Strategy::name_against_object(self, object, name)
+            .into_iter()
+            .collect()
     }
 
     fn decode(&self, mut object: Value) -> Result<Value, String> {
@@ -408,7 +426,7 @@ impl<S: Strategy> DynStrategy for S {
             }
             (Some(old), Subresource::Finalize) => (
                 WriteExtras::default(),
-                Strategy::validate_update(self, &new, old),
+                Strategy::validate_finalize_update(self, &new, old),
             ),
         };
         write_back(object, &new, &before);

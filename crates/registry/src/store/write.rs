@@ -71,7 +71,7 @@ impl Registry {
         let generate_name = meta::meta_str(object, "generateName");
         // Upstream's ValidateObjectMetaAccessor: generateName first, then name.
         if !generate_name.is_empty() {
-            for message in self.strategy.validate_name(generate_name, true) {
+            for message in self.strategy.validate_name(object, generate_name, true) {
                 errors.push(FieldError::invalid(
                     "metadata.generateName",
                     &json!(generate_name),
@@ -87,7 +87,7 @@ impl Registry {
                 ));
             }
         } else {
-            for message in self.strategy.validate_name(name, false) {
+            for message in self.strategy.validate_name(object, name, false) {
                 errors.push(FieldError::invalid("metadata.name", &json!(name), message));
             }
         }
@@ -113,38 +113,86 @@ impl Registry {
         if let Some(meta) = meta::metadata(object) {
             errors.extend(validation::validate_object_meta(meta));
         }
+        self.kube_finalizer_names(object, errors);
     }
 
-    fn validate_meta_update(&self, new: &Value, old: &Value, errors: &mut FieldErrors) {
-        if let Some(meta) = meta::metadata(new) {
-            errors.extend(validation::validate_object_meta(meta));
+    /// The core group's ValidateObjectMeta and ValidateObjectMetaUpdate add
+    /// `validateKubeFinalizerName` for each finalizer, at its index.
+    fn kube_finalizer_names(&self, object: &Value, errors: &mut FieldErrors) {
+        if !self.strategy.info().group.is_empty() {
+            return;
         }
-        for field in ["name", "namespace", "uid", "creationTimestamp"] {
-            let now = meta::meta_str(new, field);
-            if now != meta::meta_str(old, field) {
+        for (i, finalizer) in meta::finalizers(object).iter().enumerate() {
+            for message in validation::kube_finalizer_name(finalizer) {
                 errors.push(FieldError::invalid(
-                    format!("metadata.{field}"),
-                    &json!(now),
-                    "field is immutable",
+                    format!("metadata.finalizers[{i}]"),
+                    &json!(finalizer),
+                    message,
                 ));
             }
         }
+    }
+
+    /// Upstream's ValidateObjectMetaAccessorUpdate, in its order: no new finalizers on an
+    /// object being deleted, the immutable fields, then labels, annotations and owners.
+    fn validate_meta_update(&self, new: &Value, old: &Value, errors: &mut FieldErrors) {
         if !meta::meta_str(old, "deletionTimestamp").is_empty() {
             let before = meta::finalizers(old);
-            let added: Vec<String> = meta::finalizers(new)
+            let mut added: Vec<String> = meta::finalizers(new)
                 .into_iter()
                 .filter(|f| !before.contains(f))
                 .collect();
+            added.sort();
+            added.dedup();
             if !added.is_empty() {
+                // Go's `%#v` of the sorted set.
+                let quoted: Vec<String> = added
+                    .iter()
+                    .map(|f| capstan_machinery::status::quote(f))
+                    .collect();
                 errors.push(FieldError::forbidden(
                     "metadata.finalizers",
                     format!(
-                        "no new finalizers can be added if the object is being deleted, found new finalizers {}",
-                        capstan_machinery::field::render(&json!(added))
+                        "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                        quoted.join(", ")
                     ),
                 ));
             }
         }
+        let field = |object: &Value, name: &str| {
+            meta::metadata(object)
+                .and_then(|m| m.get(name))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        for name in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            // Go's string fields are "" when absent; its pointers are nil.
+            let (now, was) = match name {
+                "name" | "namespace" | "uid" | "creationTimestamp" => (
+                    json!(meta::meta_str(new, name)),
+                    json!(meta::meta_str(old, name)),
+                ),
+                _ => (field(new, name), field(old, name)),
+            };
+            if now != was {
+                errors.push(FieldError::invalid(
+                    format!("metadata.{name}"),
+                    &now,
+                    "field is immutable",
+                ));
+            }
+        }
+        if let Some(meta) = meta::metadata(new) {
+            errors.extend(validation::validate_object_meta_update(meta));
+        }
+        self.kube_finalizer_names(new, errors);
     }
 
     /// CREATE. `object` is the decoded body with the namespace already settled.
@@ -481,19 +529,25 @@ impl Registry {
             if info.namespaced {
                 meta::set_meta_str(&mut new, "namespace", namespace);
             }
+            // rest.BeforeUpdate: the uid and creation time are the stored ones; a deletion
+            // time and grace period once set stay (setting them by update is refused later).
             for field in [
                 "uid",
                 "creationTimestamp",
                 "deletionTimestamp",
                 "deletionGracePeriodSeconds",
             ] {
-                match meta::metadata(&old).and_then(|m| m.get(field)).cloned() {
-                    Some(value) => {
+                let kept = meta::metadata(&old).and_then(|m| m.get(field)).cloned();
+                let sent = meta::metadata(&new).and_then(|m| m.get(field)).is_some();
+                match kept {
+                    Some(value) if field != "deletionGracePeriodSeconds" || !sent => {
                         meta::metadata_mut(&mut new).insert(field.into(), value);
                     }
-                    None => {
+                    Some(_) => {}
+                    None if matches!(field, "uid" | "creationTimestamp") => {
                         meta::metadata_mut(&mut new).shift_remove(field);
                     }
+                    None => {}
                 }
             }
             meta::metadata_mut(&mut new).shift_remove("generation");

@@ -9,8 +9,9 @@ use capstan_machinery::table::{AGE_COLUMN, Column, NAME_COLUMN, age};
 use capstan_registry::{ResourceInfo, Strategy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
-    APIService, APIServiceCondition,
+    APIService, APIServiceCondition, APIServiceSpec,
 };
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// APIService's identity.
@@ -119,6 +120,14 @@ impl Strategy for ApiServiceStrategy {
         validation::path_segment_name
     }
 
+    fn name_against_object(&self, object: &Value, name: &str) -> Option<String> {
+        let spec = object
+            .get("spec")
+            .and_then(|spec| APIServiceSpec::deserialize(spec).ok())
+            .unwrap_or_default();
+        validation::required_name(&spec, name)
+    }
+
     fn default(&self, apiservice: &mut APIService) {
         if let Some(service) = apiservice.spec.as_mut().and_then(|s| s.service.as_mut()) {
             service.port.get_or_insert(443);
@@ -151,7 +160,9 @@ impl Strategy for ApiServiceStrategy {
     }
 
     fn validate_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {
-        validation::validate(new)
+        let mut errors = validation::validate_name(new);
+        errors.extend(validation::validate(new));
+        errors
     }
 
     fn validate_status_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {

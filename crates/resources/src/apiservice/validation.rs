@@ -2,7 +2,7 @@
 
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::validation::{dns1035_label, dns1123_subdomain};
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 use serde_json::json;
 
 /// Names are path segments: not `.` or `..`, no `/` or `%`.
@@ -22,21 +22,32 @@ pub fn path_segment_name(name: &str) -> Vec<String> {
     errors
 }
 
-/// The spec rules, after the name rule the registry checks.
+/// The name an APIService must have: `spec.version + "." + spec.group`; the detail when
+/// `name` is not it.
+pub fn required_name(spec: &APIServiceSpec, name: &str) -> Option<String> {
+    let group = spec.group.as_deref().unwrap_or_default();
+    let version = spec.version.as_deref().unwrap_or_default();
+    let required = format!("{version}.{group}");
+    (name != required).then(|| format!("must be `spec.version+\".\"+spec.group`: {required:?}"))
+}
+
+/// An update's name rule (a create's is the registry's, through the name function).
+pub fn validate_name(apiservice: &APIService) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let name = apiservice.metadata.name.as_deref().unwrap_or_default();
+    let spec = apiservice.spec.clone().unwrap_or_default();
+    if let Some(detail) = required_name(&spec, name) {
+        errors.push(FieldError::invalid("metadata.name", &json!(name), detail));
+    }
+    errors
+}
+
+/// The spec rules.
 pub fn validate(apiservice: &APIService) -> FieldErrors {
     let mut errors = FieldErrors::new();
     let spec = apiservice.spec.clone().unwrap_or_default();
     let group = spec.group.as_deref().unwrap_or_default();
     let version = spec.version.as_deref().unwrap_or_default();
-    let name = apiservice.metadata.name.as_deref().unwrap_or_default();
-    let required = format!("{version}.{group}");
-    if name != required {
-        errors.push(FieldError::invalid(
-            "metadata.name",
-            &json!(name),
-            format!("must be `spec.version+\".\"+spec.group`: {required:?}"),
-        ));
-    }
     if group.is_empty() {
         if version != "v1" {
             errors.push(FieldError::required(
@@ -131,7 +142,10 @@ mod tests {
     use super::*;
 
     fn bodies(object: serde_json::Value) -> Vec<String> {
-        validate(&serde_json::from_value(object).expect("an APIService"))
+        let apiservice: APIService = serde_json::from_value(object).expect("an APIService");
+        let mut errors = validate_name(&apiservice);
+        errors.extend(validate(&apiservice));
+        errors
             .0
             .iter()
             .map(|e| format!("{}: {}", e.field, e.body()))

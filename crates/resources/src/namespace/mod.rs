@@ -125,26 +125,14 @@ impl Strategy for NamespaceStrategy {
     }
 
     /// Upstream's ValidateNamespace: each `spec.finalizers` entry a qualified name, and one
-    /// without a `/` a standard finalizer.
+    /// without a `/` a standard finalizer (at the list's path).
     fn validate_create(&self, namespace: &Namespace) -> FieldErrors {
-        let mut errors = FieldErrors::new();
-        let finalizers = namespace.spec.as_ref().and_then(|s| s.finalizers.as_ref());
-        for finalizer in finalizers.into_iter().flatten() {
-            let value = json!(finalizer);
-            for message in capstan_machinery::validation::qualified_name(finalizer) {
-                errors.push(FieldError::invalid("spec.finalizers", &value, message));
-            }
-            if !finalizer.contains('/')
-                && !["kubernetes", "orphan", "foregroundDeletion"].contains(&finalizer.as_str())
-            {
-                errors.push(FieldError::invalid(
-                    "spec.finalizers",
-                    &value,
-                    "name is neither a standard finalizer name nor is it fully qualified",
-                ));
-            }
-        }
-        errors
+        finalizer_names(namespace, |_| "spec.finalizers".to_string())
+    }
+
+    /// Upstream's ValidateNamespaceFinalizeUpdate: the same rules, at each entry's index.
+    fn validate_finalize_update(&self, new: &Namespace, _old: &Namespace) -> FieldErrors {
+        finalizer_names(new, |i| format!("spec.finalizers[{i}]"))
     }
 
     /// Upstream's ValidateNamespaceStatusUpdate: the phase says whether it is being deleted.
@@ -197,4 +185,22 @@ impl Strategy for NamespaceStrategy {
             json!(age(&crate::created(&namespace.metadata))),
         ]
     }
+}
+
+/// `validateFinalizerName` for each of `spec.finalizers`, at the path `path` gives.
+fn finalizer_names(namespace: &Namespace, path: impl Fn(usize) -> String) -> FieldErrors {
+    let mut errors = FieldErrors::new();
+    let finalizers = namespace.spec.as_ref().and_then(|s| s.finalizers.as_ref());
+    for (i, finalizer) in finalizers.into_iter().flatten().enumerate() {
+        let value = json!(finalizer);
+        let messages = capstan_machinery::validation::qualified_name(finalizer)
+            .into_iter()
+            .chain(capstan_machinery::validation::kube_finalizer_name(
+                finalizer,
+            ));
+        for message in messages {
+            errors.push(FieldError::invalid(path(i), &value, message));
+        }
+    }
+    errors
 }
