@@ -141,6 +141,12 @@ pub trait Strategy: Send + Sync + 'static {
         None
     }
 
+    /// Whether an update judges the metadata again as a create does, after the update rules
+    /// (upstream's Endpoints and APIService validation call ValidateObjectMeta on update too).
+    fn validates_metadata_on_update(&self) -> bool {
+        false
+    }
+
     /// What to release when an object is removed.
     fn release(&self, _object: &Self::Object) -> WriteExtras {
         WriteExtras::default()
@@ -266,6 +272,8 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64>;
     /// See [`Strategy::undeletable`].
     fn undeletable(&self, name: &str) -> Option<&'static str>;
+    /// See [`Strategy::validates_metadata_on_update`].
+    fn validates_metadata_on_update(&self) -> bool;
     /// See [`Strategy::release`].
     fn release(&self, object: &Value) -> WriteExtras;
     /// See [`Strategy::deleting`] (`object` is changed as the rule changes it).
@@ -439,6 +447,10 @@ impl<S: Strategy> DynStrategy for S {
 
     fn undeletable(&self, name: &str) -> Option<&'static str> {
         Strategy::undeletable(self, name)
+    }
+
+    fn validates_metadata_on_update(&self) -> bool {
+        Strategy::validates_metadata_on_update(self)
     }
 
     fn release(&self, object: &Value) -> WriteExtras {

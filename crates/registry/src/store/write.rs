@@ -135,7 +135,13 @@ impl Registry {
 
     /// Upstream's ValidateObjectMetaAccessorUpdate, in its order: no new finalizers on an
     /// object being deleted, the immutable fields, then labels, annotations and owners.
-    fn validate_meta_update(&self, new: &Value, old: &Value, errors: &mut FieldErrors) {
+    fn validate_meta_update(
+        &self,
+        new: &Value,
+        old: &Value,
+        subresource: Subresource,
+        errors: &mut FieldErrors,
+    ) {
         if !meta::meta_str(old, "deletionTimestamp").is_empty() {
             let before = meta::finalizers(old);
             let mut added: Vec<String> = meta::finalizers(new)
@@ -193,6 +199,9 @@ impl Registry {
             errors.extend(validation::validate_object_meta_update(meta));
         }
         self.kube_finalizer_names(new, errors);
+        if subresource == Subresource::Main && self.strategy.validates_metadata_on_update() {
+            self.validate_meta_create(new, errors);
+        }
     }
 
     /// CREATE. `object` is the decoded body with the namespace already settled.
@@ -572,7 +581,7 @@ impl Registry {
                 )
                 .await?;
             let mut errors = FieldErrors::new();
-            self.validate_meta_update(&new, &old, &mut errors);
+            self.validate_meta_update(&new, &old, subresource, &mut errors);
             errors.extend(invalid);
             if !errors.is_empty() {
                 return Err(self.invalid(name, &errors));

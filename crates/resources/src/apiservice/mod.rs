@@ -159,10 +159,12 @@ impl Strategy for ApiServiceStrategy {
         validation::validate(apiservice)
     }
 
+    fn validates_metadata_on_update(&self) -> bool {
+        true
+    }
+
     fn validate_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {
-        let mut errors = validation::validate_name(new);
-        errors.extend(validation::validate(new));
-        errors
+        validation::validate(new)
     }
 
     fn validate_status_update(&self, new: &APIService, _old: &APIService) -> FieldErrors {

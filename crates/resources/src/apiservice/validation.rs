@@ -31,17 +31,6 @@ pub fn required_name(spec: &APIServiceSpec, name: &str) -> Option<String> {
     (name != required).then(|| format!("must be `spec.version+\".\"+spec.group`: {required:?}"))
 }
 
-/// An update's name rule (a create's is the registry's, through the name function).
-pub fn validate_name(apiservice: &APIService) -> FieldErrors {
-    let mut errors = FieldErrors::new();
-    let name = apiservice.metadata.name.as_deref().unwrap_or_default();
-    let spec = apiservice.spec.clone().unwrap_or_default();
-    if let Some(detail) = required_name(&spec, name) {
-        errors.push(FieldError::invalid("metadata.name", &json!(name), detail));
-    }
-    errors
-}
-
 /// The spec rules.
 pub fn validate(apiservice: &APIService) -> FieldErrors {
     let mut errors = FieldErrors::new();
@@ -143,12 +132,20 @@ mod tests {
 
     fn bodies(object: serde_json::Value) -> Vec<String> {
         let apiservice: APIService = serde_json::from_value(object).expect("an APIService");
-        let mut errors = validate_name(&apiservice);
-        errors.extend(validate(&apiservice));
-        errors
-            .0
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.body()))
+        let name = apiservice.metadata.name.clone().unwrap_or_default();
+        let spec = apiservice.spec.clone().unwrap_or_default();
+        let named = required_name(&spec, &name).map(|detail| {
+            let error = FieldError::invalid("metadata.name", &json!(name), detail);
+            format!("{}: {}", error.field, error.body())
+        });
+        named
+            .into_iter()
+            .chain(
+                validate(&apiservice)
+                    .0
+                    .iter()
+                    .map(|e| format!("{}: {}", e.field, e.body())),
+            )
             .collect()
     }
 

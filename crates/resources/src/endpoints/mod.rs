@@ -54,6 +54,10 @@ impl Strategy for EndpointsStrategy {
         validation::validate(endpoints)
     }
 
+    fn validates_metadata_on_update(&self) -> bool {
+        true
+    }
+
     /// Upstream's ValidateEndpointsUpdate: subsets left as they were are not judged again
     /// (so an object stored under older rules can still have its labels changed).
     fn validate_update(&self, new: &Endpoints, old: &Endpoints) -> FieldErrors {
