@@ -223,8 +223,13 @@ fn chunked_lists_return_everything_from_one_snapshot() {
         .as_str()
         .expect("rv")
         .to_string();
+    // Changes after the first page: later pages still show the snapshot (served from the
+    // watch cache's history, as kube-apiserver 1.36 serves them from its cache).
     server.ok(&["create", "service", "clusterip", "late", "--tcp=80:80"]);
+    server.ok(&["label", "service", "s11", "changed=yes"]);
+    server.ok(&["delete", "service", "s10"]);
     let mut seen = 5;
+    let mut later = Vec::new();
     let mut token = token.to_string();
     loop {
         let next: serde_json::Value = serde_json::from_str(&server.ok(&[
@@ -239,6 +244,7 @@ fn chunked_lists_return_everything_from_one_snapshot() {
             "pages share a snapshot"
         );
         seen += next["items"].as_array().map_or(0, Vec::len);
+        later.extend(next["items"].as_array().into_iter().flatten().cloned());
         match next["metadata"]["continue"].as_str() {
             Some(t) if !t.is_empty() => token = t.to_string(),
             _ => break,
@@ -247,6 +253,15 @@ fn chunked_lists_return_everything_from_one_snapshot() {
     assert_eq!(
         seen, 13,
         "the service created mid-list is not in the snapshot"
+    );
+    let named = |name: &str| later.iter().find(|s| s["metadata"]["name"] == name);
+    assert!(
+        named("s10").is_some(),
+        "deleted after the first page, still in the snapshot"
+    );
+    assert!(
+        named("s11").is_some_and(|s| s["metadata"]["labels"]["changed"].is_null()),
+        "changed after the first page: the snapshot's version"
     );
     let bad = server.fails(&[
         "get",

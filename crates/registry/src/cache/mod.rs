@@ -212,6 +212,72 @@ impl WatchCache {
         revision
     }
 
+    /// Visits the objects under `prefix` (after the key `start_after`) as they were at
+    /// `revision`: the current objects with every later change in the history undone, as
+    /// kube-apiserver 1.36 serves a list's later pages from its cache's snapshots. `false`
+    /// (nothing visited) when the history no longer reaches back to `revision`, or the cache
+    /// has not reached it yet.
+    pub fn scan_at(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        revision: Revision,
+        mut visit: impl FnMut(&Arc<CachedObject>) -> bool,
+    ) -> bool {
+        let state = self.read();
+        let current = state.revision.max(*self.global.borrow());
+        if revision < state.oldest || revision > current {
+            return false;
+        }
+        let after = |key: &str| key.starts_with(prefix) && start_after.is_none_or(|s| key > s);
+        // Each key changed since `revision`, as it was before its first later change.
+        let mut undone: BTreeMap<&str, Option<&Arc<CachedObject>>> = BTreeMap::new();
+        let first_later = state.history.partition_point(|e| e.revision() <= revision);
+        for event in state.history.range(first_later..) {
+            let key = &*event.object.key;
+            if after(key) {
+                let before = match event.kind {
+                    EventType::Added => None,
+                    EventType::Modified | EventType::Deleted => event.prev.as_ref(),
+                };
+                undone.entry(key).or_insert(before);
+            }
+        }
+        let lower = match start_after {
+            Some(key) => std::ops::Bound::Excluded(key),
+            None => std::ops::Bound::Included(prefix),
+        };
+        let mut live = state
+            .objects
+            .range::<str, _>((lower, std::ops::Bound::Unbounded))
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .peekable();
+        let mut undone = undone.into_iter().peekable();
+        loop {
+            let next = match (live.peek(), undone.peek()) {
+                (None, None) => break,
+                (Some(_), None) => live.next().map(|(_, o)| Some(o)),
+                (None, Some(_)) => undone.next().map(|(_, o)| o),
+                (Some((live_key, _)), Some((undone_key, _))) => {
+                    match (***live_key).cmp(*undone_key) {
+                        std::cmp::Ordering::Less => live.next().map(|(_, o)| Some(o)),
+                        std::cmp::Ordering::Greater => undone.next().map(|(_, o)| o),
+                        std::cmp::Ordering::Equal => {
+                            live.next();
+                            undone.next().map(|(_, o)| o)
+                        }
+                    }
+                }
+            };
+            if let Some(Some(object)) = next
+                && !visit(object)
+            {
+                break;
+            }
+        }
+        true
+    }
+
     /// Starts a watch: with `initial`, from the current objects; otherwise after `after`.
     pub fn subscribe(&self, initial: bool, after: Revision) -> Result<Subscription, TooOld> {
         let state = self.read();
@@ -493,6 +559,21 @@ mod tests {
         Arc::new(|object: &Value| Selectable::new(object, []))
     }
 
+    /// A cache of `/k/` keeping up to `events` changes and 1 MiB of them.
+    fn cache(events: usize) -> (tokio::sync::watch::Sender<i64>, super::WatchCache) {
+        let (global, receiver) = tokio::sync::watch::channel(0);
+        let cache = super::WatchCache::new(
+            "/k/".into(),
+            projection(),
+            receiver,
+            super::HistoryLimits {
+                events,
+                bytes: 1024 * 1024,
+            },
+        );
+        (global, cache)
+    }
+
     /// The cached object served from the stored bytes equals the re-encoded one.
     fn same_as_reencoded(stored: &Value) {
         let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
@@ -514,18 +595,64 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_at_an_earlier_revision_undoes_the_later_changes() {
+        use capstan_storage::{EventKind, KeyValue};
+        let (_global, cache) = cache(1_000);
+        let kv = |name: &str, label: &str, revision: i64| KeyValue {
+            key: format!("/k/{name}").into(),
+            value: Bytes::from(
+                serde_json::to_vec(&json!({"metadata": {"name": name, "labels": {"v": label}}}))
+                    .expect("encodes"),
+            ),
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+        };
+        for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+            cache.apply(EventKind::Put, &kv(name, "1", i as i64 + 1), None);
+        }
+        // After revision 4: b changes twice, c goes, e comes, a changes.
+        cache.apply(EventKind::Put, &kv("b", "2", 5), None);
+        cache.apply(EventKind::Put, &kv("b", "3", 6), None);
+        cache.apply(EventKind::Delete, &kv("c", "", 7), None);
+        cache.apply(EventKind::Put, &kv("e", "1", 8), None);
+        cache.apply(EventKind::Put, &kv("a", "2", 9), None);
+        let seen = |start: Option<&str>, revision: i64| {
+            let mut out = Vec::new();
+            let reached = cache.scan_at("/k/", start, revision, |o| {
+                let object = o.object();
+                out.push(format!(
+                    "{}={}@{}",
+                    object["metadata"]["name"].as_str().unwrap_or_default(),
+                    object["metadata"]["labels"]["v"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    o.revision
+                ));
+                true
+            });
+            reached.then_some(out)
+        };
+        assert_eq!(
+            seen(None, 4).expect("in the history"),
+            ["a=1@1", "b=1@2", "c=1@3", "d=1@4"]
+        );
+        assert_eq!(
+            seen(Some("/k/b"), 6).expect("in the history"),
+            ["c=1@3", "d=1@4"]
+        );
+        assert_eq!(
+            seen(None, 9).expect("current"),
+            ["a=2@9", "b=3@6", "d=1@4", "e=1@8"]
+        );
+        assert_eq!(seen(None, 10), None, "not reached yet");
+        assert_eq!(seen(None, -1), None, "before the history");
+    }
+
+    #[test]
     fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
         use capstan_storage::{EventKind, KeyValue};
-        let (_global, receiver) = tokio::sync::watch::channel(0);
-        let cache = super::WatchCache::new(
-            "/k/".into(),
-            projection(),
-            receiver,
-            super::HistoryLimits {
-                events: 100_000,
-                bytes: 1024 * 1024,
-            },
-        );
+        let (_global, cache) = cache(100_000);
         let subscription = cache.subscribe(false, 0).expect("subscribes");
         let mut receiver = subscription.receiver;
         let big = "x".repeat(100 * 1024);

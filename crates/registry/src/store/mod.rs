@@ -341,7 +341,8 @@ impl Registry {
         Ok(())
     }
 
-    /// LIST.
+    /// LIST. Pages after the first, and lists at an exact revision, come from the watch
+    /// cache's history while it reaches back to their revision; from storage after that.
     pub async fn list(
         &self,
         namespace: &str,
@@ -349,21 +350,23 @@ impl Registry {
     ) -> Result<ListResult, ApiError> {
         let prefix = self.strategy.info().list_prefix(namespace);
         if let Some(token) = &options.continue_token {
-            let revision = (token.revision > 0).then_some(token.revision);
             let start = format!("{prefix}{}", token.resume_after());
+            let revision = (token.revision > 0).then_some(token.revision);
+            if let Some(revision) = revision
+                && let Some(page) =
+                    self.list_from_cache_at(&prefix, Some(&start), revision, options)
+            {
+                return Ok(page);
+            }
             return self
                 .list_from_storage(&prefix, Some(start), revision, options)
                 .await;
         }
         match options.read_at {
-            ReadAt::Exact(revision) => {
-                self.list_from_storage(&prefix, None, Some(revision), options)
-                    .await
-            }
+            ReadAt::Exact(revision) => self.list_exact(&prefix, revision, options).await,
+            // The legacy rule: a resourceVersion with a limit is an exact read.
             ReadAt::NotOlderThan(revision) if options.limit > 0 => {
-                // The legacy rule: a resourceVersion with a limit is an exact read.
-                self.list_from_storage(&prefix, None, Some(revision), options)
-                    .await
+                self.list_exact(&prefix, revision, options).await
             }
             ReadAt::Latest => {
                 let current = self
@@ -382,39 +385,41 @@ impl Registry {
         }
     }
 
-    fn list_from_cache(&self, prefix: &str, options: &ListOptions, limit: usize) -> ListResult {
-        let mut items = Vec::new();
-        let mut last_key: Option<Arc<str>> = None;
-        let mut more = false;
-        let mut remaining = 0i64;
-        let revision = self.cache.scan(prefix, None, |object| {
-            if limit > 0 && items.len() >= limit {
-                more = true;
-                remaining += 1;
-                return true;
+    /// The objects at `revision`: from the cache's history while it reaches back that far.
+    async fn list_exact(
+        &self,
+        prefix: &str,
+        revision: Revision,
+        options: &ListOptions,
+    ) -> Result<ListResult, ApiError> {
+        match self.list_from_cache_at(prefix, None, revision, options) {
+            Some(page) => Ok(page),
+            None => {
+                self.list_from_storage(prefix, None, Some(revision), options)
+                    .await
             }
-            if object
-                .selectable
-                .selected_by(&options.labels, &options.fields)
-            {
-                last_key = Some(object.key.clone());
-                items.push(object.clone());
-            }
-            true
-        });
-        let unfiltered = options.labels.is_empty() && options.fields.is_empty();
-        let continue_token = match (&last_key, more) {
-            (Some(key), true) => Some(
-                ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(key)).encode(),
-            ),
-            _ => None,
-        };
-        ListResult {
-            items,
-            revision,
-            remaining: (continue_token.is_some() && unfiltered).then_some(remaining),
-            continue_token,
         }
+    }
+
+    /// The current objects, one page of `limit` (0: all).
+    fn list_from_cache(&self, prefix: &str, options: &ListOptions, limit: usize) -> ListResult {
+        let mut pager = Pager::new(options, limit);
+        let revision = self.cache.scan(prefix, None, |object| pager.visit(object));
+        pager.finish(prefix, revision)
+    }
+
+    /// A page of the objects as they were at `revision`, if the cache's history reaches it.
+    fn list_from_cache_at(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        revision: Revision,
+        options: &ListOptions,
+    ) -> Option<ListResult> {
+        let mut pager = Pager::new(options, options.limit);
+        self.cache
+            .scan_at(prefix, start_after, revision, |object| pager.visit(object))
+            .then(|| pager.finish(prefix, revision))
     }
 
     async fn list_from_storage(
@@ -506,6 +511,67 @@ impl Registry {
                 ApiError::too_large_resource_version(requested, current)
             }
             other => storage_error(other),
+        }
+    }
+}
+
+/// Collects one page of a list from a scan: the selected objects up to the limit, then (for
+/// an unfiltered list, whose `remainingItemCount` is reported) a count of the rest.
+struct Pager<'a> {
+    options: &'a ListOptions,
+    limit: usize,
+    items: Vec<Arc<CachedObject>>,
+    last_key: Option<Arc<str>>,
+    more: bool,
+    remaining: i64,
+}
+
+impl<'a> Pager<'a> {
+    fn new(options: &'a ListOptions, limit: usize) -> Self {
+        Pager {
+            options,
+            limit,
+            items: Vec::new(),
+            last_key: None,
+            more: false,
+            remaining: 0,
+        }
+    }
+
+    fn unfiltered(&self) -> bool {
+        self.options.labels.is_empty() && self.options.fields.is_empty()
+    }
+
+    /// Takes one scanned object; `false` once nothing more is needed.
+    fn visit(&mut self, object: &Arc<CachedObject>) -> bool {
+        if self.limit > 0 && self.items.len() >= self.limit {
+            self.more = true;
+            self.remaining += 1;
+            return self.unfiltered();
+        }
+        if object
+            .selectable
+            .selected_by(&self.options.labels, &self.options.fields)
+        {
+            self.last_key = Some(object.key.clone());
+            self.items.push(object.clone());
+        }
+        true
+    }
+
+    fn finish(self, prefix: &str, revision: Revision) -> ListResult {
+        let unfiltered = self.unfiltered();
+        let continue_token = match (&self.last_key, self.more) {
+            (Some(key), true) => Some(
+                ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(key)).encode(),
+            ),
+            _ => None,
+        };
+        ListResult {
+            items: self.items,
+            revision,
+            remaining: (continue_token.is_some() && unfiltered).then_some(self.remaining),
+            continue_token,
         }
     }
 }
