@@ -6,6 +6,7 @@
 //! and shuts down gracefully.
 
 pub mod aggregator;
+pub mod compression;
 pub mod connection;
 pub mod discovery;
 pub mod handlers;
@@ -36,6 +37,7 @@ pub struct ApiServer {
     shutdown: tokio::sync::watch::Sender<bool>,
     limits: limits::Limits,
     in_flight: limits::InFlight,
+    compression: bool,
 }
 
 impl ApiServer {
@@ -63,7 +65,15 @@ impl ApiServer {
             shutdown,
             in_flight: limits::InFlight::new(&limits),
             limits,
+            compression: true,
         }
+    }
+
+    /// Whether large responses are gzipped for clients that accept it
+    /// (`--feature-gates APIResponseCompression=…`, on by default as upstream).
+    pub fn with_response_compression(mut self, enabled: bool) -> Self {
+        self.compression = enabled;
+        self
     }
 
     /// The aggregation proxy presents this client certificate to backends
@@ -170,10 +180,16 @@ impl ApiServer {
             deadline: admission.map(|(_, deadline)| deadline),
             slot: permit.clone(),
         };
+        let gzip = self.compression && compression::accepts_gzip(request.headers());
         let response = self
             .clone()
             .serve_route(request, path, query, admitted)
             .await;
+        let response = if gzip {
+            compression::compress(response).await
+        } else {
+            response
+        };
         match permit {
             Some(permit) => request::hold_until_sent(response, permit),
             None => response,

@@ -179,6 +179,9 @@ pub fn response(status: StatusCode, content_type: &'static str, body: Body) -> R
         HeaderValue::from_static("no-cache, private"),
     );
     response
+        .extensions_mut()
+        .insert(crate::compression::Compressible);
+    response
 }
 
 /// A plain JSON response.

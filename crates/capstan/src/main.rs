@@ -114,9 +114,44 @@ struct ServeArgs {
     /// (besides at most 102,400 changes and 75 s); a watcher further behind is ended.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     watch_cache_history_bytes: usize,
+    /// Feature gates, `Name=true|false,…`, as kube-apiserver's. Known here:
+    /// `APIResponseCompression` (default true: responses over 128 KiB are gzipped for
+    /// clients that accept it).
+    #[arg(long, value_delimiter = ',', value_parser = parse_feature_gate)]
+    feature_gates: Vec<(FeatureGate, bool)>,
+}
+
+/// The feature gates `--feature-gates` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FeatureGate {
+    ApiResponseCompression,
+}
+
+/// One `Name=bool` of `--feature-gates`; an unknown name is refused, as upstream refuses it.
+fn parse_feature_gate(text: &str) -> Result<(FeatureGate, bool), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("missing bool value for {text}"))?;
+    let enabled = value
+        .trim()
+        .parse::<bool>()
+        .map_err(|_| format!("invalid value of {name}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax"))?;
+    match name.trim() {
+        "APIResponseCompression" => Ok((FeatureGate::ApiResponseCompression, enabled)),
+        other => Err(format!("unrecognized feature gate: {other}")),
+    }
 }
 
 impl ServeArgs {
+    /// A feature gate's setting: the last `--feature-gates` entry for it, else its default.
+    fn gate(&self, gate: FeatureGate, default: bool) -> bool {
+        self.feature_gates
+            .iter()
+            .rev()
+            .find(|(g, _)| *g == gate)
+            .map_or(default, |(_, enabled)| *enabled)
+    }
+
     /// The limits the API server enforces, from the flags.
     fn limits(&self) -> capstan_apiserver::limits::Limits {
         let defaults = capstan_apiserver::limits::Limits::default();
@@ -306,7 +341,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             format!("{host}:{}", args.port),
             args.limits(),
         )
-        .with_proxy_client(proxy_client),
+        .with_proxy_client(proxy_client)
+        .with_response_compression(args.gate(FeatureGate::ApiResponseCompression, true)),
     );
     tracing::info!(
         storage = ?args.storage,

@@ -615,3 +615,84 @@ async fn listed_and_watched_objects_carry_their_resource_version_in_written_orde
         got["metadata"]["resourceVersion"].as_str()
     );
 }
+
+/// A GET of `uri`, gzip accepted or not: the status, `Content-Encoding`, and the body as
+/// sent (still compressed).
+async fn get_encoded(
+    client: &kube::Client,
+    uri: &str,
+    gzip: bool,
+) -> (u16, Option<String>, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let mut request = http::Request::builder().method("GET").uri(uri);
+    if gzip {
+        request = request.header("accept-encoding", "gzip");
+    }
+    let request = request.body(kube::client::Body::empty()).expect("request");
+    let response = client.send(request).await.expect("response");
+    let status = response.status().as_u16();
+    let encoding = response
+        .headers()
+        .get("content-encoding")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, encoding, body.to_vec())
+}
+
+/// Creates `count` Services in `default` (250 list to well over 128 KiB of JSON).
+async fn create_services(client: &kube::Client, count: usize) {
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    for i in 0..count {
+        api.create(&PostParams::default(), &service(&format!("s{i:03}")))
+            .await
+            .expect("create");
+    }
+}
+
+#[tokio::test]
+async fn large_responses_are_gzipped_for_clients_that_accept_it() {
+    use std::io::Read;
+    let server = Server::start();
+    let client = server.client().await;
+    create_services(&client, 250).await;
+    let list = "/api/v1/namespaces/default/services";
+    let (status, encoding, plain) = get_encoded(&client, list, false).await;
+    assert_eq!((status, encoding), (200, None));
+    assert!(plain.len() > 128 * 1024, "{} bytes", plain.len());
+    let (status, encoding, gzipped) = get_encoded(&client, list, true).await;
+    assert_eq!((status, encoding.as_deref()), (200, Some("gzip")));
+    assert!(gzipped.len() < plain.len() / 4, "{} bytes", gzipped.len());
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(&gzipped[..])
+        .read_to_end(&mut unzipped)
+        .expect("gunzips");
+    let items = |bytes: &[u8]| {
+        let list: serde_json::Value = serde_json::from_slice(bytes).expect("a list");
+        list["items"].as_array().map(Vec::len)
+    };
+    assert_eq!(items(&unzipped), items(&plain));
+    assert_eq!(items(&unzipped), Some(251));
+    // Small responses are sent as they are.
+    let (_, encoding, _) = get_encoded(&client, &format!("{list}/s000"), true).await;
+    assert_eq!(encoding, None);
+    // kubectl (Go's transport asks for gzip and decodes it) reads the compressed list.
+    let names = server.ok(&["get", "services", "-o", "name"]);
+    assert_eq!(names.lines().count(), 251);
+}
+
+#[tokio::test]
+async fn response_compression_can_be_turned_off() {
+    let server = Server::start_with(&["--feature-gates", "APIResponseCompression=false"]);
+    let client = server.client().await;
+    create_services(&client, 250).await;
+    let (status, encoding, plain) =
+        get_encoded(&client, "/api/v1/namespaces/default/services", true).await;
+    assert_eq!((status, encoding), (200, None));
+    assert!(plain.len() > 128 * 1024);
+}
