@@ -92,79 +92,91 @@ pub async fn serve(
                         return;
                     }
                 };
-            let activity = Arc::new(Activity::new());
-            let service = {
-                let (server, activity) = (server.clone(), activity.clone());
-                hyper::service::service_fn(move |request| {
-                    let (server, busy) = (server.clone(), activity.begin());
-                    async move {
-                        let response = server.handle(request).await;
-                        if let Some(crate::limits::SendBy(deadline)) =
-                            response.extensions().get::<crate::limits::SendBy>()
-                        {
-                            busy.send_by(*deadline);
-                        }
-                        Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
-                            response, busy,
-                        ))
-                    }
-                })
-            };
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            tokio::pin!(connection);
-            let mut shutting_down = server.shutdown_signal();
-            let idle = tokio::time::sleep(IDLE_TIMEOUT);
-            tokio::pin!(idle);
-            // Armed for the earliest response deadline; far off while there is none.
-            let far = || Instant::now() + Duration::from_secs(86_400);
-            let overdue = tokio::time::sleep_until(far());
-            tokio::pin!(overdue);
-            let mut closing = false;
-            let mut forcing = false;
-            loop {
-                tokio::select! {
-                    result = connection.as_mut() => {
-                        if let Err(error) = result {
-                            tracing::debug!(%peer, %error, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = shutting_down.wait_for(|down| *down), if !closing => {
-                        closing = true;
-                        connection.as_mut().graceful_shutdown();
-                    }
-                    _ = activity.deadline_added.notified() => {
-                        overdue.as_mut().reset(activity.send_deadline().unwrap_or_else(far));
-                    }
-                    _ = &mut overdue => match activity.send_deadline() {
-                        Some(deadline) if deadline <= Instant::now() => {
-                            tracing::debug!(%peer, "a response was not taken within its request deadline; closing");
-                            break;
-                        }
-                        Some(deadline) => overdue.as_mut().reset(deadline),
-                        None => overdue.as_mut().reset(far()),
-                    },
-                    _ = &mut idle, if !closing || forcing => {
-                        if forcing {
-                            // Still not closed: a peer that does not read what was sent.
-                            tracing::debug!(%peer, "an idle connection did not close; dropping it");
-                            break;
-                        }
-                        match activity.idle_until(IDLE_TIMEOUT) {
-                            Some(deadline) if deadline <= Instant::now() => {
-                                tracing::debug!(%peer, "closing an idle connection");
-                                closing = true;
-                                forcing = true;
-                                connection.as_mut().graceful_shutdown();
-                                idle.as_mut().reset(Instant::now() + CLOSE_GRACE);
+            // An HTTP/2 connection's task writes the frames of every stream on it; were it held
+            // to tokio's cooperative budget it would queue behind the very stream tasks it
+            // serves (1,000 watches on one connection waited 100+ ms per event). Its work is
+            // bounded by its socket, as a Go server's connection goroutine.
+            let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            let serve = async move {
+                let activity = Arc::new(Activity::new());
+                let service = {
+                    let (server, activity) = (server.clone(), activity.clone());
+                    hyper::service::service_fn(move |request| {
+                        let (server, busy) = (server.clone(), activity.begin());
+                        async move {
+                            let response = server.handle(request).await;
+                            if let Some(crate::limits::SendBy(deadline)) =
+                                response.extensions().get::<crate::limits::SendBy>()
+                            {
+                                busy.send_by(*deadline);
                             }
-                            Some(deadline) => idle.as_mut().reset(deadline),
-                            None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
+                            Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
+                                response, busy,
+                            ))
+                        }
+                    })
+                };
+                let connection = builder
+                    .serve_connection(TokioIo::new(tls), service)
+                    .into_owned();
+                tokio::pin!(connection);
+                let mut shutting_down = server.shutdown_signal();
+                let idle = tokio::time::sleep(IDLE_TIMEOUT);
+                tokio::pin!(idle);
+                // Armed for the earliest response deadline; far off while there is none.
+                let far = || Instant::now() + Duration::from_secs(86_400);
+                let overdue = tokio::time::sleep_until(far());
+                tokio::pin!(overdue);
+                let mut closing = false;
+                let mut forcing = false;
+                loop {
+                    tokio::select! {
+                        result = connection.as_mut() => {
+                            if let Err(error) = result {
+                                tracing::debug!(%peer, %error, "connection ended with an error");
+                            }
+                            break;
+                        }
+                        _ = shutting_down.wait_for(|down| *down), if !closing => {
+                            closing = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
+                        _ = activity.deadline_added.notified() => {
+                            overdue.as_mut().reset(activity.send_deadline().unwrap_or_else(far));
+                        }
+                        _ = &mut overdue => match activity.send_deadline() {
+                            Some(deadline) if deadline <= Instant::now() => {
+                                tracing::debug!(%peer, "a response was not taken within its request deadline; closing");
+                                break;
+                            }
+                            Some(deadline) => overdue.as_mut().reset(deadline),
+                            None => overdue.as_mut().reset(far()),
+                        },
+                        _ = &mut idle, if !closing || forcing => {
+                            if forcing {
+                                // Still not closed: a peer that does not read what was sent.
+                                tracing::debug!(%peer, "an idle connection did not close; dropping it");
+                                break;
+                            }
+                            match activity.idle_until(IDLE_TIMEOUT) {
+                                Some(deadline) if deadline <= Instant::now() => {
+                                    tracing::debug!(%peer, "closing an idle connection");
+                                    closing = true;
+                                    forcing = true;
+                                    connection.as_mut().graceful_shutdown();
+                                    idle.as_mut().reset(Instant::now() + CLOSE_GRACE);
+                                }
+                                Some(deadline) => idle.as_mut().reset(deadline),
+                                None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
+                            }
                         }
                     }
                 }
+            };
+            if http2 {
+                tokio::task::unconstrained(serve).await;
+            } else {
+                serve.await;
             }
         });
     }

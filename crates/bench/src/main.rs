@@ -92,6 +92,14 @@ struct Args {
     /// Skip TLS verification for --server.
     #[arg(long)]
     insecure: bool,
+    /// Speak HTTP/2 (as client-go does by default): the kube client's requests share one
+    /// connection, and the watch scenario's watchers are multiplexed over --connections.
+    #[arg(long)]
+    http2: bool,
+    /// Connections the watch scenario's watchers share with --http2 (1: every watch on one
+    /// connection, as one client-go process's informers).
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
     /// Services (create, get, list, update, delete fixtures).
     #[arg(long, default_value_t = 10_000)]
     count: usize,
@@ -253,6 +261,50 @@ fn service(name: &str) -> Service {
     .unwrap_or_default()
 }
 
+/// A kube client that speaks only HTTP/2 (ALPN `h2`), with the kubeconfig's TLS settings and
+/// credentials applied by kube's own layers; its requests share one connection.
+fn http2_client<L>(config: &kube::Config, counted: L) -> anyhow::Result<kube::Client>
+where
+    L: tower::Layer<
+            tower::util::BoxCloneService<
+                http::Request<kube::client::Body>,
+                http::Response<hyper::body::Incoming>,
+                tower::BoxError,
+            >,
+        >,
+    L::Service: tower::Service<
+            http::Request<kube::client::Body>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = tower::BoxError,
+        > + Send
+        + Clone
+        + 'static,
+    <L::Service as tower::Service<http::Request<kube::client::Body>>>::Future: Send,
+{
+    use kube::client::ConfigExt;
+    // hyper-rustls sets the ALPN protocols itself (`h2` only, with `enable_http2` alone).
+    let tls = config.rustls_client_config()?;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http2()
+        .wrap_connector(http);
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build(https);
+    let base = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    let service = counted.layer(tower::util::BoxCloneService::new(base));
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
 /// Requests sent to the server under test (by the kube client and the watch scenario's readers).
 static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -294,9 +346,13 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, kube::Config, Stri
         REQUESTS.fetch_add(1, Ordering::Relaxed);
         request
     });
-    let client = kube::client::ClientBuilder::try_from(config.clone())?
-        .with_layer(&counted)
-        .build();
+    let client = if args.http2 {
+        http2_client(&config, counted)?
+    } else {
+        kube::client::ClientBuilder::try_from(config.clone())?
+            .with_layer(&counted)
+            .build()
+    };
     Ok((client, config, url))
 }
 

@@ -6,7 +6,9 @@
 //! measured. So each watcher is one task owning one connection (TLS by rustls, credentials by
 //! kube's own layers), which sends one GET and reads the chunked response itself: no pool,
 //! connection task, body channel or middleware between the socket and the reader, which reads
-//! only the event type and the one label the scenario sets.
+//! only the event type and the one label the scenario sets. With `--http2`, the watchers are
+//! HTTP/2 streams multiplexed over `--connections` connections (one, as a client-go process's
+//! informers share one), each read frame by frame.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -37,6 +39,11 @@ pub struct Dialer {
 
 impl Dialer {
     pub fn new(config: &kube::Config) -> anyhow::Result<Self> {
+        Self::with_protocol(config, b"http/1.1")
+    }
+
+    /// A dialer whose TLS connections negotiate `alpn` (`h2` or `http/1.1`).
+    pub fn with_protocol(config: &kube::Config, alpn: &[u8]) -> anyhow::Result<Self> {
         let url = &config.cluster_url;
         let https = url.scheme_str() == Some("https");
         let host = url.host().context("the server URL has no host")?;
@@ -47,7 +54,7 @@ impl Dialer {
             let server_name = rustls::pki_types::ServerName::try_from(name.to_string())
                 .with_context(|| format!("TLS server name {name}"))?;
             let mut tls = config.rustls_client_config()?;
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            tls.alpn_protocols = vec![alpn.to_vec()];
             Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), server_name))
         } else {
             None
@@ -132,6 +139,115 @@ impl Dialer {
     }
 }
 
+/// One HTTP/2 connection to the server; watches are streams on it.
+pub struct Http2Connection {
+    sender: hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    scheme: &'static str,
+}
+
+impl Dialer {
+    /// Opens an HTTP/2 connection (TLS with ALPN `h2`, or prior knowledge on plain TCP).
+    pub async fn connect_http2(&self) -> anyhow::Result<Http2Connection> {
+        let io = self.connect().await?;
+        // Go's HTTP/2 transport's flow-control windows (client-go's): 1 GiB for the
+        // connection, 4 MiB per stream.
+        let (sender, connection) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .initial_connection_window_size(1 << 30)
+                .initial_stream_window_size(4 << 20)
+                .handshake(hyper_util::rt::TokioIo::new(io))
+                .await
+                .context("HTTP/2 handshake")?;
+        tokio::spawn(connection);
+        Ok(Http2Connection {
+            sender,
+            scheme: if self.tls.is_some() { "https" } else { "http" },
+        })
+    }
+
+    /// [`Dialer::watch`] as a stream of `connection`.
+    async fn watch_http2(
+        &self,
+        connection: &Http2Connection,
+        path: &str,
+        rounds: usize,
+        origin: Instant,
+        ready: &AtomicUsize,
+    ) -> anyhow::Result<Vec<(usize, u64)>> {
+        use http_body_util::BodyExt;
+        let mut request = self.request(path).await?;
+        request.headers_mut().remove(http::header::HOST);
+        *request.uri_mut() = format!("{}://{}{path}", connection.scheme, self.authority)
+            .parse()
+            .context("the watch URI")?;
+        let mut sender = connection.sender.clone();
+        sender.ready().await.context("an HTTP/2 stream")?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        anyhow::ensure!(status.is_success(), "watch: HTTP {status}");
+        ready.fetch_add(1, Ordering::Relaxed);
+        let mut body = response.into_body();
+        let mut reader = Rounds::new(rounds);
+        while let Some(frame) = body.frame().await {
+            // Delivery time is when the bytes arrive, before this client decodes them.
+            let arrived = origin.elapsed().as_micros() as u64;
+            if let Ok(data) = frame?.into_data()
+                && reader.feed(&data, arrived)?
+            {
+                return Ok(reader.seen);
+            }
+        }
+        Ok(reader.seen)
+    }
+}
+
+/// Reads watch lines from body bytes as they arrive: the rounds seen and when.
+struct Rounds {
+    rounds: usize,
+    line: Vec<u8>,
+    seen: Vec<(usize, u64)>,
+}
+
+impl Rounds {
+    fn new(rounds: usize) -> Self {
+        Rounds {
+            rounds,
+            line: Vec::with_capacity(4096),
+            seen: Vec::with_capacity(rounds),
+        }
+    }
+
+    /// Takes body bytes that arrived at `arrived` (µs); `true` once the last round was seen.
+    fn feed(&mut self, mut data: &[u8], arrived: u64) -> anyhow::Result<bool> {
+        while let Some(end) = memchr::memchr(b'\n', data) {
+            let complete = if self.line.is_empty() {
+                &data[..end]
+            } else {
+                self.line.extend_from_slice(&data[..end]);
+                &self.line[..]
+            };
+            anyhow::ensure!(
+                !complete.starts_with(b"{\"type\":\"ERROR\""),
+                "the watch ended with an error: {}",
+                String::from_utf8_lossy(complete)
+            );
+            // A round counts once per watcher, however many events carry its label.
+            if let Some(round) = round_of(complete)?
+                && self.seen.last().is_none_or(|(last, _)| round > *last)
+            {
+                self.seen.push((round, arrived));
+                if round + 1 >= self.rounds {
+                    return Ok(true);
+                }
+            }
+            self.line.clear();
+            data = &data[end + 1..];
+        }
+        self.line.extend_from_slice(data);
+        Ok(false)
+    }
+}
+
 /// The HTTP/1.1 request head of a GET.
 fn head(request: &Request) -> Vec<u8> {
     let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -185,40 +301,16 @@ where
     ready.fetch_add(1, Ordering::Relaxed);
     input.advance(body_start);
     let mut chunks = Chunked::default();
-    let mut line = Vec::with_capacity(4096);
-    let mut seen = Vec::with_capacity(rounds);
+    let mut reader = Rounds::new(rounds);
     let mut arrived = origin.elapsed().as_micros() as u64;
     loop {
         while let Some(data) = chunks.next(&mut input)? {
-            let mut data = &data[..];
-            while let Some(end) = memchr::memchr(b'\n', data) {
-                let complete = if line.is_empty() {
-                    &data[..end]
-                } else {
-                    line.extend_from_slice(&data[..end]);
-                    &line[..]
-                };
-                anyhow::ensure!(
-                    !complete.starts_with(b"{\"type\":\"ERROR\""),
-                    "the watch ended with an error: {}",
-                    String::from_utf8_lossy(complete)
-                );
-                // A round counts once per watcher, however many events carry its label.
-                if let Some(round) = round_of(complete)?
-                    && seen.last().is_none_or(|(last, _)| round > *last)
-                {
-                    seen.push((round, arrived));
-                    if round + 1 >= rounds {
-                        return Ok(seen);
-                    }
-                }
-                line.clear();
-                data = &data[end + 1..];
+            if reader.feed(&data, arrived)? {
+                return Ok(reader.seen);
             }
-            line.extend_from_slice(data);
         }
         if chunks.done {
-            return Ok(seen);
+            return Ok(reader.seen);
         }
         input.reserve(8 * 1024);
         if io.read_buf(&mut input).await? == 0 {
@@ -337,7 +429,17 @@ impl Bench {
             .metadata
             .resource_version
             .unwrap_or_default();
-        let dialer = Arc::new(Dialer::new(&self.config)?);
+        let dialer = Arc::new(if args.http2 {
+            Dialer::with_protocol(&self.config, b"h2")?
+        } else {
+            Dialer::new(&self.config)?
+        });
+        let mut connections = Vec::new();
+        if args.http2 {
+            for _ in 0..args.connections.max(1) {
+                connections.push(Arc::new(dialer.connect_http2().await?));
+            }
+        }
         let path = format!(
             "/api/v1/namespaces/{}/services?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Dwatched&timeoutSeconds=290",
             self.namespace
@@ -345,11 +447,20 @@ impl Bench {
         let origin = Instant::now();
         let ready = Arc::new(AtomicUsize::new(0));
         let mut watchers = Vec::new();
-        for _ in 0..args.watchers {
+        for i in 0..args.watchers {
             let (dialer, path, ready) = (dialer.clone(), path.clone(), ready.clone());
             let updates = args.updates;
+            let connection =
+                (!connections.is_empty()).then(|| connections[i % connections.len()].clone());
             watchers.push(tokio::spawn(async move {
-                dialer.watch(&path, updates, origin, &ready).await
+                match connection {
+                    Some(connection) => {
+                        dialer
+                            .watch_http2(&connection, &path, updates, origin, &ready)
+                            .await
+                    }
+                    None => dialer.watch(&path, updates, origin, &ready).await,
+                }
             }));
         }
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -392,8 +503,13 @@ impl Bench {
         eprint!("\r{:80}\r", "");
         let expected = args.watchers * args.updates;
         let missed = expected.saturating_sub(received);
+        let over = if args.http2 {
+            format!(" (HTTP/2, {} connections)", connections.len())
+        } else {
+            String::new()
+        };
         println!(
-            "watch                  {} watchers x {} updates: delivered {received}/{expected}, missed {missed}   p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            "watch{over}                  {} watchers x {} updates: delivered {received}/{expected}, missed {missed}   p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
             args.watchers,
             args.updates,
             delivery.value_at_quantile(0.5) as f64 / 1000.0,
@@ -410,6 +526,7 @@ impl Bench {
             "received": received,
             "missed": missed,
             "failed_watchers": failures.len(),
+            "http2_connections": connections.len(),
             "update_seconds": writes.as_secs_f64(),
             "delivery_latency_ms": latency_json(&delivery),
         }))
