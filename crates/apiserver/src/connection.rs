@@ -92,91 +92,88 @@ pub async fn serve(
                         return;
                     }
                 };
-            // An HTTP/2 connection's task writes the frames of every stream on it; were it held
-            // to tokio's cooperative budget it would queue behind the very stream tasks it
-            // serves (1,000 watches on one connection waited 100+ ms per event). Its work is
-            // bounded by its socket, as a Go server's connection goroutine.
+            // An HTTP/2 connection's task writes the frames of every stream on it; were its
+            // writes held to tokio's cooperative budget it would queue behind the very stream
+            // tasks it serves (1,000 watches on one connection waited 100+ ms per event). Its
+            // reads stay budgeted, so a client flooding it cannot hold a worker.
             let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-            let serve = async move {
-                let activity = Arc::new(Activity::new());
-                let service = {
-                    let (server, activity) = (server.clone(), activity.clone());
-                    hyper::service::service_fn(move |request| {
-                        let (server, busy) = (server.clone(), activity.begin());
-                        async move {
-                            let response = server.handle(request).await;
-                            if let Some(crate::limits::SendBy(deadline)) =
-                                response.extensions().get::<crate::limits::SendBy>()
-                            {
-                                busy.send_by(*deadline);
-                            }
-                            Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
-                                response, busy,
-                            ))
+            let tls = Writes {
+                io: tls,
+                unbudgeted: http2,
+            };
+            let activity = Arc::new(Activity::new());
+            let service = {
+                let (server, activity) = (server.clone(), activity.clone());
+                hyper::service::service_fn(move |request| {
+                    let (server, busy) = (server.clone(), activity.begin());
+                    async move {
+                        let response = server.handle(request).await;
+                        if let Some(crate::limits::SendBy(deadline)) =
+                            response.extensions().get::<crate::limits::SendBy>()
+                        {
+                            busy.send_by(*deadline);
                         }
-                    })
-                };
-                let connection = builder
-                    .serve_connection(TokioIo::new(tls), service)
-                    .into_owned();
-                tokio::pin!(connection);
-                let mut shutting_down = server.shutdown_signal();
-                let idle = tokio::time::sleep(IDLE_TIMEOUT);
-                tokio::pin!(idle);
-                // Armed for the earliest response deadline; far off while there is none.
-                let far = || Instant::now() + Duration::from_secs(86_400);
-                let overdue = tokio::time::sleep_until(far());
-                tokio::pin!(overdue);
-                let mut closing = false;
-                let mut forcing = false;
-                loop {
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(error) = result {
-                                tracing::debug!(%peer, %error, "connection ended with an error");
-                            }
+                        Ok::<_, std::convert::Infallible>(crate::request::hold_until_sent(
+                            response, busy,
+                        ))
+                    }
+                })
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
+            tokio::pin!(connection);
+            let mut shutting_down = server.shutdown_signal();
+            let idle = tokio::time::sleep(IDLE_TIMEOUT);
+            tokio::pin!(idle);
+            // Armed for the earliest response deadline; far off while there is none.
+            let far = || Instant::now() + Duration::from_secs(86_400);
+            let overdue = tokio::time::sleep_until(far());
+            tokio::pin!(overdue);
+            let mut closing = false;
+            let mut forcing = false;
+            loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::debug!(%peer, %error, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = shutting_down.wait_for(|down| *down), if !closing => {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                    _ = activity.deadline_added.notified() => {
+                        overdue.as_mut().reset(activity.send_deadline().unwrap_or_else(far));
+                    }
+                    _ = &mut overdue => match activity.send_deadline() {
+                        Some(deadline) if deadline <= Instant::now() => {
+                            tracing::debug!(%peer, "a response was not taken within its request deadline; closing");
                             break;
                         }
-                        _ = shutting_down.wait_for(|down| *down), if !closing => {
-                            closing = true;
-                            connection.as_mut().graceful_shutdown();
+                        Some(deadline) => overdue.as_mut().reset(deadline),
+                        None => overdue.as_mut().reset(far()),
+                    },
+                    _ = &mut idle, if !closing || forcing => {
+                        if forcing {
+                            // Still not closed: a peer that does not read what was sent.
+                            tracing::debug!(%peer, "an idle connection did not close; dropping it");
+                            break;
                         }
-                        _ = activity.deadline_added.notified() => {
-                            overdue.as_mut().reset(activity.send_deadline().unwrap_or_else(far));
-                        }
-                        _ = &mut overdue => match activity.send_deadline() {
+                        match activity.idle_until(IDLE_TIMEOUT) {
                             Some(deadline) if deadline <= Instant::now() => {
-                                tracing::debug!(%peer, "a response was not taken within its request deadline; closing");
-                                break;
+                                tracing::debug!(%peer, "closing an idle connection");
+                                closing = true;
+                                forcing = true;
+                                connection.as_mut().graceful_shutdown();
+                                idle.as_mut().reset(Instant::now() + CLOSE_GRACE);
                             }
-                            Some(deadline) => overdue.as_mut().reset(deadline),
-                            None => overdue.as_mut().reset(far()),
-                        },
-                        _ = &mut idle, if !closing || forcing => {
-                            if forcing {
-                                // Still not closed: a peer that does not read what was sent.
-                                tracing::debug!(%peer, "an idle connection did not close; dropping it");
-                                break;
-                            }
-                            match activity.idle_until(IDLE_TIMEOUT) {
-                                Some(deadline) if deadline <= Instant::now() => {
-                                    tracing::debug!(%peer, "closing an idle connection");
-                                    closing = true;
-                                    forcing = true;
-                                    connection.as_mut().graceful_shutdown();
-                                    idle.as_mut().reset(Instant::now() + CLOSE_GRACE);
-                                }
-                                Some(deadline) => idle.as_mut().reset(deadline),
-                                None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
-                            }
+                            Some(deadline) => idle.as_mut().reset(deadline),
+                            None => idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT),
                         }
                     }
                 }
-            };
-            if http2 {
-                tokio::task::unconstrained(serve).await;
-            } else {
-                serve.await;
             }
         });
     }
@@ -189,6 +186,80 @@ pub async fn serve(
 
 /// How long an idle connection told to close may take to finish (a response still in its
 /// buffers) before it is dropped.
+/// A connection's stream whose writes (when `unbudgeted`) are exempt from tokio's cooperative
+/// budget; reads are not.
+struct Writes<IO> {
+    io: IO,
+    unbudgeted: bool,
+}
+
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Writes<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> Writes<IO> {
+    /// Runs one poll of a write operation, outside the budget when `unbudgeted`.
+    fn write<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        mut op: impl FnMut(
+            std::pin::Pin<&mut IO>,
+            &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        if !self.unbudgeted {
+            return op(std::pin::Pin::new(&mut self.io), cx);
+        }
+        let io = &mut self.io;
+        let mut once =
+            tokio::task::unconstrained(std::future::poll_fn(|cx| op(std::pin::Pin::new(io), cx)));
+        std::pin::Pin::new(&mut once).poll(cx)
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Writes<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.write(cx, |io, cx| io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.write(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.write(cx, |io, cx| io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 const CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Time past a request's deadline for its response to be sent.
 const SEND_GRACE: Duration = Duration::from_secs(5);
