@@ -353,6 +353,7 @@ impl Registry {
             let start = format!("{prefix}{}", token.resume_after());
             let revision = (token.revision > 0).then_some(token.revision);
             if let Some(revision) = revision
+                && self.still_readable_at(&prefix, revision, options).await?
                 && let Some(page) =
                     self.list_from_cache_at(&prefix, Some(&start), revision, options)
             {
@@ -392,12 +393,29 @@ impl Registry {
         revision: Revision,
         options: &ListOptions,
     ) -> Result<ListResult, ApiError> {
-        match self.list_from_cache_at(prefix, None, revision, options) {
-            Some(page) => Ok(page),
-            None => {
-                self.list_from_storage(prefix, None, Some(revision), options)
-                    .await
-            }
+        if self.still_readable_at(prefix, revision, options).await?
+            && let Some(page) = self.list_from_cache_at(prefix, None, revision, options)
+        {
+            return Ok(page);
+        }
+        self.list_from_storage(prefix, None, Some(revision), options)
+            .await
+    }
+
+    /// Whether storage still serves `revision`: a revision compacted away is 410 from the
+    /// cache too (upstream drops its cache snapshots at compaction), so the answer does not
+    /// depend on how long the cache's history happens to be. One key read, at that revision.
+    /// `false` (read from storage, which answers the error) for a revision it has not reached.
+    async fn still_readable_at(
+        &self,
+        prefix: &str,
+        revision: Revision,
+        options: &ListOptions,
+    ) -> Result<bool, ApiError> {
+        match self.storage.get(prefix, Some(revision)).await {
+            Ok(_) => Ok(true),
+            Err(StorageError::FutureRevision { .. }) => Ok(false),
+            Err(error) => Err(self.list_error(error, options)),
         }
     }
 
