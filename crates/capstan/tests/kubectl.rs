@@ -246,8 +246,15 @@ fn chunked_lists_return_everything_from_one_snapshot() {
         seen += next["items"].as_array().map_or(0, Vec::len);
         later.extend(next["items"].as_array().into_iter().flatten().cloned());
         match next["metadata"]["continue"].as_str() {
-            Some(t) if !t.is_empty() => token = t.to_string(),
-            _ => break,
+            Some(t) if !t.is_empty() => {
+                // Counted in the snapshot too, not among the current objects.
+                assert_eq!(next["metadata"]["remainingItemCount"], 13 - seen);
+                token = t.to_string();
+            }
+            _ => {
+                assert!(next["metadata"].get("remainingItemCount").is_none());
+                break;
+            }
         }
     }
     assert_eq!(

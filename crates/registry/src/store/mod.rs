@@ -151,6 +151,7 @@ pub struct Registry {
     cache: Arc<WatchCache>,
     namespace_prefix: Option<String>,
     max_object_bytes: usize,
+    counts: PageCounts,
 }
 
 fn storage_error(error: StorageError) -> ApiError {
@@ -172,6 +173,7 @@ impl Registry {
             cache,
             namespace_prefix,
             max_object_bytes: MAX_OBJECT_BYTES,
+            counts: PageCounts::default(),
         }
     }
 
@@ -421,9 +423,9 @@ impl Registry {
 
     /// The current objects, one page of `limit` (0: all).
     fn list_from_cache(&self, prefix: &str, options: &ListOptions, limit: usize) -> ListResult {
-        let mut pager = Pager::new(options, limit);
+        let mut pager = Pager::new(options, limit, None);
         let revision = self.cache.scan(prefix, None, |object| pager.visit(object));
-        pager.finish(prefix, revision)
+        pager.finish(prefix, revision, &self.counts)
     }
 
     /// A page of the objects as they were at `revision`, if the cache's history reaches it.
@@ -434,10 +436,11 @@ impl Registry {
         revision: Revision,
         options: &ListOptions,
     ) -> Option<ListResult> {
-        let mut pager = Pager::new(options, options.limit);
+        let known = start_after.and_then(|start| self.counts.after(prefix, revision, start));
+        let mut pager = Pager::new(options, options.limit, known);
         self.cache
             .scan_at(prefix, start_after, revision, |object| pager.visit(object))
-            .then(|| pager.finish(prefix, revision))
+            .then(|| pager.finish(prefix, revision, &self.counts))
     }
 
     async fn list_from_storage(
@@ -534,10 +537,13 @@ impl Registry {
 }
 
 /// Collects one page of a list from a scan: the selected objects up to the limit, then (for
-/// an unfiltered list, whose `remainingItemCount` is reported) a count of the rest.
+/// an unfiltered list, whose `remainingItemCount` is reported) a count of the rest, unless the
+/// previous page already counted it.
 struct Pager<'a> {
     options: &'a ListOptions,
     limit: usize,
+    /// How many objects the scan holds after its start, when a previous page counted them.
+    known: Option<i64>,
     items: Vec<Arc<CachedObject>>,
     last_key: Option<Arc<str>>,
     more: bool,
@@ -545,10 +551,11 @@ struct Pager<'a> {
 }
 
 impl<'a> Pager<'a> {
-    fn new(options: &'a ListOptions, limit: usize) -> Self {
+    fn new(options: &'a ListOptions, limit: usize, known: Option<i64>) -> Self {
         Pager {
             options,
             limit,
+            known,
             items: Vec::new(),
             last_key: None,
             more: false,
@@ -564,8 +571,16 @@ impl<'a> Pager<'a> {
     fn visit(&mut self, object: &Arc<CachedObject>) -> bool {
         if self.limit > 0 && self.items.len() >= self.limit {
             self.more = true;
+            if !self.unfiltered() {
+                return false;
+            }
+            if let Some(known) = self.known {
+                // Unfiltered: every object visited so far is an item.
+                self.remaining = known - self.items.len() as i64;
+                return false;
+            }
             self.remaining += 1;
-            return self.unfiltered();
+            return true;
         }
         if object
             .selectable
@@ -577,12 +592,17 @@ impl<'a> Pager<'a> {
         true
     }
 
-    fn finish(self, prefix: &str, revision: Revision) -> ListResult {
+    fn finish(self, prefix: &str, revision: Revision, counts: &PageCounts) -> ListResult {
         let unfiltered = self.unfiltered();
         let continue_token = match (&self.last_key, self.more) {
-            (Some(key), true) => Some(
-                ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(key)).encode(),
-            ),
+            (Some(key), true) => {
+                let token = ContinueToken::after(revision, key.strip_prefix(prefix).unwrap_or(key));
+                if unfiltered {
+                    let start = format!("{prefix}{}", token.resume_after());
+                    counts.remember(prefix, revision, start, self.remaining);
+                }
+                Some(token.encode())
+            }
             _ => None,
         };
         ListResult {
@@ -591,5 +611,55 @@ impl<'a> Pager<'a> {
             remaining: (continue_token.is_some() && unfiltered).then_some(self.remaining),
             continue_token,
         }
+    }
+}
+
+/// How many objects recent pages left after them. A list's objects at a revision never
+/// change, so the page that resumes after a key at that revision knows how many objects follow
+/// its start and subtracts its own items, instead of counting the rest for `remainingItemCount`
+/// again: paging through N objects counts them once rather than about N² / (2 × limit) times.
+#[derive(Default)]
+struct PageCounts {
+    recent: std::sync::Mutex<std::collections::VecDeque<PageCount>>,
+}
+
+struct PageCount {
+    prefix: String,
+    revision: Revision,
+    /// The key the next page's scan starts after.
+    start: String,
+    /// Objects under `prefix` after `start` at `revision`.
+    after: i64,
+}
+
+impl PageCounts {
+    /// Pages remembered (a few concurrent paginations per kind; older ones count again).
+    const RECENT: usize = 64;
+
+    fn after(&self, prefix: &str, revision: Revision, start: &str) -> Option<i64> {
+        let recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent
+            .iter()
+            .find(|c| c.revision == revision && c.start == start && c.prefix == prefix)
+            .map(|c| c.after)
+    }
+
+    fn remember(&self, prefix: &str, revision: Revision, start: String, after: i64) {
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.len() >= Self::RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(PageCount {
+            prefix: prefix.to_string(),
+            revision,
+            start,
+            after,
+        });
     }
 }
