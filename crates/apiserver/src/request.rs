@@ -1,9 +1,12 @@
 //! Request plumbing: query parameters, bodies, and encoding responses as JSON, YAML or Table.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use capstan_machinery::media::{self, Negotiated, Output};
 use capstan_machinery::{ApiError, meta, table, yaml};
 use capstan_registry::DynStrategy;
+use capstan_registry::cache::CachedObject;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
@@ -411,12 +414,13 @@ pub fn object_response(
     }
 }
 
-/// Writes a list's Table row by row, decoding one object at a time, so a large list never
-/// holds every object decoded at once.
+/// Writes a list's Table row by row from the cached items' JSON: each row's cells come from
+/// the item decoded straight into the kind's type, and its `PartialObjectMetadata` is the
+/// item's own `metadata` bytes, so no row is built as a `Value` tree.
 pub fn table_bytes(
     strategy: &dyn DynStrategy,
     version: &'static str,
-    objects: impl Iterator<Item = Value>,
+    items: &[Arc<CachedObject>],
     list_meta: Map<String, Value>,
     include: IncludeObject,
 ) -> Bytes {
@@ -430,28 +434,32 @@ pub fn table_bytes(
     let mut out = serde_json::to_vec(&head).unwrap_or_default();
     // `head` ends with `"rows":[]}`: reopen the rows array.
     out.truncate(out.len().saturating_sub(2));
-    for (i, object) in objects.enumerate() {
+    let api_version = info.api_version();
+    let mut item = Vec::new();
+    for (i, object) in items.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let mut row = Map::new();
-        row.insert("cells".into(), Value::Array(strategy.cells(&object)));
+        item.clear();
+        object.write_item_for_rules(&mut item);
+        out.extend_from_slice(b"{\"cells\":");
+        let _ = serde_json::to_writer(&mut out, &strategy.cells_json(&item));
+        out.extend_from_slice(b",\"object\":");
         match include {
             IncludeObject::Metadata => {
-                row.insert("object".into(), partial_metadata(&object));
+                out.extend_from_slice(
+                    b"{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"meta.k8s.io/v1\",\"metadata\":",
+                );
+                object.write_metadata(&mut out);
+                out.push(b'}');
             }
             IncludeObject::Object => {
-                row.insert(
-                    "object".into(),
-                    meta::with_type_meta(&object, &info.api_version(), info.kind),
-                );
+                out.extend_from_slice(&object.typed_json(info.kind, &api_version));
             }
             // Upstream's `TableRow.object` is a RawExtension: `null` when not included.
-            IncludeObject::None => {
-                row.insert("object".into(), Value::Null);
-            }
+            IncludeObject::None => out.extend_from_slice(b"null"),
         }
-        let _ = serde_json::to_writer(&mut out, &Value::Object(row));
+        out.push(b'}');
     }
     out.extend_from_slice(b"]}\n");
     Bytes::from(out)

@@ -291,6 +291,8 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn columns(&self) -> Vec<Column>;
     /// See [`Strategy::cells`].
     fn cells(&self, object: &Value) -> Vec<Value>;
+    /// [`Strategy::cells`] of an object's JSON, decoded straight into the kind's type.
+    fn cells_json(&self, json: &[u8]) -> Vec<Value>;
 }
 
 /// The generic half of a `/status` update: everything but status and metadata is the stored
@@ -506,6 +508,12 @@ impl<S: Strategy> DynStrategy for S {
 
     fn cells(&self, object: &Value) -> Vec<Value> {
         read(object, |o| Strategy::cells(self, o)).unwrap_or_default()
+    }
+
+    fn cells_json(&self, json: &[u8]) -> Vec<Value> {
+        serde_json::from_slice::<S::Object>(json)
+            .map(|o| Strategy::cells(self, &o))
+            .unwrap_or_default()
     }
 }
 

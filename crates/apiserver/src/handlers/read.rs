@@ -92,7 +92,7 @@ pub(super) fn list_response(
             let bytes = crate::request::table_bytes(
                 strategy.as_ref(),
                 version,
-                result.items.iter().map(|o| o.object()),
+                &result.items,
                 list_meta,
                 include,
             );

@@ -20,6 +20,8 @@ pub(super) struct Stored {
     pub(super) bytes: Bytes,
     /// Where the members after `kind` and `apiVersion` start.
     pub(super) members: usize,
+    /// Where `metadata`'s opening brace is.
+    pub(super) metadata_start: usize,
     /// Where `metadata`'s closing brace is.
     pub(super) metadata_end: usize,
     pub(super) metadata_empty: bool,
@@ -71,10 +73,43 @@ impl Stored {
             .all(u8::is_ascii_whitespace);
         Some(Stored {
             members: members?,
+            metadata_start: start,
             metadata_end,
             metadata_empty,
             bytes,
         })
+    }
+}
+
+impl Stored {
+    /// Writes `metadata`'s members (comma-separated, without the braces) other than `skip`;
+    /// whether it wrote any.
+    pub(super) fn write_metadata_members_except(&self, skip: &[u8], out: &mut Vec<u8>) -> bool {
+        let mut scan = Scanner {
+            bytes: &self.bytes,
+            at: self.metadata_start + 1,
+        };
+        let mut wrote = false;
+        loop {
+            scan.whitespace();
+            if scan.at >= self.metadata_end {
+                break;
+            }
+            let start = scan.at;
+            let Some(key) = scan.member() else { break };
+            if key != skip {
+                if wrote {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&self.bytes[start..scan.at]);
+                wrote = true;
+            }
+            scan.whitespace();
+            if scan.next() != Some(b',') {
+                break;
+            }
+        }
+        wrote
     }
 }
 
@@ -114,6 +149,16 @@ impl<'a> Scanner<'a> {
                 _ => {}
             }
         }
+    }
+
+    /// A member (`"key": value`); returns its raw key.
+    fn member(&mut self) -> Option<&'a [u8]> {
+        let key = self.string()?;
+        self.whitespace();
+        self.expect(b':')?;
+        self.whitespace();
+        self.value()?;
+        Some(key)
     }
 
     fn value(&mut self) -> Option<()> {

@@ -200,6 +200,39 @@ impl CachedObject {
         }
     }
 
+    /// Writes the object as [`CachedObject::write_item`] does but without
+    /// `metadata.managedFields`: what typed rules read (they ignore it), for less to decode.
+    pub fn write_item_for_rules(&self, out: &mut Vec<u8>) {
+        match &self.json {
+            Json::Stored(stored) => {
+                out.push(b'{');
+                out.extend_from_slice(&stored.bytes[stored.members..=stored.metadata_start]);
+                let wrote = stored.write_metadata_members_except(b"managedFields", out);
+                out.extend_from_slice(ResourceVersionMember::new(!wrote, self.revision).as_bytes());
+                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+            }
+            Json::Item(json) => out.extend_from_slice(json),
+        }
+    }
+
+    /// Writes the object's `metadata` (with `resourceVersion`), as `write_item` has it.
+    pub fn write_metadata(&self, out: &mut Vec<u8>) {
+        match &self.json {
+            Json::Stored(stored) => {
+                out.extend_from_slice(&stored.bytes[stored.metadata_start..stored.metadata_end]);
+                out.extend_from_slice(
+                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
+                );
+                out.push(b'}');
+            }
+            Json::Item(_) => {
+                let object = self.object();
+                let empty = Value::Object(serde_json::Map::new());
+                let _ = serde_json::to_writer(out, object.get("metadata").unwrap_or(&empty));
+            }
+        }
+    }
+
     /// The object with `kind` and `apiVersion` (as served alone or in a watch event).
     pub fn typed_json(&self, kind: &str, api_version: &str) -> Vec<u8> {
         let mut head = meta::type_head(kind, api_version);
