@@ -32,6 +32,12 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// CPU seconds (user + system) these processes have used so far; `None` without pids.
+pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    (!pids.is_empty())
+        .then(|| pids.iter().filter_map(|p| cpu_ticks(*p)).sum::<u64>() as f64 / TICKS_PER_SECOND)
+}
+
 /// A background sampler.
 pub struct Sampler {
     pids: Vec<u32>,

@@ -474,6 +474,9 @@ impl Bench {
         }
         let answered: Arc<Vec<AtomicU64>> =
             Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
+        // The server's CPU from the first update until every watcher has its last event:
+        // the writes and their deliveries, without opening the watches (TLS handshakes).
+        let cpu_before = crate::process::cpu_seconds(&args.server_pids);
         let started = Instant::now();
         for round in 0..args.updates {
             let patch = json!({"metadata": {"labels": {"capstan-bench/round": round.to_string()}}});
@@ -500,6 +503,9 @@ impl Bench {
                 Err(_) => failures.push("no last event within 30 s".into()),
             }
         }
+        let delivering = cpu_before
+            .zip(crate::process::cpu_seconds(&args.server_pids))
+            .map(|(before, after)| after - before);
         eprint!("\r{:80}\r", "");
         let expected = args.watchers * args.updates;
         let missed = expected.saturating_sub(received);
@@ -519,6 +525,12 @@ impl Bench {
         if let Some(first) = failures.first() {
             println!("  {} watchers failed; the first: {first}", failures.len());
         }
+        if let Some(seconds) = delivering {
+            println!(
+                "server CPU from the first update to the last event: {seconds:.2} s ({:.2} µs per delivered event, the updates included)",
+                seconds * 1e6 / received.max(1) as f64
+            );
+        }
         Ok(json!({
             "watchers": args.watchers,
             "updates": args.updates,
@@ -528,6 +540,7 @@ impl Bench {
             "failed_watchers": failures.len(),
             "http2_connections": connections.len(),
             "update_seconds": writes.as_secs_f64(),
+            "server_cpu_seconds_delivering": delivering,
             "delivery_latency_ms": latency_json(&delivery),
         }))
     }
