@@ -764,6 +764,15 @@ fn main() -> anyhow::Result<()> {
         // Server usage covers the scenario, not the clean-up after it.
         let usage = sampler.finish();
         let requests = REQUESTS.load(Ordering::Relaxed) - requests_before;
+        let trailing = if outcome.is_ok() {
+            let pids = args.server_pids.clone();
+            tokio::task::spawn_blocking(move || process::settle(&pids))
+                .await
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
         if !args.keep {
             bench.cleanup().await;
         }
@@ -774,6 +783,11 @@ fn main() -> anyhow::Result<()> {
                 "server: peak RSS {:.1} MiB, {:.2} CPU seconds ({per_thousand:.3} per 1,000 of {requests} requests)",
                 usage.peak_rss_mib, usage.cpu_seconds
             );
+            let trailing = trailing.unwrap_or_default();
+            let with_trailing = (usage.cpu_seconds + trailing) * 1000.0 / requests.max(1) as f64;
+            println!(
+                "server: {trailing:.2} more CPU seconds before it went idle (work the scenario left queued, such as controllers catching up): {with_trailing:.3} per 1,000 requests with it"
+            );
             map.insert(
                 "server".into(),
                 json!({
@@ -781,6 +795,8 @@ fn main() -> anyhow::Result<()> {
                     "cpu_seconds": usage.cpu_seconds,
                     "requests": requests,
                     "cpu_seconds_per_1000_requests": per_thousand,
+                    "cpu_seconds_after_scenario": trailing,
+                    "cpu_seconds_per_1000_requests_until_idle": with_trailing,
                 }),
             );
         }

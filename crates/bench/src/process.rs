@@ -38,6 +38,31 @@ pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
         .then(|| pids.iter().filter_map(|p| cpu_ticks(*p)).sum::<u64>() as f64 / TICKS_PER_SECOND)
 }
 
+/// Waits until these processes go idle (two quarter-second windows in a row with at most one
+/// CPU tick each, or 30 s) and returns the CPU seconds they used before that: work a scenario
+/// left queued when its last request was answered, such as a controller catching up.
+pub fn settle(pids: &[u32]) -> Option<f64> {
+    let ticks = || pids.iter().filter_map(|p| cpu_ticks(*p)).sum::<u64>();
+    if pids.is_empty() {
+        return None;
+    }
+    let start = ticks();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (mut last, mut busy_until, mut quiet) = (start, start, 0);
+    while quiet < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = ticks();
+        if now.saturating_sub(last) <= 1 {
+            quiet += 1;
+        } else {
+            quiet = 0;
+            busy_until = now;
+        }
+        last = now;
+    }
+    Some(busy_until.saturating_sub(start) as f64 / TICKS_PER_SECOND)
+}
+
 /// A background sampler.
 pub struct Sampler {
     pids: Vec<u32>,
