@@ -43,7 +43,7 @@ pub fn apply(
     if live.is_some() && entries.is_empty() {
         let existing = tracking.recordable(field_set(&live_object, schema));
         if !existing.is_empty() {
-            let first = entry("before-first-apply", "Update", tracking, &now, &existing);
+            let first = entry("before-first-apply", "Update", tracking, &now);
             entries.push(Owner::new(first, existing));
         }
     }
@@ -103,7 +103,7 @@ pub fn apply(
             }
         }
         None if !applied.is_empty() => {
-            let mut fresh = entry(manager, "Apply", tracking, &now, &applied);
+            let mut fresh = entry(manager, "Apply", tracking, &now);
             if !object_changed && let Some(map) = fresh.as_object_mut() {
                 map.shift_remove("time");
             }

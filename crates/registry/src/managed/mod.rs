@@ -275,14 +275,20 @@ fn compare_node(
             if l.is_none_or(Map::is_empty) && r.is_none_or(Map::is_empty) {
                 return leaf(out);
             }
+            // An object's own managedFields are not among its fields.
+            let in_metadata = path.len() == 1 && path[0] == "f:metadata";
+            let skip = |key: &str| in_metadata && key == "managedFields";
             for (key, value) in l.into_iter().flatten() {
+                if skip(key) {
+                    continue;
+                }
                 path.push(format!("f:{key}"));
                 let other = r.and_then(|r| r.get(key));
                 compare_node(Some(value), other, child_schema(&node, key), path, out);
                 path.pop();
             }
             for (key, value) in r.into_iter().flatten() {
-                if l.is_some_and(|l| l.contains_key(key)) {
+                if skip(key) || l.is_some_and(|l| l.contains_key(key)) {
                     continue;
                 }
                 path.push(format!("f:{key}"));
@@ -464,15 +470,17 @@ fn owned_by(entry: &Value) -> Set {
         .unwrap_or_default()
 }
 
-/// A managedFields entry owning `fields`.
-fn entry(manager: &str, operation: &str, tracking: &Tracking, time: &str, fields: &Set) -> Value {
+/// A managedFields entry; its `fieldsV1` is rendered when it is stored, from the set its
+/// [`Owner`] holds (an owner made with [`Owner::new`] is always rendered).
+fn entry(manager: &str, operation: &str, tracking: &Tracking, time: &str) -> Value {
     let mut entry = Map::new();
     entry.insert("manager".into(), json!(manager));
     entry.insert("operation".into(), json!(operation));
     entry.insert("apiVersion".into(), json!(tracking.api_version));
     entry.insert("time".into(), json!(time));
     entry.insert("fieldsType".into(), json!("FieldsV1"));
-    entry.insert("fieldsV1".into(), to_fields_v1(fields));
+    // Rendered from `fields` when the entry is stored (`store_entries`), in this place.
+    entry.insert("fieldsV1".into(), Value::Null);
     if let Some(sub) = tracking.subresource {
         entry.insert("subresource".into(), json!(sub));
     }
@@ -575,17 +583,13 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
 pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
     let zero;
     let live = match old {
-        Some(old) => without_managed_fields(old),
+        Some(old) => old,
         None => {
             zero = tracking.zero();
-            zero
+            &zero
         }
     };
-    let comparison = tracking.filtered(compare(
-        &live,
-        &without_managed_fields(new),
-        tracking.schema,
-    ));
+    let comparison = tracking.filtered(compare(live, new, tracking.schema));
     let changed = comparison.changed();
     let mut entries = entries_of(old);
     // Every other manager loses what this write changed or removed.
@@ -608,7 +612,7 @@ pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracki
             }
         }
         None if !taken.is_empty() => {
-            let fresh = entry(manager, "Update", tracking, &now, &taken);
+            let fresh = entry(manager, "Update", tracking, &now);
             entries.push(Owner::new(fresh, taken));
         }
         None => {}
