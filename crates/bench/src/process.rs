@@ -32,26 +32,29 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// CPU ticks (user + system) these processes have used so far.
+fn total_ticks(pids: &[u32]) -> u64 {
+    pids.iter().filter_map(|p| cpu_ticks(*p)).sum()
+}
+
 /// CPU seconds (user + system) these processes have used so far; `None` without pids.
 pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
-    (!pids.is_empty())
-        .then(|| pids.iter().filter_map(|p| cpu_ticks(*p)).sum::<u64>() as f64 / TICKS_PER_SECOND)
+    (!pids.is_empty()).then(|| total_ticks(pids) as f64 / TICKS_PER_SECOND)
 }
 
 /// Waits until these processes go idle (two quarter-second windows in a row with at most one
 /// CPU tick each, or 30 s) and returns the CPU seconds they used before that: work a scenario
 /// left queued when its last request was answered, such as a controller catching up.
 pub fn settle(pids: &[u32]) -> Option<f64> {
-    let ticks = || pids.iter().filter_map(|p| cpu_ticks(*p)).sum::<u64>();
     if pids.is_empty() {
         return None;
     }
-    let start = ticks();
+    let start = total_ticks(pids);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let (mut last, mut busy_until, mut quiet) = (start, start, 0);
     while quiet < 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
-        let now = ticks();
+        let now = total_ticks(pids);
         if now.saturating_sub(last) <= 1 {
             quiet += 1;
         } else {
@@ -77,7 +80,7 @@ impl Sampler {
     /// Starts sampling (does nothing without pids).
     pub fn start(pids: &[u32]) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let start_ticks = pids.iter().filter_map(|p| cpu_ticks(*p)).sum();
+        let start_ticks = total_ticks(pids);
         let thread = (!pids.is_empty()).then(|| {
             let pids = pids.to_vec();
             let stop = stop.clone();
@@ -102,7 +105,7 @@ impl Sampler {
     pub fn finish(mut self) -> Option<Usage> {
         self.stop.store(true, Ordering::Relaxed);
         let peak = self.thread.take()?.join().ok()?;
-        let end: u64 = self.pids.iter().filter_map(|p| cpu_ticks(*p)).sum();
+        let end = total_ticks(&self.pids);
         Some(Usage {
             peak_rss_mib: peak as f64 / 1024.0,
             cpu_seconds: end.saturating_sub(self.start_ticks) as f64 / TICKS_PER_SECOND,

@@ -696,3 +696,60 @@ async fn response_compression_can_be_turned_off() {
     assert_eq!((status, encoding), (200, None));
     assert!(plain.len() > 128 * 1024);
 }
+
+/// A GET of `uri` with this `Accept`, as JSON.
+async fn get_accepting(client: &kube::Client, uri: &str, accept: &str) -> serde_json::Value {
+    use http_body_util::BodyExt;
+    let request = http::Request::builder()
+        .method("GET")
+        .uri(uri)
+        .header("accept", accept)
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let response = client.send(request).await.expect("response");
+    assert_eq!(response.status().as_u16(), 200, "{uri}");
+    let body = response.into_body().collect().await.expect("body");
+    serde_json::from_slice(&body.to_bytes()).expect("JSON")
+}
+
+#[tokio::test]
+async fn a_list_tables_rows_are_the_single_objects_rows() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    let server = Server::start();
+    let client = server.client().await;
+    create_services(&client, 3).await;
+    let list = "/api/v1/namespaces/default/services";
+    for include in ["Metadata", "Object", "None"] {
+        let table = get_accepting(&client, &format!("{list}?includeObject={include}"), TABLE).await;
+        let age = table["columnDefinitions"]
+            .as_array()
+            .and_then(|c| c.iter().position(|c| c["name"] == "Age"))
+            .expect("an Age column");
+        let rows = table["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 4, "kubernetes and s000..s002");
+        for row in rows {
+            let name = row["cells"][0].as_str().expect("a name cell");
+            let single = get_accepting(
+                &client,
+                &format!("{list}/{name}?includeObject={include}"),
+                TABLE,
+            )
+            .await;
+            let (mut listed, mut alone) = (row.clone(), single["rows"][0].clone());
+            // The age is computed when the row is written.
+            for row in [&mut listed, &mut alone] {
+                row["cells"][age] = serde_json::Value::Null;
+            }
+            assert_eq!(listed, alone, "{include}: {name}");
+            match include {
+                "Metadata" => {
+                    assert_eq!(listed["object"]["kind"], "PartialObjectMetadata");
+                    assert!(listed["object"]["metadata"]["managedFields"].is_array());
+                    assert!(listed["object"]["metadata"]["resourceVersion"].is_string());
+                }
+                "Object" => assert_eq!(listed["object"]["spec"]["type"], "ClusterIP"),
+                _ => assert!(listed["object"].is_null()),
+            }
+        }
+    }
+}

@@ -79,9 +79,7 @@ impl Stored {
             bytes,
         })
     }
-}
 
-impl Stored {
     /// Writes `metadata`'s members (comma-separated, without the braces) other than `skip`;
     /// whether it wrote any.
     pub(super) fn write_metadata_members_except(&self, skip: &[u8], out: &mut Vec<u8>) -> bool {
