@@ -392,9 +392,19 @@ impl EmbeddedStore {
 
 /// Opens (or creates) the database file; another process holding it is [`StorageError::Locked`].
 fn open_database(path: &Path, cache_bytes: usize) -> Result<Database> {
-    Database::builder()
-        .set_cache_size(cache_bytes)
-        .create(path)
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| StorageError::Io(e.to_string()))?;
+    crate::zero_filled::ZeroFilledFile::new(file)
+        .and_then(|backend| {
+            Database::builder()
+                .set_cache_size(cache_bytes)
+                .create_with_backend(backend)
+        })
         .map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen
             | redb::DatabaseError::LockProtocolMismatch => StorageError::Locked {

@@ -23,6 +23,7 @@ mod embedded;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod watch;
+mod zero_filled;
 
 use std::fmt;
 use std::sync::Arc;
