@@ -2,6 +2,7 @@
 //! APIService, from its Service, Endpoints and a discovery probe of its backend, reached
 //! exactly as the aggregation proxy reaches it (`capstan-aggregation`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +51,13 @@ pub struct AvailabilityController {
     services: Arc<Registry>,
     endpoints: Arc<Registry>,
     client: Option<Arc<ProxyClient>>,
+    /// [`AvailabilityController::all`]'s APIServices by key, with the revision each was read at.
+    decoded: std::sync::Mutex<HashMap<Arc<str>, Decoded>>,
 }
+
+/// An APIService as [`AvailabilityController::all`] last decoded it, with the revision it was
+/// read at (None: undecodable).
+type Decoded = (i64, Option<APIService>);
 
 /// The outcome of one check: status, reason, message.
 type Verdict = (&'static str, &'static str, String);
@@ -67,6 +74,7 @@ impl AvailabilityController {
             services,
             endpoints,
             client: None,
+            decoded: std::sync::Mutex::default(),
         }
     }
 
@@ -140,6 +148,8 @@ impl AvailabilityController {
 
     /// Every APIService's name and spec (what finding the backing Service needs; the status
     /// and managedFields are not decoded: this runs on every Service and Endpoints change).
+    /// Each is decoded once per revision: the decoded ones are kept by key with the revision
+    /// they were read at.
     fn all(&self) -> Vec<APIService> {
         /// The part of an APIService read here.
         #[derive(serde::Deserialize)]
@@ -151,16 +161,34 @@ impl AvailabilityController {
         struct Name {
             name: Option<String>,
         }
-        self.apiservices
-            .cached::<Backing>("")
-            .into_iter()
-            .map(|backing| APIService {
-                metadata: ObjectMeta {
-                    name: backing.metadata.name,
-                    ..ObjectMeta::default()
-                },
-                spec: backing.spec,
-                status: None,
+        let mut objects = Vec::new();
+        let prefix = self.apiservices.strategy().info().list_prefix("");
+        self.apiservices.cache().scan(&prefix, None, |object| {
+            objects.push(object.clone());
+            true
+        });
+        let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
+        decoded.retain(|key, _| objects.iter().any(|o| &o.key == key));
+        objects
+            .iter()
+            .filter_map(|object| {
+                if let Some((revision, apiservice)) = decoded.get(&object.key)
+                    && *revision == object.revision
+                {
+                    return apiservice.clone();
+                }
+                let apiservice = serde_json::from_slice::<Backing>(object.raw_json())
+                    .ok()
+                    .map(|backing| APIService {
+                        metadata: ObjectMeta {
+                            name: backing.metadata.name,
+                            ..ObjectMeta::default()
+                        },
+                        spec: backing.spec,
+                        status: None,
+                    });
+                decoded.insert(object.key.clone(), (object.revision, apiservice.clone()));
+                apiservice
             })
             .collect()
     }

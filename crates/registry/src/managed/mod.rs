@@ -84,9 +84,20 @@ impl Tracking {
         }
     }
 
-    /// The kind's Go zero value.
-    fn zero(&self) -> Value {
-        serde_json::from_str(self.zero).unwrap_or_else(|_| json!({}))
+    /// The kind's Go zero value, parsed once per kind for the life of the process.
+    fn zero(&self) -> &'static Value {
+        static ZEROS: std::sync::OnceLock<std::sync::Mutex<HashMap<&'static str, &'static Value>>> =
+            std::sync::OnceLock::new();
+        let mut zeros = ZEROS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        zeros.entry(self.zero).or_insert_with(|| {
+            // One per kind, kept for the life of the process.
+            Box::leak(Box::new(
+                serde_json::from_str(self.zero).unwrap_or_else(|_| json!({})),
+            ))
+        })
     }
 
     /// Whether a path is a reset field or lies under one.
@@ -581,14 +592,7 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
 
 /// Records an `Update` by `manager` on `new`, given the stored `old` object (None on create).
 pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
-    let zero;
-    let live = match old {
-        Some(old) => old,
-        None => {
-            zero = tracking.zero();
-            &zero
-        }
-    };
+    let live = old.unwrap_or_else(|| tracking.zero());
     let comparison = tracking.filtered(compare(live, new, tracking.schema));
     let changed = comparison.changed();
     let mut entries = entries_of(old);
