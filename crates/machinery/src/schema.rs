@@ -51,8 +51,52 @@ pub fn definition(document: &'static [u8], name: &str) -> Option<&'static Value>
     named(name)
 }
 
-/// A schema node with its `$ref` (or single-`allOf` reference) followed.
+/// A hasher for maps keyed by a schema node's address: the address is already unique.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(*byte);
+        }
+    }
+    fn write_usize(&mut self, address: usize) {
+        // Nodes are at least 8-byte aligned; the multiplication spreads the rest.
+        self.0 = (address as u64 >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Memos keyed by schema node. The schemas live as long as the process, so a node's address
+/// names it for good.
+type ByNode<T> = std::collections::HashMap<usize, T, std::hash::BuildHasherDefault<AddressHasher>>;
+
+fn address(schema: &'static Value) -> usize {
+    std::ptr::from_ref(schema) as usize
+}
+
+/// A schema node with its `$ref` (or single-`allOf` reference) followed. Memoized per node
+/// and thread once the chain resolves to the end (a reference into a document not loaded
+/// yet is looked up again next time).
 pub fn resolve(schema: &'static Value) -> &'static Value {
+    thread_local! {
+        static RESOLVED: std::cell::RefCell<ByNode<&'static Value>> = std::cell::RefCell::default();
+    }
+    if let Some(known) = RESOLVED.with_borrow(|memo| memo.get(&address(schema)).copied()) {
+        return known;
+    }
+    let (resolved, complete) = follow_references(schema);
+    if complete {
+        RESOLVED.with_borrow_mut(|memo| memo.insert(address(schema), resolved));
+    }
+    resolved
+}
+
+/// Follows references from `schema`; whether the last node reached holds none.
+fn follow_references(schema: &'static Value) -> (&'static Value, bool) {
     let mut current = schema;
     for _ in 0..8 {
         let reference = current
@@ -65,14 +109,14 @@ pub fn resolve(schema: &'static Value) -> &'static Value {
             })
             .and_then(Value::as_str);
         let Some(name) = reference.and_then(|r| r.strip_prefix("#/components/schemas/")) else {
-            return current;
+            return (current, reference.is_none());
         };
         match named(&name.replace("~1", "/").replace("~0", "~")) {
             Some(next) => current = next,
-            None => return current,
+            None => return (current, false),
         }
     }
-    current
+    (current, false)
 }
 
 fn walk(schema: &'static Value, value: &Value, path: &str, out: &mut Vec<String>) {
@@ -179,9 +223,23 @@ pub fn property(schema: &'static Value, key: &str) -> Option<&'static Value> {
     resolve(schema).get("properties")?.get(key)
 }
 
-/// The shape of a schema node (references resolved).
+/// The shape of a schema node (references resolved), computed once per node and thread.
 pub fn shape(schema: &'static Value) -> Shape<'static> {
-    let schema = resolve(schema);
+    thread_local! {
+        static SHAPES: std::cell::RefCell<ByNode<Shape<'static>>> = std::cell::RefCell::default();
+    }
+    if let Some(known) = SHAPES.with_borrow(|shapes| shapes.get(&address(schema)).copied()) {
+        return known;
+    }
+    let (resolved, complete) = follow_references(schema);
+    let computed = shape_of_resolved(resolved);
+    if complete {
+        SHAPES.with_borrow_mut(|shapes| shapes.insert(address(schema), computed));
+    }
+    computed
+}
+
+fn shape_of_resolved(schema: &'static Value) -> Shape<'static> {
     if schema.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic") {
         return Shape::Atomic;
     }
