@@ -13,13 +13,13 @@ use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::queue::WorkQueue;
 use crate::watch_all;
 use capstan_registry::watch::WatchItem;
-use capstan_registry::{DeleteOptions, ReadAt, Registry, Subresource, WriteOptions};
+use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
 
 const MAX_ADDRESSES: usize = 1000;
 const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
@@ -531,12 +531,45 @@ impl EndpointsController {
         trigger
     }
 
+    /// The Service as the Service watch last showed it (upstream's controller reads its
+    /// informer's cache the same way), with what a sync reads decoded: its labels, creation
+    /// time and spec; `None` when it is gone.
+    fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Read {
+            metadata: ReadMeta,
+            spec: Option<ServiceSpec>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ReadMeta {
+            labels: Option<Labels>,
+            #[serde(rename = "creationTimestamp")]
+            creation_timestamp: Option<Time>,
+        }
+        let key = self.services.strategy().info().key(namespace, name);
+        let Some(cached) = self.services.cache().get(&key) else {
+            return Ok(None);
+        };
+        let read: Read = serde_json::from_slice(cached.raw_json())
+            .map_err(|_| ApiError::internal(format!("undecodable object at {key}")))?;
+        Ok(Some(Service {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                labels: read.metadata.labels,
+                creation_timestamp: read.metadata.creation_timestamp,
+                ..ObjectMeta::default()
+            },
+            spec: read.spec,
+            status: None,
+        }))
+    }
+
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
-        let found = self.services.get_typed(namespace, name, ReadAt::Latest);
-        let service: Service = match found.await {
-            Ok(service) => service,
+        let service = match self.service(namespace, name) {
+            Ok(Some(service)) => service,
             // The Service is gone: so are its Endpoints.
-            Err(e) if e.is_not_found() => {
+            Ok(None) => {
                 let options = DeleteOptions::default();
                 return match self.endpoints.delete(namespace, name, &options).await {
                     Err(e) if !e.is_not_found() => Err(e.into()),

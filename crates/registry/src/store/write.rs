@@ -32,9 +32,30 @@ impl Registry {
                 namespace,
             ));
         };
-        let ns = self.decode(&kv)?;
-        if !meta::meta_str(&ns, "deletionTimestamp").is_empty()
-            || ns.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        // Only the two fields read here are decoded; the rest is skipped unparsed.
+        #[derive(serde::Deserialize)]
+        struct Lifecycle {
+            #[serde(default)]
+            metadata: LifecycleMeta,
+            #[serde(default)]
+            status: LifecycleStatus,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct LifecycleMeta {
+            #[serde(rename = "deletionTimestamp")]
+            deletion_timestamp: Option<String>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct LifecycleStatus {
+            phase: Option<String>,
+        }
+        let ns: Lifecycle = serde_json::from_slice(&kv.value)
+            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+        if ns
+            .metadata
+            .deletion_timestamp
+            .is_some_and(|t| !t.is_empty())
+            || ns.status.phase.as_deref() == Some("Terminating")
         {
             let gr = self.strategy.info().group_resource();
             return Err(ApiError::new(
