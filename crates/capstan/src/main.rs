@@ -237,9 +237,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
         .iter()
         .map(|strategy| {
-            let kind = strategy.clone();
-            let project: capstan_registry::cache::Projection =
-                Arc::new(move |object| kind.selectable(object));
+            let (kind, from_json) = (strategy.clone(), strategy.clone());
+            let project = capstan_registry::cache::Projection::new(
+                move |object| kind.selectable(object),
+                move |json| from_json.selectable_json(json),
+            );
             (strategy.info().list_prefix(""), project)
         })
         .collect();

@@ -99,3 +99,48 @@ pub(crate) fn created(meta: &ObjectMeta) -> String {
 pub(crate) fn typed<T: serde::de::DeserializeOwned>(object: serde_json::Value) -> T {
     serde_json::from_value(object).expect("the test's JSON decodes")
 }
+
+#[cfg(test)]
+mod projection_tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use crate::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+
+    /// The watch cache projects stored JSON straight into the kind's type; what it finds must
+    /// be what the projection of the decoded object finds, for every kind.
+    #[test]
+    fn every_kind_projects_its_json_as_its_object() {
+        let ranges = vec![IpRange::parse("10.96.0.0/16").expect("range")];
+        let ports = PortRange::parse("30000-32767").expect("ports");
+        let services = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
+        let metadata = json!({"name": "a", "namespace": "ns", "labels": {"z": "1", "app": "web"}});
+        let samples = [
+            json!({"metadata": metadata, "spec": {"finalizers": ["kubernetes"]},
+                   "status": {"phase": "Active"}}),
+            json!({"metadata": metadata, "spec": {"clusterIP": "10.96.0.9", "type": "NodePort",
+                   "ports": [{"port": 80, "protocol": "TCP"}]}}),
+            json!({"metadata": metadata, "subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]}),
+            json!({"metadata": metadata, "spec": {"nodeName": "n1", "restartPolicy": "Always",
+                   "schedulerName": "default-scheduler", "serviceAccountName": "sa",
+                   "hostNetwork": true, "containers": []},
+                   "status": {"phase": "Running", "podIP": "10.0.0.1"}}),
+            json!({"metadata": {"name": "v1.example.com", "labels": {"a": "b"}},
+                   "spec": {"group": "example.com", "version": "v1",
+                   "groupPriorityMinimum": 100, "versionPriority": 10}}),
+        ];
+        let kinds = crate::registered(services);
+        assert_eq!(kinds.len(), samples.len());
+        for (kind, object) in kinds.iter().zip(samples) {
+            let bytes = serde_json::to_vec(&object).expect("encode");
+            let from_json = kind.selectable_json(&bytes).expect("the sample decodes");
+            assert_eq!(from_json, kind.selectable(&object), "{}", kind.info().kind);
+            assert_eq!(from_json.name(), object["metadata"]["name"]);
+        }
+        // A label the type refuses: no typed projection (the decoded object's is used).
+        let odd = serde_json::to_vec(&json!({"metadata": {"name": "a", "labels": {"n": 1}}}))
+            .expect("encode");
+        assert!(kinds[1].selectable_json(&odd).is_none());
+    }
+}

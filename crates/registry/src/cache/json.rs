@@ -16,6 +16,7 @@ pub(super) enum Json {
 /// A stored value (`{"kind":…,"apiVersion":…,…,"metadata":{…},…}`, no `resourceVersion`) and
 /// where its parts are, so it is served without re-encoding: a list item skips `kind` and
 /// `apiVersion`, and `resourceVersion` goes in at the end of `metadata`.
+#[derive(Clone)]
 pub(super) struct Stored {
     pub(super) bytes: Bytes,
     /// Where the members after `kind` and `apiVersion` start.
@@ -78,6 +79,30 @@ impl Stored {
             metadata_empty,
             bytes,
         })
+    }
+
+    /// Whether `metadata` has a `resourceVersion` member (then the value is not held as
+    /// stored: the cache's own goes in at the end).
+    pub(super) fn has_resource_version(&self) -> bool {
+        let mut scan = Scanner {
+            bytes: &self.bytes,
+            at: self.metadata_start + 1,
+        };
+        loop {
+            scan.whitespace();
+            if scan.at >= self.metadata_end {
+                return false;
+            }
+            match scan.member() {
+                Some(b"resourceVersion") => return true,
+                Some(_) => {}
+                None => return false,
+            }
+            scan.whitespace();
+            if scan.next() != Some(b',') {
+                return false;
+            }
+        }
     }
 
     /// Writes `metadata`'s members (comma-separated, without the braces) other than `skip`;

@@ -548,15 +548,13 @@ mod tests {
     use capstan_machinery::labels::LabelSelector;
     use serde_json::json;
 
-    use std::sync::Arc;
-
     use bytes::Bytes;
     use serde_json::Value;
 
     use super::{CachedObject, Projection, Selectable};
 
     fn projection() -> Projection {
-        Arc::new(|object: &Value| Selectable::new(object, []))
+        Projection::of_objects(|object: &Value| Selectable::new(object, []))
     }
 
     /// A cache of `/k/` keeping up to `events` changes and 1 MiB of them.

@@ -12,6 +12,7 @@ use super::{EventType, Projection, Selectable};
 
 /// What a kind's projection reads of a stored object ([`DynStrategy::selectable`]: the name,
 /// namespace and labels, and field values from `spec` and `status`); the rest is skipped.
+/// Used when the kind's type does not decode the JSON ([`Projection::project_json`]).
 ///
 /// [`DynStrategy::selectable`]: crate::DynStrategy::selectable
 #[derive(serde::Deserialize)]
@@ -26,13 +27,6 @@ struct ProjectedMeta {
     name: Option<Value>,
     namespace: Option<Value>,
     labels: Option<Value>,
-    /// Whether the key is there at all (`null` included).
-    #[serde(rename = "resourceVersion", default, deserialize_with = "present")]
-    resource_version: bool,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<bool, D::Error> {
-    <serde::de::IgnoredAny as serde::Deserialize>::deserialize(value).map(|_| true)
 }
 
 impl Projected {
@@ -95,23 +89,33 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
-        // Only what the projection reads is decoded (not managedFields, not the rest).
-        if let Ok(projected) = serde_json::from_slice::<Projected>(value)
-            && projected
-                .metadata
-                .as_ref()
-                .is_some_and(|m| !m.resource_version)
-            // The partial decode skips what it does not read without checking its text.
+        // The stored bytes are kept when they have Capstan's shape; the projection reads them
+        // without managedFields, straight into the kind's type.
+        // Checked whole first (syntax without building anything, then the text): the
+        // scanner that finds the parts trusts what it is given.
+        if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
             && std::str::from_utf8(value).is_ok()
             && let Some(stored) = Stored::locate(value.clone())
+            && !stored.has_resource_version()
         {
-            return Some(CachedObject {
-                selectable: project(&projected.into_value()),
+            let mut object = CachedObject {
+                selectable: Selectable::default(),
                 key,
                 revision,
                 json: Json::Stored(stored),
                 lines: Default::default(),
-            });
+            };
+            let mut for_rules = Vec::with_capacity(value.len());
+            object.write_item_for_rules(&mut for_rules);
+            object.selectable = match project.project_json(&for_rules) {
+                Some(selectable) => selectable,
+                // Only what the projection reads is decoded (not managedFields, not the rest).
+                None => match serde_json::from_slice::<Projected>(value) {
+                    Ok(projected) => project.project(&projected.into_value()),
+                    Err(_) => project.project(&object.object()),
+                },
+            };
+            return Some(object);
         }
         let mut object: Value = match serde_json::from_slice(value) {
             Ok(object) => object,
@@ -139,7 +143,7 @@ impl CachedObject {
             key,
             revision,
             json,
-            selectable: project(object),
+            selectable: project.project(object),
             lines: Default::default(),
         }
     }
@@ -258,7 +262,19 @@ impl CachedObject {
 
     /// The same object stamped with another revision (a deletion's).
     pub fn at_revision(&self, revision: Revision, project: &Projection) -> Self {
-        let mut object = self.object();
-        Self::from_object(self.key.clone(), &mut object, revision, project)
+        match &self.json {
+            // The stored bytes take the revision when written out: shared, not re-encoded.
+            Json::Stored(stored) => CachedObject {
+                key: self.key.clone(),
+                revision,
+                json: Json::Stored(stored.clone()),
+                selectable: self.selectable.clone(),
+                lines: Default::default(),
+            },
+            Json::Item(_) => {
+                let mut object = self.object();
+                Self::from_object(self.key.clone(), &mut object, revision, project)
+            }
+        }
     }
 }

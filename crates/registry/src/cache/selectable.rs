@@ -4,8 +4,45 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-/// A kind's [`Selectable`] of an object.
-pub type Projection = Arc<dyn Fn(&Value) -> Selectable + Send + Sync>;
+/// A kind's [`Selectable`] of an object, from the object or from its JSON.
+#[derive(Clone)]
+pub struct Projection {
+    object: Arc<ProjectObject>,
+    json: Arc<ProjectJson>,
+}
+
+type ProjectObject = dyn Fn(&Value) -> Selectable + Send + Sync;
+type ProjectJson = dyn Fn(&[u8]) -> Option<Selectable> + Send + Sync;
+
+impl Projection {
+    /// `object` projects a decoded object; `json` projects an object's JSON (without
+    /// `metadata.managedFields`, which selectors never read) straight from the bytes, `None`
+    /// when it cannot (then the object is decoded for `object`).
+    pub fn new(
+        object: impl Fn(&Value) -> Selectable + Send + Sync + 'static,
+        json: impl Fn(&[u8]) -> Option<Selectable> + Send + Sync + 'static,
+    ) -> Self {
+        Projection {
+            object: Arc::new(object),
+            json: Arc::new(json),
+        }
+    }
+
+    /// A projection of decoded objects only.
+    pub fn of_objects(object: impl Fn(&Value) -> Selectable + Send + Sync + 'static) -> Self {
+        Self::new(object, |_| None)
+    }
+
+    /// What selectors read of `object`.
+    pub fn project(&self, object: &Value) -> Selectable {
+        (self.object)(object)
+    }
+
+    /// What selectors read of an object's JSON, when it can be read from the bytes.
+    pub fn project_json(&self, json: &[u8]) -> Option<Selectable> {
+        (self.json)(json)
+    }
+}
 
 /// What selectors read of an object, kept beside its JSON in the watch cache: its name,
 /// namespace and labels, and the values of its kind's other selectable fields. Plain strings,
@@ -38,6 +75,29 @@ impl Selectable {
         Self {
             name: capstan_machinery::meta::name(object).into(),
             namespace: capstan_machinery::meta::namespace(object).into(),
+            labels: labels.into(),
+            fields: fields
+                .into_iter()
+                .map(|(field, value)| (field, value.into_boxed_str()))
+                .collect(),
+        }
+    }
+
+    /// From the parts themselves (labels in any order).
+    pub fn from_parts(
+        name: &str,
+        namespace: &str,
+        labels: impl IntoIterator<Item = (String, String)>,
+        fields: impl IntoIterator<Item = (&'static str, String)>,
+    ) -> Self {
+        let mut labels: Vec<(Box<str>, Box<str>)> = labels
+            .into_iter()
+            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+            .collect();
+        labels.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Self {
+            name: name.into(),
+            namespace: namespace.into(),
             labels: labels.into(),
             fields: fields
                 .into_iter()
