@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
-use crate::typed::{for_rules, mutate, read, write_back};
+use crate::typed::{for_rules, mutate, mutate_normal, read, write_back};
 pub use crate::typed::{from_typed, to_typed};
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
@@ -34,6 +34,7 @@ pub trait Object:
     + Serialize
     + DeserializeOwned
     + Clone
+    + PartialEq
     + Send
     + Sync
     + 'static
@@ -46,6 +47,7 @@ impl<T> Object for T where
         + Serialize
         + DeserializeOwned
         + Clone
+        + PartialEq
         + Send
         + Sync
         + 'static
@@ -250,6 +252,9 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn warnings(&self, object: &Value) -> Vec<String>;
     /// See [`Strategy::default`].
     fn default(&self, object: &mut Value);
+    /// [`DynStrategy::default`] of an object in its type's form (a create's: decoded from
+    /// the body or built from the type), written back only when defaulting changed it.
+    fn default_normal(&self, object: &mut Value);
     /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`].
     fn prepare_for_create(&self, object: &mut Value);
     /// The typed half of a write, after defaulting and managedFields (`old` is the stored
@@ -378,13 +383,18 @@ impl<S: Strategy> DynStrategy for S {
         mutate(object, |o| Strategy::default(self, o));
     }
 
+    fn default_normal(&self, object: &mut Value) {
+        mutate_normal(object, |o| Strategy::default(self, o));
+    }
+
     fn prepare_for_create(&self, object: &mut Value) {
         if let Value::Object(map) = object
             && Strategy::info(self).has_status
         {
             map.shift_remove("status");
         }
-        mutate(object, |o| Strategy::prepare_for_create(self, o));
+        // After defaulting, the object is in its type's form.
+        mutate_normal(object, |o| Strategy::prepare_for_create(self, o));
     }
 
     async fn admit(

@@ -81,6 +81,22 @@ pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) 
     Some(result)
 }
 
+/// [`mutate`] for an object already in its type's form (decoded from a request body or
+/// stored, so writing it back unchanged would give the same `Value`): written back only when
+/// the rule changed something.
+pub fn mutate_normal<T: Object, R>(
+    object: &mut Value,
+    rule: impl FnOnce(&mut T) -> R,
+) -> Option<R> {
+    let mut typed: T = for_rules(object).ok()?;
+    let untouched = typed.clone();
+    let result = rule(&mut typed);
+    if typed != untouched {
+        write_back(object, &typed, untouched.metadata());
+    }
+    Some(result)
+}
+
 /// Runs a typed rule that reads `object`; `None` when the object does not decode.
 pub fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<R> {
     for_rules(object).ok().map(|typed| rule(&typed))

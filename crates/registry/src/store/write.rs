@@ -252,7 +252,7 @@ impl Registry {
                 meta.shift_remove("namespace");
             }
         }
-        self.strategy.default(&mut object);
+        self.strategy.default_normal(&mut object);
         if !options.applied {
             crate::managed::record_update(
                 &mut object,
