@@ -6,7 +6,8 @@
 //! (ext4 without a journal: several extra block requests per commit; with one, a journal
 //! commit). Writing the zeros when the file grows allocates the space once per growth step, as
 //! etcd preallocates its WAL segments; later commits overwrite blocks that already exist and
-//! their fsyncs carry only the pages they changed.
+//! their fsyncs carry only the pages they changed. At most [`MOST_ZEROED`] of one growth is
+//! written, so a growth never stalls the commit behind it for long.
 
 use std::fs::File;
 use std::ops::Bound;
@@ -16,6 +17,10 @@ use redb::{BackendError, DatabaseError, StorageBackend};
 
 /// Zeros written per call while the file grows.
 const CHUNK: usize = 1 << 20;
+/// The most of one growth step written as zeros; the rest stays a hole. redb fsyncs the file
+/// right after growing it, so this bounds the pause a growth adds to the commit that needs it
+/// (a full region is hundreds of MiB once the file is large).
+const MOST_ZEROED: u64 = 4 << 20;
 
 /// A [`FileBackend`] whose growth is written out as zeros.
 #[derive(Debug)]
@@ -42,15 +47,18 @@ impl StorageBackend for ZeroFilledFile {
 
     fn set_len(&self, len: u64) -> std::io::Result<()> {
         let old = self.inner.len()?;
+        self.inner.set_len(len)?;
         if len <= old {
-            return self.inner.set_len(len);
+            return Ok(());
         }
-        // Zeros from the old end on: the new space reads as zeros either way, as the contract
-        // asks, and is allocated now rather than commit by commit.
+        // Zeros from the old end on (redb allocates from the low end of new space first): the
+        // space reads as zeros either way, as the contract asks, and this much is allocated
+        // now rather than commit by commit.
         let zeros = vec![0u8; CHUNK];
+        let end = len.min(old.saturating_add(MOST_ZEROED));
         let mut at = old;
-        while at < len {
-            let n = usize::try_from(len - at).map_or(CHUNK, |left| left.min(CHUNK));
+        while at < end {
+            let n = usize::try_from(end - at).map_or(CHUNK, |left| left.min(CHUNK));
             self.inner.write(at, &zeros[..n])?;
             at += n as u64;
         }
