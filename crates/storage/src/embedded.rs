@@ -392,14 +392,7 @@ impl EmbeddedStore {
 
 /// Opens (or creates) the database file; another process holding it is [`StorageError::Locked`].
 fn open_database(path: &Path, cache_bytes: usize) -> Result<Database> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| StorageError::Io(e.to_string()))?;
-    crate::zero_filled::ZeroFilledFile::new(file)
+    crate::zero_filled::ZeroFilledFile::open(path)
         .and_then(|backend| {
             Database::builder()
                 .set_cache_size(cache_bytes)

@@ -29,7 +29,14 @@ pub(crate) struct ZeroFilledFile {
 }
 
 impl ZeroFilledFile {
-    pub(crate) fn new(file: File) -> Result<Self, DatabaseError> {
+    /// Opens (or creates) the file at `path`, as redb's own `Builder::create` does.
+    pub(crate) fn open(path: &std::path::Path) -> Result<Self, DatabaseError> {
+        let file: File = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
         Ok(ZeroFilledFile {
             inner: FileBackend::new(file)?,
         })
@@ -115,14 +122,7 @@ mod tests {
     use super::*;
 
     fn backend(path: &std::path::Path) -> ZeroFilledFile {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .expect("open");
-        ZeroFilledFile::new(file).expect("backend")
+        ZeroFilledFile::open(path).expect("backend")
     }
 
     #[test]

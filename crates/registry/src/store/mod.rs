@@ -19,6 +19,7 @@ use crate::cache::{CachedObject, WatchCache};
 use crate::strategy::{Deleting, DynStrategy, WriteExtras};
 
 mod delete;
+mod namespace;
 mod write;
 
 /// How long a read waits for the cache to reach a requested revision.

@@ -1,0 +1,222 @@
+//! The watch cache, case by case.
+
+use capstan_machinery::fields::FieldSelector;
+use capstan_machinery::labels::LabelSelector;
+use serde_json::json;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::{CachedObject, Projection, Selectable};
+
+fn projection() -> Projection {
+    Projection::of_objects(|object: &Value| Selectable::new(object, []))
+}
+
+/// A cache of `/k/` keeping up to `events` changes and 1 MiB of them.
+fn cache(events: usize) -> (tokio::sync::watch::Sender<i64>, super::WatchCache) {
+    let (global, receiver) = tokio::sync::watch::channel(0);
+    let cache = super::WatchCache::new(
+        "/k/".into(),
+        projection(),
+        receiver,
+        super::HistoryLimits {
+            events,
+            bytes: 1024 * 1024,
+        },
+    );
+    (global, cache)
+}
+
+/// The cached object served from the stored bytes equals the re-encoded one.
+fn same_as_reencoded(stored: &Value) {
+    let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
+    let project = projection();
+    let cached = CachedObject::decode("/k".into(), &bytes, 42, &project).expect("decodes");
+    let mut object = stored.clone();
+    let reencoded = CachedObject::from_object("/k".into(), &mut object, 42, &project);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    cached.write_item(&mut a);
+    reencoded.write_item(&mut b);
+    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    assert_eq!(cached.item_len(), a.len());
+    assert_eq!(
+        String::from_utf8_lossy(&cached.typed_json("Service", "v1")),
+        String::from_utf8_lossy(&reencoded.typed_json("Service", "v1"))
+    );
+    assert_eq!(cached.object(), reencoded.object());
+    assert_eq!(cached.object()["metadata"]["resourceVersion"], "42");
+    // A Table row's metadata, and what its cells are read from.
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    cached.write_metadata(&mut a);
+    reencoded.write_metadata(&mut b);
+    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    let metadata: Value = serde_json::from_slice(&a).expect("metadata is JSON");
+    assert_eq!(metadata, cached.object()["metadata"]);
+    let mut for_rules = Vec::new();
+    cached.write_item_for_rules(&mut for_rules);
+    let mut for_rules: Value = serde_json::from_slice(&for_rules).expect("item is JSON");
+    let mut expected = cached.object();
+    // Left out from stored bytes (a re-encoded item may keep it: rules ignore it).
+    for object in [&mut for_rules, &mut expected] {
+        if let Some(metadata) = object["metadata"].as_object_mut() {
+            metadata.shift_remove("managedFields");
+        }
+    }
+    assert_eq!(for_rules, expected);
+}
+
+#[test]
+fn a_scan_at_an_earlier_revision_undoes_the_later_changes() {
+    use capstan_storage::{EventKind, KeyValue};
+    let (_global, cache) = cache(1_000);
+    let kv = |name: &str, label: &str, revision: i64| KeyValue {
+        key: format!("/k/{name}").into(),
+        value: Bytes::from(
+            serde_json::to_vec(&json!({"metadata": {"name": name, "labels": {"v": label}}}))
+                .expect("encodes"),
+        ),
+        create_revision: revision,
+        mod_revision: revision,
+        version: 1,
+    };
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        cache.apply(EventKind::Put, &kv(name, "1", i as i64 + 1), None);
+    }
+    // After revision 4: b changes twice, c goes, e comes, a changes.
+    cache.apply(EventKind::Put, &kv("b", "2", 5), None);
+    cache.apply(EventKind::Put, &kv("b", "3", 6), None);
+    cache.apply(EventKind::Delete, &kv("c", "", 7), None);
+    cache.apply(EventKind::Put, &kv("e", "1", 8), None);
+    cache.apply(EventKind::Put, &kv("a", "2", 9), None);
+    let seen = |start: Option<&str>, revision: i64| {
+        let mut out = Vec::new();
+        let reached = cache.scan_at("/k/", start, revision, |o| {
+            let object = o.object();
+            out.push(format!(
+                "{}={}@{}",
+                object["metadata"]["name"].as_str().unwrap_or_default(),
+                object["metadata"]["labels"]["v"]
+                    .as_str()
+                    .unwrap_or_default(),
+                o.revision
+            ));
+            true
+        });
+        reached.then_some(out)
+    };
+    assert_eq!(
+        seen(None, 4).expect("in the history"),
+        ["a=1@1", "b=1@2", "c=1@3", "d=1@4"]
+    );
+    assert_eq!(
+        seen(Some("/k/b"), 6).expect("in the history"),
+        ["c=1@3", "d=1@4"]
+    );
+    assert_eq!(
+        seen(None, 9).expect("current"),
+        ["a=2@9", "b=3@6", "d=1@4", "e=1@8"]
+    );
+    assert_eq!(seen(None, 10), None, "not reached yet");
+    assert_eq!(seen(None, -1), None, "before the history");
+}
+
+#[test]
+fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
+    use capstan_storage::{EventKind, KeyValue};
+    let (_global, cache) = cache(100_000);
+    let subscription = cache.subscribe(false, 0).expect("subscribes");
+    let mut receiver = subscription.receiver;
+    let big = "x".repeat(100 * 1024);
+    for revision in 1..=100 {
+        let object = json!({"metadata": {"name": "a", "annotations": {"a": big}}});
+        let kv = KeyValue {
+            key: "/k/a".into(),
+            value: Bytes::from(serde_json::to_vec(&object).expect("encodes")),
+            create_revision: 1,
+            mod_revision: revision,
+            version: revision,
+        };
+        cache.apply(EventKind::Put, &kv, None);
+    }
+    let state = cache.read();
+    // 100 changes of ~100 KiB each would be 10 MiB (twice that with their watch lines).
+    assert!(
+        state.history_bytes <= 1024 * 1024,
+        "{}",
+        state.history_bytes
+    );
+    assert!(state.history.len() < 10, "{}", state.history.len());
+    assert!(state.oldest > 90);
+    drop(state);
+    // The channel holds no object alive: the first changes are gone for a slow watcher.
+    match receiver.try_recv() {
+        Ok(super::CacheMessage::Event(event)) => assert!(event.upgrade().is_none()),
+        other => panic!("expected an event, got {other:?}"),
+    }
+}
+
+#[test]
+fn stored_values_are_served_without_reencoding() {
+    same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": "a", "namespace": "n", "annotations": {"x": "{\"y\":[1,\"}\"]}"}},
+        "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}, "status": {"loadBalancer": {}}}));
+    same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": {}, "spec": {}}));
+    same_as_reencoded(
+        &json!({"kind": "Service", "apiVersion": "v1", "spec": {"a": [true, null, 1.5e3]}, "metadata": {"name": "z\\\"q"}}),
+    );
+    // managedFields first, in the middle, last and alone.
+    let managed = json!([{"manager": "m", "fieldsV1": {"f:spec": {"f:a": {}}}}]);
+    for metadata in [
+        json!({"managedFields": managed, "name": "a", "labels": {"k": "v"}}),
+        json!({"name": "a", "managedFields": managed, "labels": {"k": "v"}}),
+        json!({"name": "a", "labels": {"k": "v"}, "managedFields": managed}),
+        json!({"managedFields": managed}),
+    ] {
+        same_as_reencoded(
+            &json!({"kind": "Service", "apiVersion": "v1", "metadata": metadata, "spec": {}}),
+        );
+    }
+    // Other shapes take the re-encoding path and still agree.
+    same_as_reencoded(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}));
+    same_as_reencoded(
+        &json!({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "a", "resourceVersion": "7"}}),
+    );
+    same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1"}));
+    same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": "odd"}));
+    same_as_reencoded(
+        &json!({"kind": "Service", "apiVersion": "v1", "metadata": {"name": "a", "resourceVersion": null}}),
+    );
+    // Stored as another type: served with the type asked for.
+    same_as_reencoded(&json!({"kind": "Endpoints", "apiVersion": "v1", "metadata": {"name": "a"}}));
+    same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v2", "metadata": {}}));
+}
+
+#[test]
+fn selectable_answers_selectors_as_the_object_would() {
+    let object = json!({
+        "metadata": {"name": "web", "namespace": "prod", "labels": {"tier": "front", "app": "web", "odd": 1}},
+        "spec": {"type": "NodePort"},
+    });
+    let s = Selectable::new(&object, [("spec.type", "NodePort".to_string())]);
+    assert_eq!((s.name(), s.namespace()), ("web", "prod"));
+    assert_eq!(s.label("app"), Some("web"));
+    assert_eq!(s.label("tier"), Some("front"));
+    assert_eq!(s.label("odd"), None, "labels are strings");
+    assert_eq!(s.field("spec.type"), Some("NodePort"));
+    assert_eq!(s.field("spec.clusterIP"), None);
+    let selects = |labels: &str, fields: &str| {
+        s.selected_by(
+            &LabelSelector::parse(labels).expect("label selector"),
+            &FieldSelector::parse(fields).expect("field selector"),
+        )
+    };
+    assert!(selects(
+        "app=web,tier in (front,back)",
+        "metadata.name=web,spec.type=NodePort"
+    ));
+    assert!(selects("!missing", "metadata.namespace!=dev"));
+    assert!(!selects("app=db", ""));
+    assert!(!selects("", "spec.type=ClusterIP"));
+    assert!(!selects("", "metadata.name=other"));
+}

@@ -1,0 +1,75 @@
+//! The namespace lifecycle admission plugin, as the registry's creates apply it.
+
+use super::*;
+
+impl Registry {
+    /// The namespace lifecycle admission plugin: content is created only in a namespace that
+    /// exists and is not being terminated (`name`: the new object's).
+    pub(super) async fn check_namespace(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let Some(prefix) = &self.namespace_prefix else {
+            return Ok(());
+        };
+        let key = format!("{prefix}{namespace}");
+        let response = self.storage.get(&key, None).await.map_err(storage_error)?;
+        let Some(kv) = response.kv else {
+            return Err(ApiError::not_found(
+                capstan_machinery::status::GroupResource {
+                    group: "",
+                    resource: "namespaces",
+                },
+                namespace,
+            ));
+        };
+        // Only the two fields read here are decoded; the rest is skipped unparsed.
+        #[derive(serde::Deserialize)]
+        struct Lifecycle {
+            #[serde(default)]
+            metadata: LifecycleMeta,
+            #[serde(default)]
+            status: LifecycleStatus,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct LifecycleMeta {
+            #[serde(rename = "deletionTimestamp")]
+            deletion_timestamp: Option<String>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct LifecycleStatus {
+            phase: Option<String>,
+        }
+        let ns: Lifecycle = serde_json::from_slice(&kv.value)
+            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+        if ns
+            .metadata
+            .deletion_timestamp
+            .is_some_and(|t| !t.is_empty())
+            || ns.status.phase.as_deref() == Some("Terminating")
+        {
+            let gr = self.strategy.info().group_resource();
+            return Err(ApiError::new(
+                403,
+                capstan_machinery::Reason::Forbidden,
+                format!(
+                    "{gr} {} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                    capstan_machinery::status::quote(name),
+                ),
+            )
+            .with_details(capstan_machinery::Details {
+                name: name.to_string(),
+                group: gr.group.to_string(),
+                kind: gr.resource.to_string(),
+                causes: vec![capstan_machinery::status::Cause {
+                    reason: "NamespaceTerminating".into(),
+                    message: format!("namespace {namespace} is being terminated"),
+                    field: "metadata.namespace".into(),
+                }],
+                ..Default::default()
+            }));
+        }
+        Ok(())
+    }
+}
