@@ -122,11 +122,13 @@ impl Aggregator {
         }
     }
 
-    fn all(&self) -> Vec<APIService> {
-        self.apiservices
-            .as_ref()
-            .map(|apiservices| apiservices.cached(""))
-            .unwrap_or_default()
+    /// Every APIService, as of the latest write (discovery shows an APIService as soon as its
+    /// create is answered).
+    async fn all(&self) -> Vec<APIService> {
+        match &self.apiservices {
+            Some(apiservices) => apiservices.cached_current("").await,
+            None => Vec::new(),
+        }
     }
 
     /// The service-backed APIService that claims `group/version`, if any (a local one is
@@ -148,6 +150,7 @@ impl Aggregator {
     async fn sorted(&self) -> Vec<APIService> {
         let mut all: Vec<APIService> = self
             .all()
+            .await
             .into_iter()
             .filter(|a| !group_of(a).is_empty())
             .collect();

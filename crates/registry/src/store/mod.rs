@@ -327,6 +327,16 @@ impl Registry {
             .collect()
     }
 
+    /// [`Registry::cached`] once the watch cache has caught up with storage (as a list
+    /// without a `resourceVersion` reads it), so a client sees what it has just written;
+    /// what the cache holds when storage cannot be asked or the cache stays behind.
+    pub async fn cached_current<T: serde::de::DeserializeOwned>(&self, namespace: &str) -> Vec<T> {
+        if let Ok(current) = self.storage.current_revision().await {
+            let _ = self.wait_for_cache(current).await;
+        }
+        self.cached(namespace)
+    }
+
     /// Checks that every field selector field is supported.
     pub fn check_field_selector(&self, selector: &FieldSelector) -> Result<(), ApiError> {
         let probe = json!({"metadata": {}});
