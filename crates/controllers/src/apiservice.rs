@@ -168,7 +168,9 @@ impl AvailabilityController {
             true
         });
         let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
-        decoded.retain(|key, _| objects.iter().any(|o| &o.key == key));
+        let present: std::collections::HashSet<&Arc<str>> =
+            objects.iter().map(|o| &o.key).collect();
+        decoded.retain(|key, _| present.contains(key));
         objects
             .iter()
             .filter_map(|object| {

@@ -66,7 +66,12 @@ impl StorageBackend for ZeroFilledFile {
         let mut at = old;
         while at < end {
             let n = usize::try_from(end - at).map_or(CHUNK, |left| left.min(CHUNK));
-            self.inner.write(at, &zeros[..n])?;
+            // Best effort: the file has grown and its new space reads as zeros already; a
+            // disk too full for the zeros must not fail the growth (a hole needs no space).
+            if let Err(error) = self.inner.write(at, &zeros[..n]) {
+                tracing::warn!(%error, "could not preallocate the store's new space");
+                break;
+            }
             at += n as u64;
         }
         Ok(())

@@ -100,22 +100,24 @@ impl CachedObject {
         {
             let mut object = CachedObject {
                 selectable: Selectable::default(),
-                key,
+                key: key.clone(),
                 revision,
                 json: Json::Stored(stored),
                 lines: Default::default(),
             };
             let mut for_rules = Vec::with_capacity(value.len());
             object.write_item_for_rules(&mut for_rules);
-            object.selectable = match project.project_json(&for_rules) {
-                Some(selectable) => selectable,
+            let projected = project.project_json(&for_rules).or_else(|| {
                 // Only what the projection reads is decoded (not managedFields, not the rest).
-                None => match serde_json::from_slice::<Projected>(value) {
-                    Ok(projected) => project.project(&projected.into_value()),
-                    Err(_) => project.project(&object.object()),
-                },
-            };
-            return Some(object);
+                serde_json::from_slice::<Projected>(value)
+                    .ok()
+                    .map(|projected| project.project(&projected.into_value()))
+            });
+            if let Some(selectable) = projected {
+                object.selectable = selectable;
+                return Some(object);
+            }
+            // Neither decodes it (a repeated member, say): decoded whole and re-encoded below.
         }
         let mut object: Value = match serde_json::from_slice(value) {
             Ok(object) => object,

@@ -24,31 +24,33 @@ impl Registry {
                 namespace,
             ));
         };
-        // Only the two fields read here are decoded; the rest is skipped unparsed.
+        // Only the two fields read here are decoded (as values: a null or a value of another
+        // type is read as absent, as before); the rest is skipped unparsed.
         #[derive(serde::Deserialize)]
         struct Lifecycle {
-            #[serde(default)]
-            metadata: LifecycleMeta,
-            #[serde(default)]
-            status: LifecycleStatus,
+            metadata: Option<LifecycleMeta>,
+            status: Option<LifecycleStatus>,
         }
-        #[derive(serde::Deserialize, Default)]
+        #[derive(serde::Deserialize)]
         struct LifecycleMeta {
             #[serde(rename = "deletionTimestamp")]
-            deletion_timestamp: Option<String>,
+            deletion_timestamp: Option<Value>,
         }
-        #[derive(serde::Deserialize, Default)]
+        #[derive(serde::Deserialize)]
         struct LifecycleStatus {
-            phase: Option<String>,
+            phase: Option<Value>,
         }
         let ns: Lifecycle = serde_json::from_slice(&kv.value)
             .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
-        if ns
+        let deleting = ns
             .metadata
-            .deletion_timestamp
-            .is_some_and(|t| !t.is_empty())
-            || ns.status.phase.as_deref() == Some("Terminating")
-        {
+            .and_then(|m| m.deletion_timestamp)
+            .is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
+        let terminating = ns
+            .status
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.as_str() == Some("Terminating"));
+        if deleting || terminating {
             let gr = self.strategy.info().group_resource();
             return Err(ApiError::new(
                 403,

@@ -184,7 +184,13 @@ impl Registry {
                 meta.shift_remove("namespace");
             }
         }
-        self.strategy.default_normal(&mut object);
+        // A body or a typed object is in its type's form already; an applied configuration
+        // is normalized by defaulting.
+        if options.applied {
+            self.strategy.default(&mut object);
+        } else {
+            self.strategy.default_normal(&mut object);
+        }
         if !options.applied {
             crate::managed::record_update(
                 &mut object,
