@@ -61,26 +61,18 @@ pub struct Selectable {
 impl Selectable {
     /// The name, namespace and labels of `object`, and these field values.
     pub fn new(object: &Value, fields: impl IntoIterator<Item = (&'static str, String)>) -> Self {
-        let mut labels: Vec<(Box<str>, Box<str>)> = capstan_machinery::meta::metadata(object)
+        let labels = capstan_machinery::meta::metadata(object)
             .and_then(|m| m.get("labels"))
             .and_then(Value::as_object)
-            .map(|labels| {
-                labels
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.as_str().into(), v.as_str()?.into())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        labels.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Self {
-            name: capstan_machinery::meta::name(object).into(),
-            namespace: capstan_machinery::meta::namespace(object).into(),
-            labels: labels.into(),
-            fields: fields
-                .into_iter()
-                .map(|(field, value)| (field, value.into_boxed_str()))
-                .collect(),
-        }
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())));
+        Self::from_parts(
+            capstan_machinery::meta::name(object),
+            capstan_machinery::meta::namespace(object),
+            labels,
+            fields,
+        )
     }
 
     /// From the parts themselves (labels in any order).
