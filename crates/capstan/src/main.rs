@@ -419,19 +419,49 @@ fn advertise_address(args: &ServeArgs) -> Option<std::net::IpAddr> {
     (!address.is_loopback() && !address.is_unspecified()).then_some(address)
 }
 
-/// The local APIServices of the groups Capstan serves itself: only
-/// `v1.` (the aggregator's own group is not registered, as upstream). Created when missing;
-/// its spec reset at start while it carries the `onstart` label; left alone without it.
+/// The local APIServices of the groups Capstan serves itself (`v1.`, `v1.discovery.k8s.io`,
+/// …; the aggregator's own group is not registered, as upstream), with the priorities
+/// discovery gives them. Created when missing; the spec reset at start while it carries the
+/// `onstart` label; left alone without it.
 async fn register_local_apiservices(
     registries: &[Arc<Registry>],
     options: &WriteOptions,
 ) -> anyhow::Result<()> {
-    use capstan_resources::apiservice::AUTOMANAGED;
+    let mut groups: Vec<(&str, &str, (i64, i64))> = Vec::new();
+    for registry in registries {
+        let info = registry.strategy().info();
+        let priority = if info.group.is_empty() {
+            (18000, 1)
+        } else {
+            info.priority
+        };
+        let entry = (info.group, info.version, priority);
+        if info.group != "apiregistration.k8s.io" && !groups.contains(&entry) {
+            groups.push(entry);
+        }
+    }
     let apiservices = registry_for(registries, "apiservices")?;
-    let spec =
-        serde_json::json!({"version": "v1", "groupPriorityMinimum": 18000, "versionPriority": 1});
+    for (group, version, (group_priority, version_priority)) in groups {
+        let mut spec = serde_json::json!({"version": version,
+            "groupPriorityMinimum": group_priority, "versionPriority": version_priority});
+        if !group.is_empty() {
+            spec["group"] = group.into();
+        }
+        register_local_apiservice(&apiservices, &format!("{version}.{group}"), spec, options)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn register_local_apiservice(
+    apiservices: &Registry,
+    name: &str,
+    spec: serde_json::Value,
+    options: &WriteOptions,
+) -> anyhow::Result<()> {
+    use capstan_resources::apiservice::AUTOMANAGED;
     match apiservices
-        .get("", "v1.", capstan_registry::ReadAt::Latest)
+        .get("", name, capstan_registry::ReadAt::Latest)
         .await
     {
         Ok(mut existing) => {
@@ -443,23 +473,23 @@ async fn register_local_apiservices(
             if managed && existing.is_object() && existing.get("spec") != Some(&spec) {
                 existing["spec"] = spec;
                 apiservices
-                    .update("", "v1.", existing, options, Subresource::Main)
+                    .update("", name, existing, options, Subresource::Main)
                     .await
-                    .map_err(|e| anyhow::anyhow!("resetting APIService v1.: {}", e.message))?;
+                    .map_err(|e| anyhow::anyhow!("resetting APIService {name}: {}", e.message))?;
             }
         }
         Err(e) if e.is_not_found() => {
             let object = serde_json::json!({
-                "metadata": {"name": "v1.", "labels": {AUTOMANAGED: "onstart"}},
+                "metadata": {"name": name, "labels": {AUTOMANAGED: "onstart"}},
                 "spec": spec,
             });
             match apiservices.create("", object, options).await {
                 Ok(_) => {}
                 Err(e) if e.is_conflict() => {}
-                Err(e) => anyhow::bail!("registering APIService v1.: {}", e.message),
+                Err(e) => anyhow::bail!("registering APIService {name}: {}", e.message),
             }
         }
-        Err(e) => anyhow::bail!("reading APIService v1.: {}", e.message),
+        Err(e) => anyhow::bail!("reading APIService {name}: {}", e.message),
     }
     Ok(())
 }

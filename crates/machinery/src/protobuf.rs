@@ -38,6 +38,13 @@ pub const CORE_V1: Messages = Messages {
     table: CORE_V1_PROTO,
 };
 
+/// discovery.k8s.io/v1's messages.
+pub const DISCOVERY_V1: Messages = Messages {
+    api_version: "discovery.k8s.io/v1",
+    package: "k8s.io.api.discovery.v1",
+    table: include_bytes!("../data/proto-discovery-v1.json"),
+};
+
 /// Every message known: the apimachinery ones and those of each group a decode was asked
 /// for.
 static TABLES: LazyLock<Definitions<[Field]>> =

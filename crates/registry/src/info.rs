@@ -53,6 +53,11 @@ pub struct ResourceInfo {
     pub has_status: bool,
     /// Whether it has a `/finalize` subresource (Namespaces).
     pub has_finalize: bool,
+    /// Whether a create keeps the status it is given (Nodes: the kubelet registers its node
+    /// with its status); other kinds with a status start without one.
+    pub status_on_create: bool,
+    /// Top-level list fields Go always writes (no `omitempty`): `null` when empty or unset.
+    pub always_present: &'static [&'static str],
     /// Discovery's `storageVersionHash`.
     pub storage_version_hash: &'static str,
     /// Storage key prefix, without a trailing slash (`services/specs`).
@@ -104,6 +109,8 @@ impl ResourceInfo {
             verbs: ALL_VERBS,
             has_status: false,
             has_finalize: false,
+            status_on_create: false,
+            always_present: &[],
             storage_version_hash: "",
             storage_prefix: T::URL_PATH_SEGMENT,
             allow_create_on_update: false,
@@ -171,6 +178,19 @@ impl ResourceInfo {
     /// With a `/status` subresource.
     pub const fn with_status(mut self) -> Self {
         self.has_status = true;
+        self
+    }
+
+    /// A create keeps the status it is given.
+    pub const fn status_on_create(mut self) -> Self {
+        self.status_on_create = true;
+        self
+    }
+
+    /// These top-level list fields are always written, `null` when empty (Go's fields
+    /// without `omitempty`).
+    pub const fn always_present(mut self, fields: &'static [&'static str]) -> Self {
+        self.always_present = fields;
         self
     }
 

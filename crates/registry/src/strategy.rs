@@ -325,6 +325,20 @@ fn keep_all_but_status(new: &mut Value, old: &Value) {
 
 /// A decode failure as validation reports it (stored or patched JSON that the kind's types
 /// refuse: it cannot be validated, so it cannot be written).
+/// Go's lists without `omitempty`: written as `null` when empty or unset.
+fn always_present(object: &mut Value, fields: &[&str]) {
+    let Value::Object(map) = object else { return };
+    for field in fields {
+        match map.get_mut(*field) {
+            Some(value) if value.as_array().is_some_and(Vec::is_empty) => *value = Value::Null,
+            Some(_) => {}
+            None => {
+                map.insert((*field).to_string(), Value::Null);
+            }
+        }
+    }
+}
+
 fn undecodable(error: &str) -> FieldErrors {
     let mut errors = FieldErrors::new();
     errors.push(capstan_machinery::field::FieldError::internal("", error));
@@ -388,8 +402,10 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn prepare_for_create(&self, object: &mut Value) {
+        let info = Strategy::info(self);
         if let Value::Object(map) = object
-            && Strategy::info(self).has_status
+            && info.has_status
+            && !info.status_on_create
         {
             map.shift_remove("status");
         }
@@ -454,6 +470,7 @@ impl<S: Strategy> DynStrategy for S {
             ),
         };
         write_back(object, &new, &before);
+        always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))
     }
 

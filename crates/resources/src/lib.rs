@@ -12,7 +12,9 @@
 
 pub mod apiservice;
 pub mod endpoints;
+pub mod endpointslice;
 pub mod namespace;
+pub mod node;
 pub mod pod;
 pub mod service;
 
@@ -29,6 +31,8 @@ pub fn registered(services: Arc<service::ServiceStrategy>) -> Vec<Arc<dyn DynStr
         services,
         Arc::new(endpoints::EndpointsStrategy),
         Arc::new(pod::PodStrategy),
+        Arc::new(node::NodeStrategy),
+        Arc::new(endpointslice::EndpointSliceStrategy),
         Arc::new(apiservice::ApiServiceStrategy),
     ]
 }
