@@ -309,6 +309,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )),
         _ => None,
     };
+    capstan_controllers::GarbageCollector::new(registries.clone()).start();
     capstan_controllers::NamespaceController::new(
         registry_for(&registries, "namespaces")?,
         registries

@@ -10,11 +10,13 @@
 
 pub mod apiservice;
 mod endpoints;
+mod garbage_collector;
 mod kubernetes_service;
 mod namespace;
 pub mod queue;
 
 pub use endpoints::EndpointsController;
+pub use garbage_collector::GarbageCollector;
 pub use kubernetes_service::KubernetesServiceController;
 pub use namespace::NamespaceController;
 

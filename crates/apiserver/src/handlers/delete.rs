@@ -10,6 +10,9 @@ pub(super) async fn delete(
     encoding: Encoding,
 ) -> Result<Response<Body>, ApiError> {
     let options = delete_options(call, body).await?;
+    // Upstream answers 202 Accepted only to the legacy `orphanDependents: false` when the
+    // object stays (its finalizers still run).
+    let accepted = options.orphan_dependents == Some(false);
     let (registry, namespace, owned_name) = (
         request.registry.clone(),
         request.namespace.clone(),
@@ -23,8 +26,13 @@ pub(super) async fn delete(
     let strategy = request.registry.strategy();
     let info = strategy.info();
     if info.delete_returns_object || !result.removed {
+        let status = if accepted && !result.removed {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::OK
+        };
         return Ok(object_response(
-            StatusCode::OK,
+            status,
             strategy.as_ref(),
             &result.object,
             encoding,

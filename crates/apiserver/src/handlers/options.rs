@@ -263,5 +263,6 @@ pub(super) async fn delete_options(
         }
     }
     options.propagation = propagation;
+    options.orphan_dependents = orphan;
     Ok(options)
 }

@@ -70,10 +70,26 @@ impl Registry {
             if let Deleting::Wait(why) = deleting {
                 return Err(ApiError::conflict(info.group_resource(), name, why));
             }
+            // The garbage collector's finalizers, as the options ask (upstream's
+            // deletionFinalizersForGarbageCollection); a pending graceful deletion keeps them.
+            let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
+            let mut old = old;
+            let mut finalizers_changed = false;
+            if let Some(finalizers) = gc_finalizers(&meta::finalizers(&old), options) {
+                let pending_graceful = terminating
+                    && meta::metadata(&old)
+                        .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                        .and_then(Value::as_i64)
+                        .is_some_and(|g| g > 0);
+                if !pending_graceful {
+                    set_finalizers(&mut old, &finalizers);
+                    set_finalizers(&mut kept, &finalizers);
+                    finalizers_changed = true;
+                }
+            }
             // An object that stays is marked instead: graceful deletion (Pods) with a deadline
             // and grace period until deleted again with a shorter (zero) one; finalizers with
             // the time now and grace 0, once.
-            let terminating = !meta::meta_str(&old, "deletionTimestamp").is_empty();
             let requested = options
                 .grace_period_seconds
                 .map(|g| if g < 0 { 1 } else { g });
@@ -103,8 +119,12 @@ impl Registry {
                     }
                 }
                 None if !meta::finalizers(&old).is_empty() => {
-                    if terminating {
+                    if terminating && !finalizers_changed {
                         Marking::Keep
+                    } else if terminating {
+                        // Finalizers changed on an object already being deleted: written with
+                        // its deletion time kept.
+                        Marking::Mark(meta::meta_str(&old, "deletionTimestamp").to_string(), None)
                     } else {
                         Marking::Mark(meta::now_rfc3339(), Some(0))
                     }
@@ -123,6 +143,16 @@ impl Registry {
                 } else {
                     old.clone()
                 };
+                // markAsDeleting: a generation moves once, when the deletion starts.
+                if !terminating
+                    && let Some(generation) = meta::metadata(&marked)
+                        .and_then(|m| m.get("generation"))
+                        .and_then(Value::as_i64)
+                        .filter(|g| *g > 0)
+                {
+                    meta::metadata_mut(&mut marked)
+                        .insert("generation".into(), json!(generation + 1));
+                }
                 meta::set_meta_str(&mut marked, "deletionTimestamp", &deadline);
                 if let Some(grace) = grace {
                     meta::metadata_mut(&mut marked)
@@ -197,5 +227,102 @@ impl Registry {
         listed.continue_token = None;
         listed.remaining = None;
         Ok(listed)
+    }
+}
+
+/// The GC finalizers a delete leaves on the object (upstream's
+/// `deletionFinalizersForGarbageCollection`): the others kept in order, then `orphan` when
+/// dependents are orphaned, `foregroundDeletion` when they go first. `None` when the set does
+/// not change. No kind Capstan serves defaults to orphaning (ReplicationControllers and Jobs
+/// do upstream).
+fn gc_finalizers(existing: &[String], options: &DeleteOptions) -> Option<Vec<String>> {
+    const ORPHAN: &str = "orphan";
+    const FOREGROUND: &str = "foregroundDeletion";
+    let from_finalizers = |orphan: bool| {
+        existing.iter().find_map(|f| match f.as_str() {
+            ORPHAN => Some(orphan),
+            FOREGROUND => Some(!orphan),
+            _ => None,
+        })
+    };
+    let policy = options.propagation.as_deref();
+    let orphan = match (options.orphan_dependents, policy) {
+        (Some(orphan), _) => orphan,
+        (None, Some(policy)) => policy == "Orphan",
+        (None, None) => from_finalizers(true).unwrap_or(false),
+    };
+    let foreground = match (options.orphan_dependents, policy) {
+        (Some(_), _) => false,
+        (None, Some(policy)) => policy == "Foreground",
+        (None, None) => from_finalizers(false).unwrap_or(false),
+    };
+    let mut out: Vec<String> = existing
+        .iter()
+        .filter(|f| *f != ORPHAN && *f != FOREGROUND)
+        .cloned()
+        .collect();
+    if orphan {
+        out.push(ORPHAN.to_string());
+    }
+    if foreground {
+        out.push(FOREGROUND.to_string());
+    }
+    let same = {
+        let a: std::collections::BTreeSet<&String> = existing.iter().collect();
+        let b: std::collections::BTreeSet<&String> = out.iter().collect();
+        a == b
+    };
+    (!same).then_some(out)
+}
+
+/// Sets `metadata.finalizers` (removed when empty).
+fn set_finalizers(object: &mut Value, finalizers: &[String]) {
+    let metadata = meta::metadata_mut(object);
+    if finalizers.is_empty() {
+        metadata.shift_remove("finalizers");
+    } else {
+        metadata.insert("finalizers".into(), json!(finalizers));
+    }
+}
+
+#[cfg(test)]
+mod gc_tests {
+    use super::*;
+
+    fn options(propagation: Option<&str>, orphan: Option<bool>) -> DeleteOptions {
+        DeleteOptions {
+            propagation: propagation.map(str::to_string),
+            orphan_dependents: orphan,
+            ..DeleteOptions::default()
+        }
+    }
+
+    #[test]
+    fn finalizers_follow_the_propagation_policy() {
+        let none: Vec<String> = Vec::new();
+        assert_eq!(gc_finalizers(&none, &options(None, None)), None);
+        assert_eq!(
+            gc_finalizers(&none, &options(Some("Background"), None)),
+            None
+        );
+        assert_eq!(
+            gc_finalizers(&none, &options(Some("Orphan"), None)),
+            Some(vec!["orphan".to_string()])
+        );
+        assert_eq!(
+            gc_finalizers(&["x".to_string()], &options(Some("Foreground"), None)),
+            Some(vec!["x".to_string(), "foregroundDeletion".to_string()])
+        );
+        assert_eq!(
+            gc_finalizers(&none, &options(None, Some(true))),
+            Some(vec!["orphan".to_string()])
+        );
+        // Background takes the GC finalizers away again; no options keep them.
+        let orphaning = vec!["orphan".to_string()];
+        assert_eq!(
+            gc_finalizers(&orphaning, &options(Some("Background"), None)),
+            Some(vec![])
+        );
+        assert_eq!(gc_finalizers(&orphaning, &options(None, None)), None);
     }
 }

@@ -87,6 +87,8 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     /// `propagationPolicy` (`Orphan`, `Background`, `Foreground`).
     pub propagation: Option<String>,
+    /// The legacy `orphanDependents` (never set together with `propagation`).
+    pub orphan_dependents: Option<bool>,
     /// `gracePeriodSeconds` (negative values are treated as 1, as upstream does).
     pub grace_period_seconds: Option<i64>,
 }

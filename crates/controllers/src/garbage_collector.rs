@@ -1,0 +1,559 @@
+//! The garbage collector: objects whose owners are gone go too, as upstream's
+//! (`pkg/controller/garbagecollector`) decides, for every kind Capstan serves.
+//!
+//! - **Background** (the default): the owner is deleted at once; a dependent whose every
+//!   owner reference is dangling (no such object, or one with another UID) is deleted, and a
+//!   dependent that still has a live owner loses only the dangling references.
+//! - **Orphan**: the owner carries the `orphan` finalizer; every dependent loses its
+//!   reference to it, then the finalizer goes and the owner with it.
+//! - **Foreground**: the owner carries `foregroundDeletion`; its dependents are deleted
+//!   (in the foreground themselves when they have dependents), and the finalizer goes once no
+//!   dependent with `blockOwnerDeletion` remains.
+//!
+//! Dependents are found from the watch of every kind (upstream's graph of owner UIDs); owners
+//! are read at the latest revision when judged, so an owner created just before its dependent
+//! is never taken for absent.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use capstan_machinery::ApiError;
+use capstan_registry::cache::EventType;
+use capstan_registry::watch::WatchItem;
+use capstan_registry::{DeleteOptions, ReadAt, Registry, Subresource, WriteOptions};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+
+use crate::queue::WorkQueue;
+use crate::watch_all;
+
+const ORPHAN: &str = "orphan";
+const FOREGROUND: &str = "foregroundDeletion";
+const MANAGER: &str = "kube-controller-manager";
+/// Upstream's `--concurrent-gc-syncs` is 20; deletions here are local calls.
+const WORKERS: usize = 4;
+
+/// An object: its kind (an index into the collector's registries), namespace and name.
+type Ref = (usize, String, String);
+
+/// What the collector was asked to look at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Work {
+    /// A dependent: are its owners still there? (upstream's attemptToDelete)
+    Dependent(Ref),
+    /// An owner being deleted with `orphan`: release its dependents.
+    Orphan(Ref),
+    /// An owner being deleted with `foregroundDeletion`: are its blocking dependents gone?
+    Foreground(Ref),
+}
+
+/// The part of an object's metadata the collector reads.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Meta {
+    #[serde(default)]
+    metadata: MetaFields,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields {
+    uid: Option<String>,
+    deletion_timestamp: Option<String>,
+    finalizers: Option<Vec<String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl MetaFields {
+    fn uid(&self) -> &str {
+        self.uid.as_deref().unwrap_or_default()
+    }
+
+    fn has_finalizer(&self, name: &str) -> bool {
+        self.finalizers.iter().flatten().any(|f| f == name)
+    }
+
+    fn deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+
+    fn owners(&self) -> &[OwnerReference] {
+        self.owner_references.as_deref().unwrap_or_default()
+    }
+}
+
+/// Who owns whom, by UID, as the watches last showed.
+#[derive(Default)]
+struct Graph {
+    /// Every object with owner references: its UID and its owners' UIDs.
+    objects: HashMap<Ref, (String, Vec<String>)>,
+    /// Dependents by their owner's UID.
+    dependents: HashMap<String, HashSet<Ref>>,
+    /// UIDs of the objects seen, to find an owner's dependents when it is deleted.
+    uids: HashMap<Ref, String>,
+    /// The objects seen, by UID.
+    by_uid: HashMap<String, Ref>,
+}
+
+impl Graph {
+    /// Records an object; returns the owner UIDs it no longer references.
+    fn set(&mut self, object: &Ref, uid: &str, owners: Vec<String>) -> Vec<String> {
+        if !uid.is_empty()
+            && let Some(previous) = self.uids.insert(object.clone(), uid.to_string())
+            && previous != uid
+        {
+            self.by_uid.remove(&previous);
+        }
+        if !uid.is_empty() {
+            self.by_uid.insert(uid.to_string(), object.clone());
+        }
+        let before = self
+            .objects
+            .remove(object)
+            .map(|(_, owners)| owners)
+            .unwrap_or_default();
+        for owner in &before {
+            if let Some(set) = self.dependents.get_mut(owner) {
+                set.remove(object);
+                if set.is_empty() {
+                    self.dependents.remove(owner);
+                }
+            }
+        }
+        for owner in &owners {
+            self.dependents
+                .entry(owner.clone())
+                .or_default()
+                .insert(object.clone());
+        }
+        let dropped = before.into_iter().filter(|o| !owners.contains(o)).collect();
+        if !owners.is_empty() {
+            self.objects
+                .insert(object.clone(), (uid.to_string(), owners));
+        }
+        dropped
+    }
+
+    /// Forgets a deleted object; returns its UID and its owners' UIDs.
+    fn remove(&mut self, object: &Ref) -> (Option<String>, Vec<String>) {
+        let owners = self.set(object, "", Vec::new());
+        let uid = self.uids.remove(object);
+        if let Some(uid) = &uid {
+            self.by_uid.remove(uid);
+        }
+        (uid, owners)
+    }
+
+    fn dependents_of(&self, uid: &str) -> Vec<Ref> {
+        self.dependents
+            .get(uid)
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn find(&self, uid: &str) -> Option<Ref> {
+        self.by_uid.get(uid).cloned()
+    }
+}
+
+/// Deletes what has lost its owners.
+pub struct GarbageCollector {
+    kinds: Vec<Arc<Registry>>,
+    graph: Mutex<Graph>,
+}
+
+/// What one owner reference turned out to be.
+enum Owner {
+    /// Exists with the referenced UID, and is not deleting its dependents first.
+    Solid,
+    /// Gone, or replaced by an object with another UID.
+    Dangling,
+    /// Being deleted in the foreground: its dependents go first.
+    Waiting,
+    /// Of a kind Capstan does not serve (upstream retries until it knows the kind): left be.
+    Unknown,
+}
+
+fn write_options() -> WriteOptions {
+    WriteOptions {
+        dry_run: false,
+        field_manager: MANAGER.into(),
+        applied: false,
+    }
+}
+
+impl GarbageCollector {
+    /// A collector over every kind served.
+    pub fn new(kinds: Vec<Arc<Registry>>) -> Self {
+        GarbageCollector {
+            kinds,
+            graph: Mutex::new(Graph::default()),
+        }
+    }
+
+    fn graph(&self) -> MutexGuard<'_, Graph> {
+        self.graph.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs for the life of the process.
+    pub fn start(self) {
+        let collector = Arc::new(self);
+        let queue = Arc::new(WorkQueue::<Work>::default());
+        for kind in 0..collector.kinds.len() {
+            let (collector, queue) = (collector.clone(), queue.clone());
+            tokio::spawn(async move {
+                loop {
+                    let mut watcher = watch_all(&collector.kinds[kind], false);
+                    while let Some(item) = watcher.next().await {
+                        if let WatchItem::Event(event, object) = item {
+                            let s = &object.selectable;
+                            let key = (kind, s.namespace().to_string(), s.name().to_string());
+                            let meta = serde_json::from_slice::<Meta>(object.raw_json())
+                                .unwrap_or_default()
+                                .metadata;
+                            for work in collector.observe(event, key, &meta) {
+                                queue.add(work);
+                            }
+                        }
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            });
+        }
+        for _ in 0..WORKERS {
+            let (collector, queue) = (collector.clone(), queue.clone());
+            tokio::spawn(queue.work("garbage collection", move |work| {
+                let collector = collector.clone();
+                async move { collector.process(work).await }
+            }));
+        }
+    }
+
+    /// Updates the graph from one watch event; returns the work it calls for.
+    fn observe(&self, event: EventType, key: Ref, meta: &MetaFields) -> Vec<Work> {
+        let mut work = Vec::new();
+        let mut graph = self.graph();
+        if event == EventType::Deleted {
+            let (uid, owners) = graph.remove(&key);
+            if let Some(uid) = uid {
+                work.extend(graph.dependents_of(&uid).into_iter().map(Work::Dependent));
+            }
+            // An owner deleting in the foreground may be waiting for this one.
+            work.extend(
+                owners
+                    .iter()
+                    .filter_map(|o| graph.find(o))
+                    .map(Work::Foreground),
+            );
+            return work;
+        }
+        let owners: Vec<String> = meta.owners().iter().map(|o| o.uid.clone()).collect();
+        let known = graph.objects.get(&key).map(|(_, o)| o.clone());
+        let dropped = graph.set(&key, meta.uid(), owners.clone());
+        if !owners.is_empty() && known.as_ref() != Some(&owners) {
+            work.push(Work::Dependent(key.clone()));
+        }
+        // A reference taken away may have been what a foreground deletion waited for.
+        work.extend(
+            dropped
+                .iter()
+                .filter_map(|o| graph.find(o))
+                .map(Work::Foreground),
+        );
+        if meta.deleting() && meta.has_finalizer(ORPHAN) {
+            work.push(Work::Orphan(key.clone()));
+        } else if meta.deleting() && meta.has_finalizer(FOREGROUND) {
+            work.push(Work::Foreground(key.clone()));
+        }
+        work
+    }
+
+    /// The live object's metadata, at the latest revision.
+    async fn read(&self, (kind, namespace, name): &Ref) -> Result<Option<MetaFields>, ApiError> {
+        match self.kinds[*kind].get(namespace, name, ReadAt::Latest).await {
+            Ok(object) => Ok(Some(
+                serde_json::from_value::<Meta>(object)
+                    .unwrap_or_default()
+                    .metadata,
+            )),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn process(&self, work: Work) -> Result<(), ApiError> {
+        match work {
+            Work::Dependent(key) => self.attempt_to_delete(&key).await,
+            Work::Orphan(key) => self.orphan_dependents(&key).await,
+            Work::Foreground(key) => self.foreground(&key).await,
+        }
+    }
+
+    /// The kind an owner reference names, if Capstan serves it.
+    fn kind_of(&self, reference: &OwnerReference) -> Option<usize> {
+        let (group, version) = match reference.api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", reference.api_version.as_str()),
+        };
+        self.kinds.iter().position(|r| {
+            let info = r.strategy().info();
+            info.group == group && info.version == version && info.kind == reference.kind
+        })
+    }
+
+    async fn classify(&self, key: &Ref, reference: &OwnerReference) -> Result<Owner, ApiError> {
+        let Some(kind) = self.kind_of(reference) else {
+            return Ok(Owner::Unknown);
+        };
+        let owner_namespaced = self.kinds[kind].strategy().info().namespaced;
+        let namespace = if owner_namespaced {
+            key.1.clone()
+        } else {
+            String::new()
+        };
+        let owner = self
+            .read(&(kind, namespace, reference.name.clone()))
+            .await?;
+        Ok(match owner {
+            None => Owner::Dangling,
+            Some(owner) if owner.uid() != reference.uid => Owner::Dangling,
+            Some(owner) if owner.deleting() && owner.has_finalizer(FOREGROUND) => Owner::Waiting,
+            Some(_) => Owner::Solid,
+        })
+    }
+
+    /// Upstream's attemptToDeleteItem.
+    async fn attempt_to_delete(&self, key: &Ref) -> Result<(), ApiError> {
+        let Some(meta) = self.read(key).await? else {
+            return Ok(());
+        };
+        if meta.deleting() {
+            return if meta.has_finalizer(FOREGROUND) {
+                self.foreground(key).await
+            } else {
+                Ok(())
+            };
+        }
+        let registry = &self.kinds[key.0];
+        let namespaced = registry.strategy().info().namespaced;
+        let (mut solid, mut dangling, mut waiting) = (0, Vec::new(), Vec::new());
+        for reference in meta.owners() {
+            if !namespaced
+                && self
+                    .kind_of(reference)
+                    .is_some_and(|k| self.kinds[k].strategy().info().namespaced)
+            {
+                // Cluster-scoped objects cannot refer to namespaced owners: left alone.
+                return Ok(());
+            }
+            match self.classify(key, reference).await? {
+                Owner::Solid | Owner::Unknown => solid += 1,
+                Owner::Dangling => dangling.push(reference.uid.clone()),
+                Owner::Waiting => waiting.push(reference.uid.clone()),
+            }
+        }
+        if solid > 0 {
+            if dangling.is_empty() && waiting.is_empty() {
+                return Ok(());
+            }
+            let gone: Vec<String> = dangling.into_iter().chain(waiting).collect();
+            return self.remove_references(key, meta.uid(), &gone).await;
+        }
+        let has_dependents = !self.graph().dependents_of(meta.uid()).is_empty();
+        let policy = if !waiting.is_empty() && has_dependents {
+            FOREGROUND_POLICY
+        } else if meta.has_finalizer(ORPHAN) {
+            "Orphan"
+        } else if meta.has_finalizer(FOREGROUND) {
+            FOREGROUND_POLICY
+        } else {
+            "Background"
+        };
+        let options = DeleteOptions {
+            uid: Some(meta.uid().to_string()),
+            propagation: Some(policy.to_string()),
+            ..DeleteOptions::default()
+        };
+        match registry.delete(&key.1, &key.2, &options).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the references to `owners` out of a dependent (upstream's strategic-merge
+    /// `$patch: delete` by owner UID, guarded by the dependent's UID).
+    async fn remove_references(
+        &self,
+        key: &Ref,
+        uid: &str,
+        owners: &[String],
+    ) -> Result<(), ApiError> {
+        let registry = &self.kinds[key.0];
+        let patched = registry
+            .patch(
+                &key.1,
+                &key.2,
+                &write_options(),
+                Subresource::Main,
+                |current| {
+                    let mut object = current.clone();
+                    if capstan_machinery::meta::meta_str(&object, "uid") != uid {
+                        return Err(ApiError::conflict(
+                            registry.strategy().info().group_resource(),
+                            &key.2,
+                            "the object has been recreated",
+                        ));
+                    }
+                    let metadata = capstan_machinery::meta::metadata_mut(&mut object);
+                    let kept: Vec<Value> = metadata
+                        .get("ownerReferences")
+                        .and_then(Value::as_array)
+                        .map(|refs| {
+                            refs.iter()
+                                .filter(|r| {
+                                    !owners.iter().any(|o| {
+                                        r.get("uid").and_then(Value::as_str) == Some(o.as_str())
+                                    })
+                                })
+                                .cloned()
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if kept.is_empty() {
+                        metadata.shift_remove("ownerReferences");
+                    } else {
+                        metadata.insert("ownerReferences".into(), Value::Array(kept));
+                    }
+                    Ok(object)
+                },
+            )
+            .await;
+        match patched {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes a GC finalizer off an owner; the registry deletes it when it was the last.
+    async fn remove_finalizer(&self, key: &Ref, finalizer: &str) -> Result<(), ApiError> {
+        let registry = &self.kinds[key.0];
+        let removed = registry
+            .patch(
+                &key.1,
+                &key.2,
+                &write_options(),
+                Subresource::Main,
+                |current| {
+                    let mut object = current.clone();
+                    let metadata = capstan_machinery::meta::metadata_mut(&mut object);
+                    let kept: Vec<Value> = metadata
+                        .get("finalizers")
+                        .and_then(Value::as_array)
+                        .map(|list| {
+                            list.iter()
+                                .filter(|f| f.as_str() != Some(finalizer))
+                                .cloned()
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if kept.is_empty() {
+                        metadata.shift_remove("finalizers");
+                    } else {
+                        metadata.insert("finalizers".into(), json!(kept));
+                    }
+                    Ok(object)
+                },
+            )
+            .await;
+        match removed {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Upstream's attemptToOrphan: every dependent lets go of the owner, then its `orphan`
+    /// finalizer goes.
+    async fn orphan_dependents(&self, key: &Ref) -> Result<(), ApiError> {
+        let Some(meta) = self.read(key).await? else {
+            return Ok(());
+        };
+        if !(meta.deleting() && meta.has_finalizer(ORPHAN)) {
+            return Ok(());
+        }
+        let owner = meta.uid().to_string();
+        let dependents = self.graph().dependents_of(&owner);
+        for dependent in dependents {
+            let Some(live) = self.read(&dependent).await? else {
+                continue;
+            };
+            if live.owners().iter().any(|r| r.uid == owner) {
+                self.remove_references(&dependent, live.uid(), std::slice::from_ref(&owner))
+                    .await?;
+            }
+        }
+        self.remove_finalizer(key, ORPHAN).await
+    }
+
+    /// Upstream's processDeletingDependentsItem: the finalizer goes once no dependent with
+    /// `blockOwnerDeletion` is left; until then every dependent is judged (and deleted).
+    async fn foreground(&self, key: &Ref) -> Result<(), ApiError> {
+        let Some(meta) = self.read(key).await? else {
+            return Ok(());
+        };
+        if !(meta.deleting() && meta.has_finalizer(FOREGROUND)) {
+            return Ok(());
+        }
+        let owner = meta.uid().to_string();
+        let dependents = self.graph().dependents_of(&owner);
+        let mut blocking = false;
+        for dependent in dependents {
+            let Some(live) = self.read(&dependent).await? else {
+                continue;
+            };
+            let blocks = live
+                .owners()
+                .iter()
+                .any(|r| r.uid == owner && r.block_owner_deletion == Some(true));
+            blocking |= blocks;
+            if !live.deleting() {
+                Box::pin(self.attempt_to_delete(&dependent)).await?;
+            }
+        }
+        if blocking {
+            // The dependents' deletions bring this owner back (their DELETED events).
+            return Ok(());
+        }
+        self.remove_finalizer(key, FOREGROUND).await
+    }
+}
+
+const FOREGROUND_POLICY: &str = "Foreground";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_graph_finds_dependents_by_owner_uid_and_forgets_them() {
+        let mut graph = Graph::default();
+        let slice: Ref = (1, "ns".into(), "web-abc".into());
+        let service: Ref = (0, "ns".into(), "web".into());
+        graph.set(&service, "svc-uid", Vec::new());
+        assert!(
+            graph
+                .set(&slice, "slice-uid", vec!["svc-uid".into()])
+                .is_empty()
+        );
+        assert_eq!(graph.dependents_of("svc-uid"), vec![slice.clone()]);
+        assert_eq!(graph.find("svc-uid"), Some(service.clone()));
+        // The reference taken away: reported, and the slice is no longer a dependent.
+        assert_eq!(graph.set(&slice, "slice-uid", Vec::new()), vec!["svc-uid"]);
+        assert!(graph.dependents_of("svc-uid").is_empty());
+        graph.set(&slice, "slice-uid", vec!["svc-uid".into()]);
+        let (uid, owners) = graph.remove(&slice);
+        assert_eq!(uid.as_deref(), Some("slice-uid"));
+        assert_eq!(owners, vec!["svc-uid"]);
+        assert!(graph.dependents_of("svc-uid").is_empty());
+    }
+}
