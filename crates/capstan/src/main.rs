@@ -75,9 +75,13 @@ struct ServeArgs {
     /// Inclusive node port range (`a-b` or `a+n`).
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: String,
-    /// Do not run the endpoints controller (Endpoints are then left entirely to clients).
+    /// Do not run the endpoints and EndpointSlice controllers (Endpoints and slices are then
+    /// left entirely to clients).
     #[arg(long)]
     disable_endpoints_controller: bool,
+    /// The most endpoints the EndpointSlice controller puts in one slice (1–1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_endpoints_per_slice: u16,
     /// Read-only requests served at once; more are refused with 429 (0: no limit). Watches
     /// and other long-running requests are not counted.
     #[arg(long, default_value_t = 400)]
@@ -299,6 +303,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             registry_for(&registries, "pods")?,
             registry_for(&registries, "endpoints")?,
         )
+        .with_endpoint_slices(
+            registry_for(&registries, "endpointslices")?,
+            registry_for(&registries, "nodes")?,
+            usize::from(args.max_endpoints_per_slice),
+        )
         .start()
         .context("starting the endpoints controller")?;
     }
@@ -310,6 +319,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     capstan_controllers::GarbageCollector::new(registries.clone()).start();
+    capstan_controllers::MirroringController::new(
+        registry_for(&registries, "services")?,
+        registry_for(&registries, "endpoints")?,
+        registry_for(&registries, "endpointslices")?,
+    )
+    .start();
     capstan_controllers::NamespaceController::new(
         registry_for(&registries, "namespaces")?,
         registries

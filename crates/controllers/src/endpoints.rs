@@ -40,6 +40,10 @@ pub struct EndpointsController {
     endpoints: Arc<Registry>,
     triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
     index: std::sync::Mutex<Index>,
+    /// The EndpointSlice controller's part of each sync (when slices are served).
+    slices: Option<Arc<crate::endpointslice::SliceWriter>>,
+    /// Its trigger times, tracked apart (each controller's first sync counts from creation).
+    slice_triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
 }
 
 /// How many Services are synced at once.
@@ -280,7 +284,7 @@ struct TriggerState {
     service: String,
 }
 
-type Key = (String, String);
+pub(crate) type Key = (String, String);
 
 /// One address as the repack sees it: ip, target uid, the address, ready.
 type Entry = (String, String, EndpointAddress, bool);
@@ -316,7 +320,7 @@ fn time_text(time: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>
         .unwrap_or_default()
 }
 
-fn key_of(selectable: &Selectable) -> Key {
+pub(crate) fn key_of(selectable: &Selectable) -> Key {
     (selectable.namespace().into(), selectable.name().into())
 }
 
@@ -324,7 +328,7 @@ fn key_of(selectable: &Selectable) -> Key {
 /// watch ends: `event` sees each change (`true` while a (re)start replays what exists), and
 /// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
 /// was open can be forgotten (as an informer's Replace does).
-fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R)
+pub(crate) fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R)
 where
     E: Fn(EventType, &CachedObject, bool) + Send + 'static,
     R: Fn(HashSet<Key>) + Send + 'static,
@@ -368,7 +372,25 @@ impl EndpointsController {
             endpoints,
             triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
             index: std::sync::Mutex::new(Index::default()),
+            slices: None,
+            slice_triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Also keeps every selector Service's EndpointSlices (upstream's EndpointSlice
+    /// controller), at most `max_per_slice` endpoints a slice, with zones from `nodes`.
+    pub fn with_endpoint_slices(
+        mut self,
+        slices: Arc<Registry>,
+        nodes: Arc<Registry>,
+        max_per_slice: usize,
+    ) -> Self {
+        self.slices = Some(Arc::new(crate::endpointslice::SliceWriter::new(
+            slices,
+            nodes,
+            max_per_slice,
+        )));
+        self
     }
 
     /// Runs for the life of the process on a thread of its own (`ep-controller`), as
@@ -469,6 +491,9 @@ impl EndpointsController {
                 |_| {},
             );
         }
+        if let Some(writer) = &controller.slices {
+            writer.start(queue.clone());
+        }
         // Upstream's default of five concurrent syncs (`--concurrent-endpoint-syncs`): a sync
         // waits for its durable write, and others proceed meanwhile; one key is never synced
         // twice at once.
@@ -501,7 +526,12 @@ impl EndpointsController {
     /// The last-change-trigger-time: the Service's creation on the first sync, then the
     /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
     /// Timestamps are RFC 3339 strings in UTC, which order as text.
-    fn trigger_time(&self, key: &Key, service: &Service, pods: &[Arc<Pod>]) -> String {
+    fn trigger_time(
+        triggers: &std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+        key: &Key,
+        service: &Service,
+        pods: &[Arc<Pod>],
+    ) -> String {
         let created = time_text(service.metadata.creation_timestamp.as_ref());
         let pod_times: std::collections::HashMap<String, String> = pods
             .iter()
@@ -511,7 +541,7 @@ impl EndpointsController {
                 (pod.metadata.uid.clone().unwrap_or_default(), time)
             })
             .collect();
-        let mut triggers = self.triggers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut triggers = triggers.lock().unwrap_or_else(|e| e.into_inner());
         let first = !triggers.contains_key(key);
         let state = triggers.entry(key.clone()).or_default();
         let trigger = if first || state.service != created {
@@ -545,6 +575,9 @@ impl EndpointsController {
             labels: Option<Labels>,
             #[serde(rename = "creationTimestamp")]
             creation_timestamp: Option<Time>,
+            uid: Option<String>,
+            #[serde(rename = "deletionTimestamp")]
+            deletion_timestamp: Option<Time>,
         }
         let key = self.services.strategy().info().key(namespace, name);
         let Some(cached) = self.services.cache().get(&key) else {
@@ -558,6 +591,8 @@ impl EndpointsController {
                 namespace: Some(namespace.to_string()),
                 labels: read.metadata.labels,
                 creation_timestamp: read.metadata.creation_timestamp,
+                uid: read.metadata.uid,
+                deletion_timestamp: read.metadata.deletion_timestamp,
                 ..ObjectMeta::default()
             },
             spec: read.spec,
@@ -570,6 +605,15 @@ impl EndpointsController {
             Ok(Some(service)) => service,
             // The Service is gone: so are its Endpoints.
             Ok(None) => {
+                let key = (namespace.to_string(), name.to_string());
+                if let Some(writer) = &self.slices {
+                    // Its slices go by their owner reference (the garbage collector).
+                    writer.forget(&key);
+                    self.slice_triggers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                }
                 let options = DeleteOptions::default();
                 return match self.endpoints.delete(namespace, name, &options).await {
                     Err(e) if !e.is_not_found() => Err(e.into()),
@@ -600,9 +644,14 @@ impl EndpointsController {
             labels: desired_labels(&service, &spec),
             subsets,
             truncated,
-            trigger: self.trigger_time(&key, &service, &pods),
+            trigger: Self::trigger_time(&self.triggers, &key, &service, &pods),
         };
-        self.write(namespace, name, &desired).await
+        self.write(namespace, name, &desired).await?;
+        if let Some(writer) = &self.slices {
+            let trigger = Self::trigger_time(&self.slice_triggers, &key, &service, &pods);
+            writer.sync(&key, &service, &pods, &trigger).await?;
+        }
+        Ok(())
     }
 
     /// Writes the desired Endpoints: patched over the stored ones (read once, inside the
@@ -892,7 +941,7 @@ pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
 }
 
 /// One subset before it is written: ready addresses, not-ready addresses, ports.
-type Subset = (
+pub(crate) type Subset = (
     Vec<EndpointAddress>,
     Vec<EndpointAddress>,
     Vec<EndpointPort>,
@@ -942,6 +991,44 @@ fn group_by_addresses<K>(
         )
     });
     subsets
+}
+
+/// Upstream's `RepackSubsets`: the subsets of an Endpoints in canonical form (each address
+/// once per port, not-ready winning over ready, ports with the same addresses together).
+pub(crate) fn repack(subsets: &[EndpointSubset]) -> Vec<Subset> {
+    let mut by_port: BTreeMap<Option<PortOrder>, (Option<EndpointPort>, PortAddresses)> =
+        BTreeMap::new();
+    for subset in subsets {
+        let ports: Vec<Option<EndpointPort>> = match subset.ports.as_deref() {
+            Some(ports) if !ports.is_empty() => ports.iter().cloned().map(Some).collect(),
+            _ => vec![None],
+        };
+        let addresses = subset.addresses.iter().flatten().map(|a| (a, true)).chain(
+            subset
+                .not_ready_addresses
+                .iter()
+                .flatten()
+                .map(|a| (a, false)),
+        );
+        for (address, ready) in addresses {
+            let uid = address
+                .target_ref
+                .as_ref()
+                .and_then(|t| t.uid.clone())
+                .unwrap_or_default();
+            for port in &ports {
+                let entry = by_port
+                    .entry(port.as_ref().map(port_order))
+                    .or_insert_with(|| (port.clone(), BTreeMap::new()));
+                let slot = entry
+                    .1
+                    .entry((address.ip.clone(), uid.clone()))
+                    .or_insert((address.clone(), ready));
+                slot.1 &= ready;
+            }
+        }
+    }
+    group_by_addresses(by_port)
 }
 
 /// More than 1000 addresses are cut down, each subset keeping its share (ready

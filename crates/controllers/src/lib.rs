@@ -10,14 +10,17 @@
 
 pub mod apiservice;
 mod endpoints;
+mod endpointslice;
 mod garbage_collector;
 mod kubernetes_service;
+mod mirroring;
 mod namespace;
 pub mod queue;
 
 pub use endpoints::EndpointsController;
 pub use garbage_collector::GarbageCollector;
 pub use kubernetes_service::KubernetesServiceController;
+pub use mirroring::MirroringController;
 pub use namespace::NamespaceController;
 
 /// A watch over every object of a kind, from its current state (the initial events, then a

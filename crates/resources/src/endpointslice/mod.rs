@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 pub static ENDPOINTSLICE_INFO: ResourceInfo = ResourceInfo::of::<EndpointSlice>()
     .storage_version_hash("qgS0xkrxYAI=")
     .storage_prefix("endpointslices")
+    .unconditional_update()
     .openapi(
         "io.k8s.api.discovery.v1.EndpointSlice",
         "apis/discovery.k8s.io/v1",

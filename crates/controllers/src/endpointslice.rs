@@ -1,0 +1,1018 @@
+//! The EndpointSlice controller's reconciler (upstream's `staging/src/k8s.io/endpointslice`):
+//! from a Service, the pods it selects and the slices it has, the slices to create, update and
+//! delete. The endpoints controller runs it in the same sync as the Service's Endpoints (one
+//! pod index serves both), and writes the plan.
+//!
+//! - One group of slices per address type (`spec.ipFamilies`) and per set of ports the pods
+//!   resolve the Service's ports to; at most `--max-endpoints-per-slice` endpoints a slice.
+//! - Minimal churn: endpoints stay in the slice that has them; new ones first fill slices
+//!   that are written anyway (fullest first), then an unchanged slice they all fit in (best
+//!   fit), then new slices; a slice goes only when it is empty.
+//! - A placeholder slice (no ports, no endpoints) when an address type has nothing else.
+//! - A create paired with a delete of the same address type becomes an update of that slice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use capstan_resources::endpointslice::{CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The Service label that marks it headless.
+const HEADLESS: &str = "service.kubernetes.io/headless";
+
+type Labels = BTreeMap<String, String>;
+/// A set of ports as a key: sorted (name, port, protocol, appProtocol), unset apart from empty.
+type PortKey = Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>;
+/// An endpoint's identity: its sorted addresses, hostname and target's namespace and name.
+type EndpointKey = (Vec<String>, String, String, String);
+
+/// What a sync decided to write.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub creates: Vec<EndpointSlice>,
+    pub updates: Vec<EndpointSlice>,
+    pub deletes: Vec<EndpointSlice>,
+    /// Pods left out because their node is not known (the sync is retried).
+    pub missing_nodes: Vec<String>,
+}
+
+/// What the reconciler reads.
+pub(crate) struct Inputs<'a> {
+    pub service: &'a Service,
+    pub pods: &'a [Arc<Pod>],
+    /// Node name → its zone label (`None`: a node without one); a node not here is unknown.
+    pub zones: &'a HashMap<String, Option<String>>,
+    pub max: usize,
+}
+
+fn port_key(ports: &[EndpointPort]) -> PortKey {
+    let mut key: PortKey = ports
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.port,
+                p.protocol.clone(),
+                p.app_protocol.clone(),
+            )
+        })
+        .collect();
+    key.sort();
+    key
+}
+
+fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
+    let mut addresses = endpoint.addresses.clone();
+    addresses.sort();
+    let target = endpoint.target_ref.as_ref();
+    (
+        addresses,
+        endpoint.hostname.clone().unwrap_or_default(),
+        target.and_then(|t| t.namespace.clone()).unwrap_or_default(),
+        target.and_then(|t| t.name.clone()).unwrap_or_default(),
+    )
+}
+
+/// `EndpointsEqualBeyondHash`: node, zone, conditions and target (less its resourceVersion).
+fn equal_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
+    let target = |e: &Endpoint| {
+        e.target_ref.clone().map(|mut t| {
+            t.resource_version = None;
+            t
+        })
+    };
+    a.node_name == b.node_name
+        && a.zone == b.zone
+        && a.conditions.clone().unwrap_or_default() == b.conditions.clone().unwrap_or_default()
+        && target(a) == target(b)
+}
+
+/// The address types a Service's slices are of: its IP families (and both for a headless
+/// Service without any).
+fn address_types(spec: &ServiceSpec) -> Vec<&'static str> {
+    let mut types = Vec::new();
+    for family in spec.ip_families.iter().flatten() {
+        match family.as_str() {
+            "IPv4" if !types.contains(&"IPv4") => types.push("IPv4"),
+            "IPv6" if !types.contains(&"IPv6") => types.push("IPv6"),
+            _ => {}
+        }
+    }
+    if !types.is_empty() {
+        return types;
+    }
+    match spec.cluster_ip.as_deref().unwrap_or_default() {
+        "" | "None" => vec!["IPv4", "IPv6"],
+        ip if ip.contains(':') => vec!["IPv6"],
+        _ => vec!["IPv4"],
+    }
+}
+
+/// `ShouldPodBeInEndpoints` with terminating pods included.
+fn included(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+        return false;
+    }
+    status.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
+        || status.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+}
+
+/// `FindPort`: a numeric target port as it is, a named one from the pod's containers (then its
+/// sidecars) with the Service port's protocol.
+fn find_port(pod: &Pod, port: &k8s_openapi::api::core::v1::ServicePort) -> Option<i32> {
+    let protocol = port.protocol.as_deref().unwrap_or("TCP");
+    let name = match &port.target_port {
+        Some(IntOrString::Int(n)) => return Some(*n),
+        Some(IntOrString::String(name)) => name,
+        None => return Some(port.port),
+    };
+    let spec = pod.spec.as_ref()?;
+    let search = |containers: &[k8s_openapi::api::core::v1::Container], sidecars: bool| {
+        containers
+            .iter()
+            .filter(|c| !sidecars || c.restart_policy.as_deref() == Some("Always"))
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| {
+                p.name.as_deref() == Some(name.as_str())
+                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
+            })
+            .map(|p| p.container_port)
+    };
+    search(&spec.containers, false)
+        .or_else(|| search(spec.init_containers.as_deref().unwrap_or_default(), true))
+}
+
+/// `getEndpointPorts`: the Service's ports as this pod serves them (ports it cannot resolve
+/// left out), in a canonical order.
+fn endpoint_ports(spec: &ServiceSpec, pod: &Pod) -> Vec<EndpointPort> {
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let mut out: Vec<EndpointPort> = ports
+        .iter()
+        .filter_map(|p| {
+            find_port(pod, p).map(|number| EndpointPort {
+                name: Some(p.name.clone().unwrap_or_default()),
+                port: Some(number),
+                protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                app_protocol: p.app_protocol.clone(),
+            })
+        })
+        .collect();
+    out.sort_by_key(|p| {
+        (
+            p.name.clone(),
+            p.port,
+            p.protocol.clone(),
+            p.app_protocol.clone(),
+        )
+    });
+    out
+}
+
+/// `podToEndpoint`: the pod's address of one family, its conditions and where it runs.
+fn pod_endpoint(
+    service: &Service,
+    pod: &Pod,
+    zone: Option<String>,
+    address_type: &str,
+) -> Endpoint {
+    let spec = service.spec.clone().unwrap_or_default();
+    let serving = capstan_resources::pod::is_ready(pod);
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    let publish = spec.publish_not_ready_addresses == Some(true);
+    let addresses = pod
+        .status
+        .iter()
+        .flat_map(|s| s.pod_ips.iter().flatten())
+        .filter_map(|entry| capstan_machinery::ip::parse_sloppy(&entry.ip))
+        .filter(|ip| ip.is_ipv6() == (address_type == "IPv6"))
+        .map(|ip| ip.to_string())
+        .collect();
+    let pod_spec = pod.spec.as_ref();
+    let hostname = pod_spec
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .filter(|_| {
+            pod_spec.and_then(|s| s.subdomain.as_deref()) == service.metadata.name.as_deref()
+                && pod.metadata.namespace == service.metadata.namespace
+        });
+    Endpoint {
+        addresses,
+        conditions: Some(EndpointConditions {
+            ready: Some(publish || (serving && !terminating)),
+            serving: Some(serving),
+            terminating: Some(terminating),
+        }),
+        hostname,
+        node_name: pod_spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        target_ref: Some(ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..ObjectReference::default()
+        }),
+        zone,
+        ..Endpoint::default()
+    }
+}
+
+/// `setEndpointSliceLabels`: the Service's labels (less the reserved ones), the headless mark
+/// and the slice's own two; and whether the slice's other labels differ from the Service's.
+fn slice_labels(slice: Option<&EndpointSlice>, service: &Service) -> (Labels, bool) {
+    let reserved = |k: &String| k == SERVICE_NAME_LABEL || k == MANAGED_BY_LABEL || k == HEADLESS;
+    let others = |labels: Option<&Labels>| -> Labels {
+        labels
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !reserved(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let service_labels = others(service.metadata.labels.as_ref());
+    let changed = slice.is_some_and(|s| others(s.metadata.labels.as_ref()) != service_labels);
+    let mut out = service_labels;
+    let cluster_ip = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .unwrap_or_default();
+    if cluster_ip.is_empty() || cluster_ip == "None" {
+        out.insert(HEADLESS.into(), String::new());
+    }
+    out.insert(
+        SERVICE_NAME_LABEL.into(),
+        service.metadata.name.clone().unwrap_or_default(),
+    );
+    out.insert(MANAGED_BY_LABEL.into(), CONTROLLER_NAME.into());
+    (out, changed)
+}
+
+/// The Service as a slice's owner.
+pub(crate) fn owner_reference(service: &Service) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        name: service.metadata.name.clone().unwrap_or_default(),
+        uid: service.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn owned_by(slice: &EndpointSlice, service: &Service) -> bool {
+    let uid = service.metadata.uid.as_deref().unwrap_or_default();
+    slice
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == uid && r.kind == "Service" && r.api_version == "v1")
+}
+
+/// `newEndpointSlice`: a slice to create (named by the server from `<service>-`).
+fn new_slice(service: &Service, address_type: &str, ports: Vec<EndpointPort>) -> EndpointSlice {
+    let name = service.metadata.name.clone().unwrap_or_default();
+    EndpointSlice {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}-")),
+            namespace: service.metadata.namespace.clone(),
+            labels: Some(slice_labels(None, service).0),
+            owner_references: Some(vec![owner_reference(service)]),
+            ..ObjectMeta::default()
+        },
+        address_type: address_type.to_string(),
+        endpoints: Some(Vec::new()),
+        ports: Some(ports),
+    }
+}
+
+fn len(slice: &EndpointSlice) -> usize {
+    slice.endpoints.as_ref().map_or(0, Vec::len)
+}
+
+/// Desired endpoints in the order they were found, by identity.
+#[derive(Default)]
+struct Desired {
+    order: Vec<EndpointKey>,
+    endpoints: HashMap<EndpointKey, Endpoint>,
+}
+
+impl Desired {
+    fn insert(&mut self, endpoint: Endpoint) {
+        let key = endpoint_key(&endpoint);
+        if self.endpoints.insert(key.clone(), endpoint).is_none() {
+            self.order.push(key);
+        }
+    }
+
+    fn take(&mut self, key: &EndpointKey) -> Option<Endpoint> {
+        self.endpoints.remove(key)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// The next desired endpoint not yet placed, in the order found.
+    fn pop(&mut self) -> Option<Endpoint> {
+        while !self.order.is_empty() {
+            let key = self.order.remove(0);
+            if let Some(endpoint) = self.endpoints.remove(&key) {
+                return Some(endpoint);
+            }
+        }
+        None
+    }
+}
+
+/// Plans the slices of one Service.
+pub(crate) fn reconcile(inputs: &Inputs<'_>, existing: Vec<EndpointSlice>) -> Plan {
+    let spec = inputs.service.spec.clone().unwrap_or_default();
+    let types = address_types(&spec);
+    let mut plan = Plan::default();
+    let mut by_type: HashMap<String, Vec<EndpointSlice>> = HashMap::new();
+    let mut unsupported = Vec::new();
+    for slice in existing {
+        if types.contains(&slice.address_type.as_str()) {
+            by_type
+                .entry(slice.address_type.clone())
+                .or_default()
+                .push(slice);
+        } else {
+            unsupported.push(slice);
+        }
+    }
+    for address_type in &types {
+        let slices = by_type.remove(*address_type).unwrap_or_default();
+        reconcile_type(inputs, &spec, address_type, slices, &mut plan);
+    }
+    plan.deletes.extend(unsupported);
+    plan.missing_nodes.sort();
+    plan.missing_nodes.dedup();
+    plan
+}
+
+fn reconcile_type(
+    inputs: &Inputs<'_>,
+    spec: &ServiceSpec,
+    address_type: &str,
+    existing: Vec<EndpointSlice>,
+    plan: &mut Plan,
+) {
+    let service = inputs.service;
+    let publish = spec.publish_not_ready_addresses == Some(true);
+    let headless_without_ports = spec.ports.as_deref().unwrap_or_default().is_empty()
+        && spec.cluster_ip.as_deref() == Some("None");
+    let existing_count = existing.len();
+    let (mut creates, mut updates, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut existing_by_ports: BTreeMap<PortKey, Vec<EndpointSlice>> = BTreeMap::new();
+    for slice in existing {
+        if owned_by(&slice, service) {
+            existing_by_ports
+                .entry(port_key(slice.ports.as_deref().unwrap_or_default()))
+                .or_default()
+                .push(slice);
+        } else {
+            deletes.push(slice);
+        }
+    }
+    let mut desired: BTreeMap<PortKey, (Vec<EndpointPort>, Desired)> = BTreeMap::new();
+    for pod in inputs.pods {
+        if !included(pod) {
+            continue;
+        }
+        let ports = if headless_without_ports {
+            Vec::new()
+        } else {
+            endpoint_ports(spec, pod)
+        };
+        let entry = desired
+            .entry(port_key(&ports))
+            .or_insert_with(|| (ports, Desired::default()));
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let zone = match inputs.zones.get(&node) {
+            Some(zone) => zone.clone(),
+            None if publish => None,
+            None => {
+                plan.missing_nodes.push(node);
+                continue;
+            }
+        };
+        let endpoint = pod_endpoint(service, pod, zone, address_type);
+        if !endpoint.addresses.is_empty() {
+            entry.1.insert(endpoint);
+        }
+    }
+    for (key, (ports, wanted)) in desired {
+        let current = existing_by_ports.remove(&key).unwrap_or_default();
+        let (c, u, d) = by_port_mapping(inputs, address_type, ports, current, wanted);
+        creates.extend(c);
+        updates.extend(u);
+        deletes.extend(d);
+    }
+    deletes.extend(existing_by_ports.into_values().flatten());
+    // The placeholder: when everything of this type would go and nothing come.
+    if existing_count == deletes.len() && creates.is_empty() {
+        let placeholder = new_slice(service, address_type, Vec::new());
+        let keep = deletes.len() == 1 && placeholder_equal(&deletes[0], &placeholder);
+        if keep {
+            deletes.clear();
+        } else {
+            creates.push(placeholder);
+        }
+    }
+    // A create paired with a delete of this type becomes an update of the deleted slice.
+    let mut i = 0;
+    while i < deletes.len() && !creates.is_empty() {
+        if owned_by(&deletes[i], service) {
+            let old = deletes.remove(i);
+            let mut new = creates.pop().unwrap_or_else(|| old.clone());
+            new.metadata.name = old.metadata.name.clone();
+            new.metadata.generate_name = old.metadata.generate_name.clone();
+            new.metadata.resource_version = None;
+            updates.push(new);
+        } else {
+            i += 1;
+        }
+    }
+    plan.creates.extend(creates);
+    plan.updates.extend(updates);
+    plan.deletes.extend(deletes);
+}
+
+fn placeholder_equal(a: &EndpointSlice, b: &EndpointSlice) -> bool {
+    a.metadata.namespace == b.metadata.namespace
+        && a.metadata.labels.clone().unwrap_or_default()
+            == b.metadata.labels.clone().unwrap_or_default()
+        && a.metadata.owner_references.clone().unwrap_or_default()
+            == b.metadata.owner_references.clone().unwrap_or_default()
+        && a.address_type == b.address_type
+        && a.ports.as_deref().unwrap_or_default().is_empty()
+        && a.endpoints.as_deref().unwrap_or_default().is_empty()
+}
+
+/// `reconcileByPortMapping`: the slices of one port set, changed as little as possible.
+fn by_port_mapping(
+    inputs: &Inputs<'_>,
+    address_type: &str,
+    ports: Vec<EndpointPort>,
+    existing: Vec<EndpointSlice>,
+    mut wanted: Desired,
+) -> (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>) {
+    let service = inputs.service;
+    let max = inputs.max.max(1);
+    let mut slices: Vec<EndpointSlice> = Vec::new();
+    // Per slice: 0 unchanged, 1 to update, 2 to delete.
+    let mut state: Vec<u8> = Vec::new();
+    for slice in existing {
+        let mut kept = Vec::new();
+        let mut updated = false;
+        for endpoint in slice.endpoints.iter().flatten() {
+            if let Some(desired) = wanted.take(&endpoint_key(endpoint)) {
+                updated |= !equal_beyond_key(&desired, endpoint);
+                kept.push(desired);
+            }
+        }
+        let (labels, labels_changed) = slice_labels(Some(&slice), service);
+        let mut next = slice.clone();
+        let decision = if updated || kept.len() != len(&slice) {
+            if kept.is_empty() { 2 } else { 1 }
+        } else if labels_changed {
+            1
+        } else {
+            0
+        };
+        if decision == 1 {
+            next.endpoints = Some(kept);
+            next.metadata.labels = Some(labels);
+        }
+        slices.push(next);
+        state.push(decision);
+    }
+    // New endpoints fill the slices written anyway, fullest first.
+    if !wanted.is_empty() {
+        let mut order: Vec<usize> = (0..slices.len()).filter(|i| state[*i] == 1).collect();
+        order.sort_by_key(|i| std::cmp::Reverse(len(&slices[*i])));
+        for i in order {
+            while len(&slices[i]) < max
+                && let Some(endpoint) = wanted.pop()
+            {
+                slices[i]
+                    .endpoints
+                    .get_or_insert_with(Vec::new)
+                    .push(endpoint);
+            }
+        }
+    }
+    let mut creates = Vec::new();
+    while !wanted.is_empty() {
+        // An unchanged slice all the rest fit in, the fullest such (best fit).
+        let fill = if wanted.len() < max {
+            (0..slices.len())
+                .filter(|i| state[*i] == 0 && len(&slices[*i]) + wanted.len() <= max)
+                .min_by_key(|i| max - (len(&slices[*i]) + wanted.len()))
+        } else {
+            None
+        };
+        match fill {
+            Some(i) => {
+                while len(&slices[i]) < max
+                    && let Some(endpoint) = wanted.pop()
+                {
+                    slices[i]
+                        .endpoints
+                        .get_or_insert_with(Vec::new)
+                        .push(endpoint);
+                }
+                slices[i].metadata.labels = Some(slice_labels(Some(&slices[i]), service).0);
+                state[i] = 1;
+            }
+            None => {
+                let mut slice = new_slice(service, address_type, ports.clone());
+                let list = slice.endpoints.get_or_insert_with(Vec::new);
+                while list.len() < max
+                    && let Some(endpoint) = wanted.pop()
+                {
+                    list.push(endpoint);
+                }
+                creates.push(slice);
+            }
+        }
+    }
+    let (mut updates, mut deletes) = (Vec::new(), Vec::new());
+    for (slice, decision) in slices.into_iter().zip(state) {
+        match decision {
+            1 => updates.push(slice),
+            2 => deletes.push(slice),
+            _ => {}
+        }
+    }
+    (creates, updates, deletes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn service() -> Service {
+        serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "ns", "uid": "svc-1",
+            "labels": {"app": "web"}},
+            "spec": {"selector": {"app": "web"}, "clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"],
+                     "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]}}))
+        .expect("service")
+    }
+
+    fn pod(i: usize, ready: bool) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": format!("p{i:03}"), "namespace": "ns", "uid": format!("u{i}")},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
+                "status": {"phase": "Running", "podIP": format!("10.0.{}.{}", i / 250, i % 250 + 1),
+                    "podIPs": [{"ip": format!("10.0.{}.{}", i / 250, i % 250 + 1)}],
+                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}}))
+            .expect("pod"),
+        )
+    }
+
+    fn zones() -> HashMap<String, Option<String>> {
+        [("n1".to_string(), Some("zone-a".to_string()))].into()
+    }
+
+    /// The plan applied as the server would (names given to creates).
+    fn apply(existing: &mut Vec<EndpointSlice>, plan: Plan) {
+        for delete in &plan.deletes {
+            existing.retain(|s| s.metadata.name != delete.metadata.name);
+        }
+        for update in plan.updates {
+            existing.retain(|s| s.metadata.name != update.metadata.name);
+            existing.push(update);
+        }
+        for (i, mut create) in plan.creates.into_iter().enumerate() {
+            create.metadata.name = Some(format!("web-{}-{i}", existing.len()));
+            create.metadata.uid = None;
+            existing.push(create);
+        }
+    }
+
+    #[test]
+    fn pods_are_packed_a_hundred_a_slice_with_conditions_and_zones() {
+        let service = service();
+        let pods: Vec<Arc<Pod>> = (0..150).map(|i| pod(i, i != 2)).collect();
+        let zones = zones();
+        let inputs = Inputs {
+            service: &service,
+            pods: &pods,
+            zones: &zones,
+            max: 100,
+        };
+        let plan = reconcile(&inputs, Vec::new());
+        assert_eq!(plan.creates.len(), 2);
+        assert_eq!(len(&plan.creates[0]) + len(&plan.creates[1]), 150);
+        let first = &plan.creates[0];
+        assert_eq!(
+            first.ports.as_deref().unwrap_or_default()[0].port,
+            Some(8080)
+        );
+        let endpoint = &first.endpoints.as_deref().unwrap_or_default()[2];
+        assert_eq!(
+            endpoint.conditions.as_ref().and_then(|c| c.ready),
+            Some(false)
+        );
+        assert_eq!(endpoint.zone.as_deref(), Some("zone-a"));
+        let labels = first.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get(SERVICE_NAME_LABEL).map(String::as_str),
+            Some("web")
+        );
+        assert_eq!(labels.get("app").map(String::as_str), Some("web"));
+    }
+
+    #[test]
+    fn a_readiness_flip_updates_one_slice_in_place_and_a_second_sync_writes_nothing() {
+        let service = service();
+        let zones = zones();
+        let mut pods: Vec<Arc<Pod>> = (0..150).map(|i| pod(i, true)).collect();
+        let mut slices = Vec::new();
+        let inputs = Inputs {
+            service: &service,
+            pods: &pods,
+            zones: &zones,
+            max: 100,
+        };
+        apply(&mut slices, reconcile(&inputs, Vec::new()));
+        pods[120] = pod(120, false);
+        let inputs = Inputs {
+            service: &service,
+            pods: &pods,
+            zones: &zones,
+            max: 100,
+        };
+        let plan = reconcile(&inputs, slices.clone());
+        assert_eq!(
+            (plan.creates.len(), plan.updates.len(), plan.deletes.len()),
+            (0, 1, 0)
+        );
+        apply(&mut slices, plan);
+        let again = reconcile(&inputs, slices.clone());
+        assert_eq!(
+            (
+                again.creates.len(),
+                again.updates.len(),
+                again.deletes.len()
+            ),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn no_pods_leave_one_placeholder_that_is_kept() {
+        let service = service();
+        let zones = zones();
+        let inputs = Inputs {
+            service: &service,
+            pods: &[],
+            zones: &zones,
+            max: 100,
+        };
+        let mut slices = Vec::new();
+        let plan = reconcile(&inputs, Vec::new());
+        assert_eq!(plan.creates.len(), 1);
+        assert!(
+            plan.creates[0]
+                .ports
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+        );
+        apply(&mut slices, plan);
+        let again = reconcile(&inputs, slices);
+        assert_eq!(
+            (
+                again.creates.len(),
+                again.updates.len(),
+                again.deletes.len()
+            ),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_pod_on_an_unknown_node_is_left_out_and_reported() {
+        let service = service();
+        let pods = vec![pod(1, true)];
+        let zones = HashMap::new();
+        let inputs = Inputs {
+            service: &service,
+            pods: &pods,
+            zones: &zones,
+            max: 100,
+        };
+        let plan = reconcile(&inputs, Vec::new());
+        assert_eq!(plan.missing_nodes, ["n1"]);
+        // Only the placeholder.
+        assert_eq!(plan.creates.len(), 1);
+        assert_eq!(len(&plan.creates[0]), 0);
+    }
+}
+
+/// The EndpointSlice side of the endpoints controller's sync: what it knows of nodes and of
+/// its own slices, and the writes.
+pub(crate) struct SliceWriter {
+    slices: Arc<capstan_registry::Registry>,
+    nodes: Arc<capstan_registry::Registry>,
+    max: usize,
+    state: std::sync::Mutex<SliceState>,
+}
+
+#[derive(Default)]
+struct SliceState {
+    /// Node name → zone label, from the node watch.
+    zones: HashMap<String, Option<String>>,
+    /// This controller's slices of each Service, by name, from the slice watch.
+    index: HashMap<crate::endpoints::Key, std::collections::BTreeSet<String>>,
+    /// UID → the generation this controller last wrote (-1: it deleted it), so its own
+    /// writes coming back through the watch do not sync the Service again.
+    tracked: HashMap<String, i64>,
+    /// The revision of each Service's last slice write: a sync first waits for the watch to
+    /// show it (upstream's stale-informer check).
+    written: HashMap<crate::endpoints::Key, i64>,
+}
+
+/// A slice's identity as its watch event tells it.
+#[derive(serde::Deserialize, Default)]
+struct SliceMeta {
+    #[serde(default)]
+    metadata: SliceMetaFields,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SliceMetaFields {
+    uid: Option<String>,
+    generation: Option<i64>,
+}
+
+impl SliceWriter {
+    pub(crate) fn new(
+        slices: Arc<capstan_registry::Registry>,
+        nodes: Arc<capstan_registry::Registry>,
+        max: usize,
+    ) -> Self {
+        SliceWriter {
+            slices,
+            nodes,
+            max: max.clamp(1, 1000),
+            state: std::sync::Mutex::new(SliceState::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SliceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Follows nodes (zones) and slices (the index; a Service is synced again when someone
+    /// else changed or deleted one of its slices).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        queue: Arc<crate::queue::WorkQueue<crate::endpoints::Key>>,
+    ) {
+        use capstan_registry::cache::EventType;
+        let writer = self.clone();
+        crate::endpoints::follow(
+            self.nodes.clone(),
+            move |kind, object, _| {
+                let name = object.selectable.name().to_string();
+                let mut state = writer.state();
+                if kind == EventType::Deleted {
+                    state.zones.remove(&name);
+                } else {
+                    let zone = object
+                        .selectable
+                        .label(capstan_resources::node::ZONE_LABEL)
+                        .map(str::to_string);
+                    state.zones.insert(name, zone);
+                }
+            },
+            |_| {},
+        );
+        let writer = self.clone();
+        crate::endpoints::follow(
+            self.slices.clone(),
+            move |kind, object, _| {
+                let s = &object.selectable;
+                let (namespace, name) = (s.namespace().to_string(), s.name().to_string());
+                let ours = s.label(MANAGED_BY_LABEL) == Some(CONTROLLER_NAME);
+                let service = s.label(SERVICE_NAME_LABEL).map(str::to_string);
+                let meta = serde_json::from_slice::<SliceMeta>(object.raw_json())
+                    .unwrap_or_default()
+                    .metadata;
+                let uid = meta.uid.unwrap_or_default();
+                let mut state = writer.state();
+                let mut wake = Vec::new();
+                for (key, names) in state.index.iter_mut() {
+                    if key.0 == namespace && names.remove(&name) {
+                        wake.push(key.clone());
+                    }
+                }
+                state.index.retain(|_, names| !names.is_empty());
+                let tracked = state.tracked.get(&uid).copied();
+                if kind == EventType::Deleted {
+                    state.tracked.remove(&uid);
+                    // Deleted by someone else: the Service gets its endpoints back.
+                    if tracked == Some(-1) {
+                        wake.clear();
+                    }
+                } else if let (true, Some(service)) = (ours, service) {
+                    let key = (namespace, service);
+                    state.index.entry(key.clone()).or_default().insert(name);
+                    let own_write = tracked.is_some_and(|g| g >= meta.generation.unwrap_or(0));
+                    if own_write {
+                        wake.retain(|k| *k != key);
+                    } else {
+                        wake.push(key);
+                    }
+                } else {
+                    // No longer ours: forget it, and let its Service make up for it.
+                    state.tracked.remove(&uid);
+                }
+                drop(state);
+                for key in wake {
+                    queue.add(key);
+                }
+            },
+            |_| {},
+        );
+    }
+
+    /// This controller's slices of a Service, as the watch shows them, once the watch shows
+    /// this controller's last write for it; `None` while it does not yet.
+    async fn existing(&self, key: &crate::endpoints::Key) -> Option<Vec<EndpointSlice>> {
+        let written = self.state().written.get(key).copied();
+        if let Some(revision) = written
+            && !self
+                .slices
+                .cache()
+                .wait_for(revision, std::time::Duration::from_secs(1))
+                .await
+        {
+            return None;
+        }
+        let names: Vec<String> = self
+            .state()
+            .index
+            .get(key)
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default();
+        let info = self.slices.strategy().info();
+        Some(
+            names
+                .iter()
+                .filter_map(|name| self.slices.cache().get(&info.key(&key.0, name)))
+                .filter_map(|cached| {
+                    serde_json::from_slice::<EndpointSlice>(cached.raw_json()).ok()
+                })
+                .filter(|slice| slice.metadata.deletion_timestamp.is_none())
+                .collect(),
+        )
+    }
+
+    /// Reconciles and writes a Service's slices; the trigger time goes on every slice written.
+    pub(crate) async fn sync(
+        &self,
+        key: &crate::endpoints::Key,
+        service: &Service,
+        pods: &[Arc<Pod>],
+        trigger: &str,
+    ) -> Result<(), capstan_machinery::ApiError> {
+        use capstan_machinery::ApiError;
+        let Some(existing) = self.existing(key).await else {
+            return Err(ApiError::internal(
+                "EndpointSlice informer cache is out of date",
+            ));
+        };
+        let zones = self.state().zones.clone();
+        let inputs = Inputs {
+            service,
+            pods,
+            zones: &zones,
+            max: self.max,
+        };
+        let plan = reconcile(&inputs, existing);
+        let options = capstan_registry::WriteOptions {
+            dry_run: false,
+            field_manager: "kube-controller-manager".into(),
+            applied: false,
+        };
+        let annotate = |slice: &mut EndpointSlice| {
+            let annotations = slice
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            if trigger.is_empty() {
+                annotations.remove(TRIGGER_TIME);
+            } else {
+                annotations.insert(TRIGGER_TIME.into(), trigger.to_string());
+            }
+            if annotations.is_empty() {
+                slice.metadata.annotations = None;
+            }
+        };
+        let namespace = &key.0;
+        if service.metadata.deletion_timestamp.is_none() {
+            for mut slice in plan.creates {
+                annotate(&mut slice);
+                let value = capstan_registry::strategy::from_typed(&slice);
+                match self.slices.create(namespace, value, &options).await {
+                    Ok(created) => self.record(key, &created),
+                    // A namespace being deleted takes no new objects.
+                    Err(e) if e.is_forbidden() => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for mut slice in plan.updates {
+            annotate(&mut slice);
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let value = capstan_registry::strategy::from_typed(&slice);
+            let (updated, _) = self
+                .slices
+                .update(
+                    namespace,
+                    &name,
+                    value,
+                    &options,
+                    capstan_registry::Subresource::Main,
+                )
+                .await?;
+            self.record(key, &updated);
+        }
+        for slice in plan.deletes {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let uid = slice.metadata.uid.clone().unwrap_or_default();
+            self.state().tracked.insert(uid, -1);
+            match self
+                .slices
+                .delete(
+                    namespace,
+                    &name,
+                    &capstan_registry::DeleteOptions::default(),
+                )
+                .await
+            {
+                Ok(deleted) => self.record_revision(key, &deleted.object),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if plan.missing_nodes.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::internal(format!(
+                "skipping pods for Service {}/{}: nodes {} not found",
+                key.0,
+                key.1,
+                plan.missing_nodes.join(", ")
+            )))
+        }
+    }
+
+    /// Remembers a slice this controller wrote.
+    fn record(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
+        let uid = capstan_machinery::meta::meta_str(object, "uid").to_string();
+        let generation = capstan_machinery::meta::metadata(object)
+            .and_then(|m| m.get("generation"))
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0);
+        self.state().tracked.insert(uid, generation);
+        self.record_revision(key, object);
+    }
+
+    fn record_revision(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
+        if let Ok(revision) = capstan_machinery::meta::meta_str(object, "resourceVersion").parse() {
+            self.state().written.insert(key.clone(), revision);
+        }
+    }
+
+    /// Forgets a Service that is gone.
+    pub(crate) fn forget(&self, key: &crate::endpoints::Key) {
+        self.state().written.remove(key);
+    }
+}
+
+/// The annotation every written slice carries: when the change it shows began.
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";

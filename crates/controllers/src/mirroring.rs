@@ -1,0 +1,533 @@
+//! The EndpointSlice mirroring controller (upstream's
+//! `pkg/controller/endpointslicemirroring`): the Endpoints of a Service without a selector —
+//! written by hand or by another controller — are mirrored into EndpointSlices, so consumers
+//! that read only slices see them too.
+//!
+//! One slice per distinct port set and address family of the repacked subsets, at most 1,000
+//! addresses per subset (ready ones first), each endpoint with its `ready` condition, hostname,
+//! node name and target. Labels and annotations follow the Endpoints (less the trigger time
+//! and kubectl's last-applied configuration); the slice is owned by the Endpoints.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use capstan_machinery::ApiError;
+use capstan_registry::cache::EventType;
+use capstan_registry::strategy::{from_typed, to_typed};
+use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use capstan_resources::endpointslice::{
+    MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,
+};
+use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::endpoints::{Key, follow, key_of, repack};
+use crate::queue::WorkQueue;
+
+/// The label that keeps an Endpoints from being mirrored.
+pub const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
+const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+const MANAGER: &str = "kube-controller-manager";
+/// `--mirroring-max-endpoints-per-subset`.
+const MAX_PER_SUBSET: usize = 1000;
+/// `--mirroring-concurrent-service-endpoint-syncs`.
+const WORKERS: usize = 5;
+
+type Labels = BTreeMap<String, String>;
+
+/// A slice's identity within its Service: address type and its ports, in a canonical order.
+type SliceKey = (String, Vec<(String, i32, String, String)>);
+
+/// Mirrors selector-less Services' Endpoints into EndpointSlices.
+pub struct MirroringController {
+    services: Arc<Registry>,
+    endpoints: Arc<Registry>,
+    slices: Arc<Registry>,
+    /// The mirrored slices of each Service, by name, from the slice watch.
+    index: Mutex<HashMap<Key, BTreeSet<String>>>,
+    /// Which Services have a selector, from the Service watch.
+    selectors: Mutex<HashMap<Key, bool>>,
+}
+
+/// The part of a Service the controller reads.
+#[derive(serde::Deserialize)]
+struct ServiceSelector {
+    spec: Option<SelectorSpec>,
+}
+
+#[derive(serde::Deserialize)]
+struct SelectorSpec {
+    selector: Option<Labels>,
+}
+
+fn has_selector(json: &[u8]) -> bool {
+    serde_json::from_slice::<ServiceSelector>(json)
+        .ok()
+        .and_then(|s| s.spec?.selector)
+        .is_some_and(|s| !s.is_empty())
+}
+
+/// `shouldMirror`: not marked to be skipped, and not a leader-election record.
+fn should_mirror(endpoints: &Endpoints) -> bool {
+    let skip = endpoints
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SKIP_MIRROR))
+        .is_some_and(|v| v == "true");
+    let leader = endpoints
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(LEADER));
+    !skip && !leader
+}
+
+fn slice_key(address_type: &str, ports: &[EndpointPort]) -> SliceKey {
+    let mut ports: Vec<(String, i32, String, String)> = ports
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.port.unwrap_or_default(),
+                p.protocol.clone().unwrap_or_default(),
+                p.app_protocol.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    ports.sort();
+    (address_type.to_string(), ports)
+}
+
+/// The slice endpoint of one Endpoints address (`addressToEndpoint`); `None` for an
+/// address that is not an IP.
+fn endpoint(address: &EndpointAddress, ready: bool) -> Option<(&'static str, Endpoint)> {
+    let ip = capstan_machinery::ip::parse_sloppy(&address.ip)?;
+    // An IPv4-mapped IPv6 address counts as IPv4, as Go's To4 says.
+    let (family, text) = match ip {
+        IpAddr::V4(v4) => ("IPv4", v4.to_string()),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => ("IPv4", v4.to_string()),
+            None => ("IPv6", v6.to_string()),
+        },
+    };
+    Some((
+        family,
+        Endpoint {
+            addresses: vec![text],
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                ..EndpointConditions::default()
+            }),
+            hostname: address.hostname.clone().filter(|h| !h.is_empty()),
+            node_name: address.node_name.clone(),
+            target_ref: address.target_ref.clone(),
+            ..Endpoint::default()
+        },
+    ))
+}
+
+/// What the Endpoints should be mirrored as: endpoints and ports per slice key.
+fn desired(endpoints: &Endpoints) -> BTreeMap<SliceKey, (Vec<EndpointPort>, Vec<Endpoint>)> {
+    let mut out = BTreeMap::new();
+    for (ready, not_ready, ports) in repack(endpoints.subsets.as_deref().unwrap_or_default()) {
+        let ports: Vec<EndpointPort> = ports
+            .iter()
+            .map(|p| EndpointPort {
+                name: Some(p.name.clone().unwrap_or_default()),
+                port: Some(p.port),
+                protocol: p.protocol.clone(),
+                app_protocol: p.app_protocol.clone(),
+            })
+            .collect();
+        // Both families are wanted for every subset: an empty one clears what it had.
+        for family in ["IPv4", "IPv6"] {
+            out.entry(slice_key(family, &ports))
+                .or_insert_with(|| (ports.clone(), Vec::new()));
+        }
+        let addresses = ready
+            .iter()
+            .map(|a| (a, true))
+            .chain(not_ready.iter().map(|a| (a, false)));
+        let mut added = 0;
+        for (address, is_ready) in addresses {
+            if added >= MAX_PER_SUBSET {
+                break;
+            }
+            let Some((family, endpoint)) = endpoint(address, is_ready) else {
+                continue;
+            };
+            added += 1;
+            if let Some((_, list)) = out.get_mut(&slice_key(family, &ports)) {
+                list.push(endpoint);
+            }
+        }
+    }
+    out
+}
+
+/// The labels and annotations a mirrored slice carries.
+fn slice_meta(endpoints: &Endpoints, name: &str) -> (Labels, Labels) {
+    let mut labels = endpoints.metadata.labels.clone().unwrap_or_default();
+    labels.insert(SERVICE_NAME_LABEL.into(), name.to_string());
+    labels.insert(MANAGED_BY_LABEL.into(), MIRRORING_CONTROLLER_NAME.into());
+    let mut annotations = endpoints.metadata.annotations.clone().unwrap_or_default();
+    annotations.remove(TRIGGER_TIME);
+    annotations.remove(LAST_APPLIED);
+    (labels, annotations)
+}
+
+/// Endpoints compared as a set (the order they are listed in does not matter).
+fn same_endpoints(a: &[Endpoint], b: &[Endpoint]) -> bool {
+    let canonical = |list: &[Endpoint]| {
+        let mut out: Vec<String> = list
+            .iter()
+            .map(|e| {
+                let mut e = e.clone();
+                if let Some(target) = e.target_ref.as_mut() {
+                    target.resource_version = None;
+                }
+                serde_json::to_string(&e).unwrap_or_default()
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    canonical(a) == canonical(b)
+}
+
+fn options() -> WriteOptions {
+    WriteOptions {
+        dry_run: false,
+        field_manager: MANAGER.into(),
+        applied: false,
+    }
+}
+
+impl MirroringController {
+    /// A controller over these registries.
+    pub fn new(services: Arc<Registry>, endpoints: Arc<Registry>, slices: Arc<Registry>) -> Self {
+        MirroringController {
+            services,
+            endpoints,
+            slices,
+            index: Mutex::new(HashMap::new()),
+            selectors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn index(&self) -> MutexGuard<'_, HashMap<Key, BTreeSet<String>>> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn selectors(&self) -> MutexGuard<'_, HashMap<Key, bool>> {
+        self.selectors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs for the life of the process.
+    pub fn start(self) {
+        let controller = Arc::new(self);
+        let queue = Arc::new(WorkQueue::<Key>::default());
+        {
+            // Services: a sync when one without a selector comes or goes, or its selector
+            // comes or goes.
+            let (c, q) = (controller.clone(), queue.clone());
+            follow(
+                controller.services.clone(),
+                move |kind, object, _| {
+                    let key = key_of(&object.selectable);
+                    let selector = kind != EventType::Deleted && has_selector(object.raw_json());
+                    let before = if kind == EventType::Deleted {
+                        c.selectors().remove(&key)
+                    } else {
+                        c.selectors().insert(key.clone(), selector)
+                    };
+                    if before != Some(selector) || !selector {
+                        q.add(key);
+                    }
+                },
+                |_| {},
+            );
+        }
+        {
+            // Endpoints: every change of one that is (or was) mirrored.
+            let q = queue.clone();
+            follow(
+                controller.endpoints.clone(),
+                move |_, object, _| q.add(key_of(&object.selectable)),
+                |_| {},
+            );
+        }
+        {
+            // Mirrored slices: kept in the index; a change by anyone else is undone.
+            let (c, q) = (controller.clone(), queue.clone());
+            follow(
+                controller.slices.clone(),
+                move |kind, object, _| {
+                    let s = &object.selectable;
+                    let managed = s.label(MANAGED_BY_LABEL) == Some(MIRRORING_CONTROLLER_NAME);
+                    let service = s.label(SERVICE_NAME_LABEL).map(str::to_string);
+                    let namespace = object.selectable.namespace().to_string();
+                    let name = object.selectable.name().to_string();
+                    let mut index = c.index();
+                    // Forget the slice wherever it was, then file it under its Service.
+                    let mut emptied = Vec::new();
+                    for (key, names) in index.iter_mut() {
+                        if key.0 == namespace && names.remove(&name) {
+                            q.add(key.clone());
+                            if names.is_empty() {
+                                emptied.push(key.clone());
+                            }
+                        }
+                    }
+                    for key in emptied {
+                        index.remove(&key);
+                    }
+                    if let (true, Some(service), false) =
+                        (managed, service, kind == EventType::Deleted)
+                    {
+                        let key = (namespace, service);
+                        index.entry(key.clone()).or_default().insert(name);
+                        q.add(key);
+                    }
+                },
+                |_| {},
+            );
+        }
+        for _ in 0..WORKERS {
+            let (c, q) = (controller.clone(), queue.clone());
+            tokio::spawn(q.work("endpointslice mirroring", move |key: Key| {
+                let c = c.clone();
+                async move { c.sync(&key).await }
+            }));
+        }
+    }
+
+    /// The mirrored slices of a Service, as the slice watch last showed them.
+    fn existing(&self, key: &Key) -> Vec<EndpointSlice> {
+        let names: Vec<String> = self
+            .index()
+            .get(key)
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default();
+        let info = self.slices.strategy().info();
+        names
+            .iter()
+            .filter_map(|name| self.slices.cache().get(&info.key(&key.0, name)))
+            .filter_map(|cached| serde_json::from_slice(cached.raw_json()).ok())
+            .collect()
+    }
+
+    /// The Endpoints to mirror for a Service, if it should be mirrored.
+    fn source(&self, key: &Key) -> Option<Endpoints> {
+        let (namespace, name) = key;
+        let service = self
+            .services
+            .cache()
+            .get(&self.services.strategy().info().key(namespace, name))?;
+        if has_selector(service.raw_json()) {
+            return None;
+        }
+        let cached = self
+            .endpoints
+            .cache()
+            .get(&self.endpoints.strategy().info().key(namespace, name))?;
+        let endpoints: Endpoints = serde_json::from_slice(cached.raw_json()).ok()?;
+        should_mirror(&endpoints).then_some(endpoints)
+    }
+
+    async fn sync(&self, key: &Key) -> Result<(), ApiError> {
+        let existing = self.existing(key);
+        let Some(endpoints) = self.source(key) else {
+            for slice in &existing {
+                self.delete(key, slice).await?;
+            }
+            return Ok(());
+        };
+        let (labels, annotations) = slice_meta(&endpoints, &key.1);
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Endpoints".into(),
+            name: key.1.clone(),
+            uid: endpoints.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let mut by_key: BTreeMap<SliceKey, Vec<EndpointSlice>> = BTreeMap::new();
+        for slice in existing {
+            let k = slice_key(
+                &slice.address_type,
+                slice.ports.as_deref().unwrap_or_default(),
+            );
+            by_key.entry(k).or_default().push(slice);
+        }
+        let mut creates: Vec<EndpointSlice> = Vec::new();
+        let mut updates: Vec<EndpointSlice> = Vec::new();
+        let mut deletes: Vec<EndpointSlice> = Vec::new();
+        let build =
+            |k: &SliceKey, ports: &[EndpointPort], list: &[Endpoint], name: Option<&str>| {
+                EndpointSlice {
+                    metadata: ObjectMeta {
+                        name: name.map(str::to_string),
+                        generate_name: name.is_none().then(|| format!("{}-", key.1)),
+                        namespace: Some(key.0.clone()),
+                        labels: Some(labels.clone()),
+                        annotations: (!annotations.is_empty()).then(|| annotations.clone()),
+                        owner_references: Some(vec![owner.clone()]),
+                        ..ObjectMeta::default()
+                    },
+                    address_type: k.0.clone(),
+                    endpoints: Some(list.to_vec()),
+                    ports: Some(ports.to_vec()),
+                }
+            };
+        for (k, (ports, list)) in desired(&endpoints) {
+            let mut current = by_key.remove(&k).unwrap_or_default();
+            if list.is_empty() {
+                deletes.append(&mut current);
+                continue;
+            }
+            if current.is_empty() {
+                creates.push(build(&k, &ports, &list, None));
+                continue;
+            }
+            let first = current.remove(0);
+            deletes.append(&mut current);
+            let mut slice_labels = first.metadata.labels.clone().unwrap_or_default();
+            let ours = slice_labels.remove(MANAGED_BY_LABEL).is_some()
+                && slice_labels.remove(SERVICE_NAME_LABEL).is_some();
+            let endpoints_labels = endpoints.metadata.labels.clone().unwrap_or_default();
+            let unchanged = ours
+                && same_endpoints(first.endpoints.as_deref().unwrap_or_default(), &list)
+                && slice_labels == endpoints_labels
+                && first.metadata.annotations.clone().unwrap_or_default() == annotations
+                && !first
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.kind == "Endpoints" && r.name == key.1 && r.uid != owner.uid);
+            if !unchanged {
+                updates.push(build(&k, &ports, &list, first.metadata.name.as_deref()));
+            }
+        }
+        deletes.extend(by_key.into_values().flatten());
+        // A slice about to be deleted is reused for a create of its address type.
+        let mut kept_creates = Vec::new();
+        for mut create in creates {
+            match deletes
+                .iter()
+                .position(|d| d.address_type == create.address_type)
+            {
+                Some(i) => {
+                    let reused = deletes.remove(i);
+                    create.metadata.name = reused.metadata.name;
+                    create.metadata.generate_name = None;
+                    updates.push(create);
+                }
+                None => kept_creates.push(create),
+            }
+        }
+        if endpoints.metadata.deletion_timestamp.is_none() {
+            for slice in kept_creates {
+                match self
+                    .slices
+                    .create(&key.0, from_typed(&slice), &options())
+                    .await
+                {
+                    Err(e) if !e.is_forbidden() => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+        for slice in updates {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            self.slices
+                .patch(&key.0, &name, &options(), Subresource::Main, |current| {
+                    let current: EndpointSlice = to_typed(current).map_err(ApiError::internal)?;
+                    let mut next = slice.clone();
+                    next.metadata = ObjectMeta {
+                        labels: slice.metadata.labels.clone(),
+                        annotations: slice.metadata.annotations.clone(),
+                        owner_references: slice.metadata.owner_references.clone(),
+                        ..current.metadata
+                    };
+                    Ok(from_typed(&next))
+                })
+                .await?;
+        }
+        for slice in &deletes {
+            self.delete(key, slice).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, key: &Key, slice: &EndpointSlice) -> Result<(), ApiError> {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        match self
+            .slices
+            .delete(&key.0, name, &DeleteOptions::default())
+            .await
+        {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn endpoints(object: serde_json::Value) -> Endpoints {
+        serde_json::from_value(object).expect("endpoints")
+    }
+
+    #[test]
+    fn subsets_become_one_slice_per_family_and_port_set() {
+        let e = endpoints(json!({"metadata": {"name": "ext"}, "subsets": [
+            {"addresses": [{"ip": "192.0.2.10"}, {"ip": "2001:db8::1"}],
+             "notReadyAddresses": [{"ip": "192.0.2.11"}], "ports": [{"port": 5432, "protocol": "TCP"}]}]}));
+        let wanted = desired(&e);
+        let v4 = &wanted[&slice_key(
+            "IPv4",
+            &[EndpointPort {
+                name: Some(String::new()),
+                port: Some(5432),
+                protocol: Some("TCP".into()),
+                app_protocol: None,
+            }],
+        )];
+        let conditions: Vec<Option<bool>> =
+            v4.1.iter()
+                .map(|e| e.conditions.as_ref().and_then(|c| c.ready))
+                .collect();
+        assert_eq!(conditions, [Some(true), Some(false)]);
+        assert_eq!(v4.0[0].name.as_deref(), Some(""));
+        let v6: Vec<&Vec<Endpoint>> = wanted
+            .iter()
+            .filter(|(k, _)| k.0 == "IPv6")
+            .map(|(_, (_, l))| l)
+            .collect();
+        assert_eq!(v6.len(), 1);
+        assert_eq!(v6[0][0].addresses, ["2001:db8::1"]);
+    }
+
+    #[test]
+    fn skip_mirror_and_leader_records_are_not_mirrored() {
+        assert!(!should_mirror(&endpoints(
+            json!({"metadata": {"labels": {SKIP_MIRROR: "true"}}})
+        )));
+        assert!(should_mirror(&endpoints(
+            json!({"metadata": {"labels": {SKIP_MIRROR: "yes"}}})
+        )));
+        assert!(!should_mirror(&endpoints(
+            json!({"metadata": {"annotations": {LEADER: "x"}}})
+        )));
+    }
+}
