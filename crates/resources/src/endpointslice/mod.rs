@@ -57,13 +57,20 @@ fn default(slice: &mut EndpointSlice) {
     }
 }
 
+/// `dropTopologyOnV1`: `deprecatedTopology` is a v1beta1 field v1 writes never keep.
+fn drop_topology(slice: &mut EndpointSlice) {
+    for endpoint in slice.endpoints.iter_mut().flatten() {
+        endpoint.deprecated_topology = None;
+    }
+}
+
 /// Whether anything but metadata changed (the generation counts those changes).
 fn spec_changed(new: &EndpointSlice, old: &EndpointSlice) -> bool {
     new.address_type != old.address_type || new.endpoints != old.endpoints || new.ports != old.ports
 }
 
-/// The ports cell: every port number, `<unset>` for a port without one, `<unset>` for none;
-/// at most three shown, then `+ N more...`.
+/// The ports cell (`formatDiscoveryPorts`): each port's number, else its name; at most three
+/// shown, then `+ N more...`; `<unset>` for none.
 fn ports_cell(slice: &EndpointSlice) -> String {
     let ports = slice.ports.as_deref().unwrap_or_default();
     if ports.is_empty() {
@@ -71,9 +78,10 @@ fn ports_cell(slice: &EndpointSlice) -> String {
     }
     let shown: Vec<String> = ports
         .iter()
-        .map(|p| {
-            p.port
-                .map_or_else(|| "<unset>".to_string(), |n| n.to_string())
+        .map(|p| match (p.port, p.name.as_deref()) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(name)) => name.to_string(),
+            (None, None) => "*".to_string(),
         })
         .collect();
     truncated(&shown)
@@ -105,6 +113,8 @@ fn truncated(items: &[String]) -> String {
         .join(",");
     if items.len() > MAX {
         out.push_str(&format!(" + {} more...", items.len() - MAX));
+    } else if out.is_empty() {
+        out = "<unset>".to_string();
     }
     out
 }
@@ -124,19 +134,22 @@ impl Strategy for EndpointSliceStrategy {
         default(slice);
     }
 
-    /// `endpointSliceStrategy.PrepareForCreate`: generation 1.
+    /// `endpointSliceStrategy.PrepareForCreate`: generation 1; `deprecatedTopology` is not
+    /// kept by v1 writes.
     fn prepare_for_create(&self, slice: &mut EndpointSlice) {
         slice.metadata.generation = Some(1);
+        drop_topology(slice);
     }
 
-    /// `PrepareForUpdate`: the generation moves when anything but metadata changes.
+    /// `PrepareForUpdate`: the generation moves when anything but metadata, or the labels,
+    /// change.
     fn prepare_for_update(&self, new: &mut EndpointSlice, old: &EndpointSlice) {
         let generation = old.metadata.generation.unwrap_or(0);
-        new.metadata.generation = Some(if spec_changed(new, old) {
-            generation + 1
-        } else {
-            generation
-        });
+        let moved = spec_changed(new, old) || new.metadata.labels != old.metadata.labels;
+        new.metadata.generation = Some(if moved { generation + 1 } else { generation });
+        if new.endpoints != old.endpoints {
+            drop_topology(new);
+        }
     }
 
     fn validate_create(&self, slice: &EndpointSlice) -> FieldErrors {
@@ -152,7 +165,8 @@ impl Strategy for EndpointSliceStrategy {
     }
 
     fn warnings(&self, slice: &EndpointSlice) -> Vec<String> {
-        validation::warnings(slice)
+        // The FQDN deprecation is a create's warning; a new slice has no uid yet.
+        validation::warnings(slice, slice.metadata.uid.is_none())
     }
 
     fn columns(&self) -> Vec<Column> {
@@ -195,7 +209,7 @@ mod tests {
                           {"addresses": ["10.0.0.3"]}, {"addresses": ["10.0.0.4"]}],
             "ports": [{"port": 8080}, {"name": "b"}]}));
         let cells = EndpointSliceStrategy.cells(&slice);
-        assert_eq!(cells[2], "8080,<unset>");
+        assert_eq!(cells[2], "8080,b");
         assert_eq!(cells[3], "10.0.0.1,10.0.0.2,10.0.0.3 + 1 more...");
         let empty: EndpointSlice = typed(json!({"addressType": "IPv4"}));
         let cells = EndpointSliceStrategy.cells(&empty);
@@ -210,7 +224,7 @@ mod tests {
         let mut slice: EndpointSlice = typed(json!({"addressType": "IPv4",
             "endpoints": [{"addresses": ["192.0.2.10"]}], "ports": [{"port": 5432}]}));
         EndpointSliceStrategy.default(&mut slice);
-        let value = capstan_registry::from_typed(&slice);
+        let value = capstan_registry::strategy::from_typed(&slice);
         assert_eq!(
             value["ports"],
             json!([{"name": "", "protocol": "TCP", "port": 5432}])
@@ -219,13 +233,18 @@ mod tests {
     }
 
     #[test]
-    fn the_generation_moves_with_the_contents_only() {
+    fn the_generation_moves_with_the_contents_and_labels_only() {
         let old: EndpointSlice =
             typed(json!({"metadata": {"generation": 3}, "addressType": "IPv4"}));
+        let mut annotated = old.clone();
+        annotated.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        EndpointSliceStrategy.prepare_for_update(&mut annotated, &old);
+        assert_eq!(annotated.metadata.generation, Some(3));
+        // Labels count, as upstream's strategy has it.
         let mut relabelled = old.clone();
         relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
         EndpointSliceStrategy.prepare_for_update(&mut relabelled, &old);
-        assert_eq!(relabelled.metadata.generation, Some(3));
+        assert_eq!(relabelled.metadata.generation, Some(4));
         let mut changed = old.clone();
         changed.ports = Some(vec![Default::default()]);
         EndpointSliceStrategy.prepare_for_update(&mut changed, &old);

@@ -3,7 +3,7 @@
 use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::ip;
 use capstan_machinery::validation::{
-    PORT_RANGE, dns1123_label, dns1123_subdomain, label_value, qualified_name,
+    dns1123_label, dns1123_subdomain, label_value, qualified_name,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointHints, EndpointSlice};
 use serde_json::json;
@@ -11,16 +11,27 @@ use serde_json::json;
 const ADDRESS_TYPES: &[&str] = &["FQDN", "IPv4", "IPv6"];
 const MAX_ENDPOINTS: usize = 1000;
 const MAX_ADDRESSES: usize = 100;
-const MAX_PORTS: usize = 100;
-const MAX_TOPOLOGY_LABELS: usize = 16;
+/// Upstream validates at most 20,000 ports (the API text says 100).
+const MAX_PORTS: usize = 20_000;
 const MAX_ZONE_HINTS: usize = 8;
 const MAX_NODE_HINTS: usize = 8;
 
-/// The whole object; `old` on update (addressType is immutable, and addresses that were
-/// already stored are not judged again by 1.36's stricter IP rules).
+/// The whole object; `old` on update (addressType is immutable, and endpoints left as they
+/// were are not judged again).
 pub fn validate(slice: &EndpointSlice, old: Option<&EndpointSlice>) -> FieldErrors {
     let mut errors = FieldErrors::new();
     address_type(&mut errors, &slice.address_type);
+    ports(&mut errors, slice);
+    let mut endpoint_errors = FieldErrors::new();
+    endpoints(&mut endpoint_errors, slice);
+    // Endpoints an update leaves as they were are not judged again.
+    let unchanged = old.is_some_and(|old| {
+        old.endpoints.as_deref().unwrap_or_default()
+            == slice.endpoints.as_deref().unwrap_or_default()
+    });
+    if !unchanged {
+        errors.0.extend(endpoint_errors.0);
+    }
     if let Some(old) = old
         && old.address_type != slice.address_type
     {
@@ -30,8 +41,6 @@ pub fn validate(slice: &EndpointSlice, old: Option<&EndpointSlice>) -> FieldErro
             "field is immutable",
         ));
     }
-    ports(&mut errors, slice);
-    endpoints(&mut errors, slice, old);
     errors
 }
 
@@ -60,44 +69,29 @@ fn ports(errors: &mut FieldErrors, slice: &EndpointSlice) {
         if !name.is_empty() {
             errors.check(format!("{path}.name"), name, dns1123_label);
         }
+        // Unnamed ports count too: two of them are a duplicate `""`.
         if names.contains(&name) {
             errors.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
         } else {
             names.push(name);
         }
-        match port.protocol.as_deref().unwrap_or_default() {
-            "" => errors.push(FieldError::required(format!("{path}.protocol"), "")),
-            "SCTP" | "TCP" | "UDP" => {}
-            other => errors.push(FieldError::not_supported(
+        match port.protocol.as_deref() {
+            None => errors.push(FieldError::required(format!("{path}.protocol"), "")),
+            Some("SCTP" | "TCP" | "UDP") => {}
+            Some(other) => errors.push(FieldError::not_supported(
                 format!("{path}.protocol"),
                 &json!(other),
                 &["SCTP", "TCP", "UDP"],
             )),
         }
-        if let Some(number) = port.port
-            && !(0..=65535).contains(&number)
-        {
-            errors.push(FieldError::invalid(
-                format!("{path}.port"),
-                &json!(number),
-                PORT_RANGE,
-            ));
-        }
+        // The port number is not validated upstream.
         if let Some(app) = port.app_protocol.as_deref() {
             errors.check(format!("{path}.appProtocol"), app, qualified_name);
         }
     }
 }
 
-/// The addresses the old object already had (kept even if today's rules refuse them).
-fn stored_addresses(old: Option<&EndpointSlice>) -> Vec<&str> {
-    old.into_iter()
-        .flat_map(|o| o.endpoints.iter().flatten())
-        .flat_map(|e| e.addresses.iter().map(String::as_str))
-        .collect()
-}
-
-fn endpoints(errors: &mut FieldErrors, slice: &EndpointSlice, old: Option<&EndpointSlice>) {
+fn endpoints(errors: &mut FieldErrors, slice: &EndpointSlice) {
     let endpoints = slice.endpoints.as_deref().unwrap_or_default();
     if endpoints.len() > MAX_ENDPOINTS {
         errors.push(FieldError::too_many(
@@ -107,9 +101,8 @@ fn endpoints(errors: &mut FieldErrors, slice: &EndpointSlice, old: Option<&Endpo
         ));
         return;
     }
-    let stored = stored_addresses(old);
     for (i, endpoint) in endpoints.iter().enumerate() {
-        endpoint_rules(errors, &format!("endpoints[{i}]"), endpoint, slice, &stored);
+        endpoint_rules(errors, &format!("endpoints[{i}]"), endpoint, slice);
     }
 }
 
@@ -118,7 +111,6 @@ fn endpoint_rules(
     path: &str,
     endpoint: &Endpoint,
     slice: &EndpointSlice,
-    stored: &[&str],
 ) {
     let addresses_path = format!("{path}.addresses");
     if endpoint.addresses.is_empty() {
@@ -136,7 +128,9 @@ fn endpoint_rules(
     for (j, address) in endpoint.addresses.iter().enumerate() {
         let at = format!("{addresses_path}[{j}]");
         match slice.address_type.as_str() {
-            "IPv4" | "IPv6" => ip_address(errors, &at, address, &slice.address_type, stored),
+            "IPv4" | "IPv6" => {
+                ip_address(errors, &at, &addresses_path, address, &slice.address_type)
+            }
             "FQDN" => fqdn(errors, &at, address),
             _ => {}
         }
@@ -144,24 +138,8 @@ fn endpoint_rules(
     if let Some(node) = endpoint.node_name.as_deref() {
         errors.check(format!("{path}.nodeName"), node, dns1123_subdomain);
     }
-    let topology = endpoint.deprecated_topology.as_ref();
-    if let Some(topology) = topology {
-        let topology_path = format!("{path}.deprecatedTopology");
-        if topology.len() > MAX_TOPOLOGY_LABELS {
-            errors.push(FieldError::too_many(
-                topology_path.clone(),
-                topology.len(),
-                MAX_TOPOLOGY_LABELS,
-            ));
-        }
-        for (key, value) in topology {
-            errors.check(topology_path.clone(), key, qualified_name);
-            errors.check(format!("{topology_path}[{key}]"), value, label_value);
-        }
-    }
-    if let Some(zone) = endpoint.zone.as_deref() {
-        errors.check(format!("{path}.zone"), zone, label_value);
-    }
+    // deprecatedTopology is dropped before validation (v1 writes never keep it); zone,
+    // conditions and targetRef are not validated upstream.
     if let Some(hostname) = endpoint.hostname.as_deref() {
         errors.check(format!("{path}.hostname"), hostname, dns1123_label);
     }
@@ -170,27 +148,38 @@ fn endpoint_rules(
     }
 }
 
-fn ip_address(errors: &mut FieldErrors, path: &str, address: &str, family: &str, stored: &[&str]) {
-    let parsed = ip::parse_sloppy(address);
-    let right_family = parsed.is_some_and(|a| a.is_ipv4() == (family == "IPv4"));
-    if !right_family {
-        let detail = if family == "IPv4" {
-            "must be a valid IPv4 address"
-        } else {
-            "must be a valid IPv6 address"
-        };
-        errors.push(FieldError::invalid(path, &json!(address), detail));
-        return;
-    }
-    if !stored.contains(&address)
-        && let Some(problem) = ip::strict_problem(address)
-    {
+/// One address of an IP slice: 1.36's strict parse (and, for IPv6, canonical form), then
+/// the family (reported on the list, without an index, as upstream), then the ranges an
+/// endpoint may not use.
+fn ip_address(errors: &mut FieldErrors, path: &str, list: &str, address: &str, family: &str) {
+    if let Some(problem) = ip::strict_problem(address) {
         errors.push(FieldError::invalid(path, &json!(address), problem));
         return;
     }
-    if let Some(addr) = parsed
-        && let Some(why) = ip::special_problem(addr, address)
-    {
+    let Some(parsed) = ip::parse_sloppy(address) else {
+        return;
+    };
+    if family == "IPv6" {
+        let canonical = parsed.to_string();
+        if canonical != address {
+            errors.push(FieldError::invalid(
+                path,
+                &json!(address),
+                format!("must be in canonical form ({canonical:?})"),
+            ));
+            return;
+        }
+    }
+    if parsed.is_ipv4() != (family == "IPv4") {
+        let detail = if family == "IPv4" {
+            "must be an IPv4 address"
+        } else {
+            "must be an IPv6 address"
+        };
+        errors.push(FieldError::invalid(list, &json!(address), detail));
+        return;
+    }
+    if let Some(why) = ip::special_problem(parsed, address) {
         errors.push(FieldError::invalid(path, &json!(address), why));
     }
 }
@@ -226,17 +215,17 @@ fn hint_rules(errors: &mut FieldErrors, path: &str, hints: &EndpointHints) {
             zones.len(),
             MAX_ZONE_HINTS,
         ));
-    } else {
-        let mut seen: Vec<&str> = Vec::new();
-        for (i, zone) in zones.iter().enumerate() {
-            let at = format!("{path}.forZones[{i}].name");
-            if seen.contains(&zone.name.as_str()) {
-                errors.push(FieldError::duplicate(at, &json!(zone.name)));
-            } else {
-                errors.check(at, &zone.name, label_value);
-                seen.push(&zone.name);
-            }
+        return;
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, zone) in zones.iter().enumerate() {
+        let at = format!("{path}.forZones[{i}].name");
+        if seen.contains(&zone.name.as_str()) {
+            errors.push(FieldError::duplicate(at.clone(), &json!(zone.name)));
+        } else {
+            seen.push(&zone.name);
         }
+        errors.check(at, &zone.name, label_value);
     }
     let nodes = hints.for_nodes.as_deref().unwrap_or_default();
     if nodes.len() > MAX_NODE_HINTS {
@@ -245,26 +234,39 @@ fn hint_rules(errors: &mut FieldErrors, path: &str, hints: &EndpointHints) {
             nodes.len(),
             MAX_NODE_HINTS,
         ));
-    } else {
-        let mut seen: Vec<&str> = Vec::new();
-        for (i, node) in nodes.iter().enumerate() {
-            let at = format!("{path}.forNodes[{i}].name");
-            if seen.contains(&node.name.as_str()) {
-                errors.push(FieldError::duplicate(at, &json!(node.name)));
-            } else {
-                errors.check(at, &node.name, dns1123_subdomain);
-                seen.push(&node.name);
-            }
+        return;
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let at = format!("{path}.forNodes[{i}].name");
+        if seen.contains(&node.name.as_str()) {
+            errors.push(FieldError::duplicate(at.clone(), &json!(node.name)));
+        } else {
+            seen.push(&node.name);
         }
+        errors.check(at, &node.name, dns1123_subdomain);
     }
 }
 
-/// Warnings for addresses in a non-canonical form, as for Endpoints.
-pub fn warnings(slice: &EndpointSlice) -> Vec<String> {
-    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-        return Vec::new();
-    }
+/// `warnOnBadIPs`: non-standard addresses (in slices the controllers did not write), and on
+/// create the deprecation of FQDN slices.
+pub fn warnings(slice: &EndpointSlice, create: bool) -> Vec<String> {
     let mut out = Vec::new();
+    if create && slice.address_type == "FQDN" {
+        out.push("spec.addressType: FQDN endpoints are deprecated".to_string());
+    }
+    let managed_by = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(super::MANAGED_BY_LABEL))
+        .map(String::as_str);
+    if matches!(
+        managed_by,
+        Some(super::CONTROLLER_NAME | super::MIRRORING_CONTROLLER_NAME)
+    ) {
+        return out;
+    }
     for (i, endpoint) in slice.endpoints.iter().flatten().enumerate() {
         for (j, address) in endpoint.addresses.iter().enumerate() {
             let path = format!("endpoints[{i}].addresses[{j}]");
@@ -309,7 +311,7 @@ mod tests {
                 json!({"addressType": "IPv4", "endpoints": [{"addresses": ["fd00::1", "127.0.0.1"]}]})
             ),
             [
-                "endpoints[0].addresses[0]: Invalid value: \"fd00::1\": must be a valid IPv4 address",
+                "endpoints[0].addresses: Invalid value: \"fd00::1\": must be an IPv4 address",
                 "endpoints[0].addresses[1]: Invalid value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)",
             ]
         );

@@ -45,9 +45,20 @@ pub fn zone(node: &Node) -> Option<&str> {
 /// The Node strategy.
 pub struct NodeStrategy;
 
-/// What Go always writes for a node: `spec` and the status structs without `omitempty`.
+/// What Go always writes for a node: `spec` and the status structs without `omitempty`; and
+/// v1's `podCIDR`, which stands for the first of `podCIDRs` (and wins over it when both are
+/// set and differ, as the conversion has it).
 fn fill_go_structs(node: &mut Node) {
-    node.spec.get_or_insert_with(NodeSpec::default);
+    let spec = node.spec.get_or_insert_with(NodeSpec::default);
+    let single = spec.pod_cidr.clone().filter(|c| !c.is_empty());
+    let first = spec.pod_cidrs.as_ref().and_then(|l| l.first()).cloned();
+    match (single, first) {
+        (Some(single), first) if first.as_ref() != Some(&single) => {
+            spec.pod_cidrs = Some(vec![single]);
+        }
+        (None, Some(first)) => spec.pod_cidr = Some(first),
+        _ => {}
+    }
     let status = node.status.get_or_insert_with(NodeStatus::default);
     status
         .daemon_endpoints
@@ -57,23 +68,25 @@ fn fill_go_structs(node: &mut Node) {
     status.node_info.get_or_insert_with(NodeSystemInfo::default);
 }
 
+/// `validateNodeTaints`, with upstream's paths (under `metadata.taints`, as its code has it).
 fn validate_taints(errors: &mut FieldErrors, node: &Node) {
     let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
     let mut seen: Vec<(&str, &str)> = Vec::new();
     for (i, taint) in taints.into_iter().flatten().enumerate() {
-        let path = format!("spec.taints[{i}]");
-        if taint.key.is_empty() {
-            errors.push(FieldError::required(format!("{path}.key"), ""));
-        } else {
-            errors.check(
-                format!("{path}.key"),
-                &taint.key,
-                validation::qualified_name,
-            );
-        }
+        let path = format!("metadata.taints[{i}]");
+        errors.check(
+            format!("{path}.key"),
+            &taint.key,
+            validation::qualified_name,
+        );
         let value = taint.value.as_deref().unwrap_or_default();
-        if !value.is_empty() {
-            errors.check(format!("{path}.value"), value, validation::label_value);
+        let problems = validation::label_value(value);
+        if !problems.is_empty() {
+            errors.push(FieldError::invalid(
+                format!("{path}.value"),
+                &json!(value),
+                problems.join(";"),
+            ));
         }
         match taint.effect.as_str() {
             "" => errors.push(FieldError::required(format!("{path}.effect"), "")),
@@ -81,15 +94,17 @@ fn validate_taints(errors: &mut FieldErrors, node: &Node) {
             other => errors.push(FieldError::not_supported(
                 format!("{path}.effect"),
                 &json!(other),
-                &["NoExecute", "NoSchedule", "PreferNoSchedule"],
+                &["NoSchedule", "PreferNoSchedule", "NoExecute"],
             )),
         }
         let pair = (taint.key.as_str(), taint.effect.as_str());
         if seen.contains(&pair) {
-            errors.push(FieldError::duplicate(
-                format!("{path}"),
-                &json!({"key": taint.key, "effect": taint.effect}),
-            ));
+            // The internal type, without JSON names, is what upstream shows.
+            let shown = json!({"Key": taint.key, "Value": value, "Effect": taint.effect,
+                "TimeAdded": taint.time_added});
+            let mut error = FieldError::duplicate(path.clone(), &shown);
+            error.detail = "taints must be unique by key and effect pair".into();
+            errors.push(error);
         }
         seen.push(pair);
     }
@@ -102,11 +117,15 @@ fn validate_pod_cidrs(errors: &mut FieldErrors, node: &Node) {
     };
     let cidrs = spec.pod_cidrs.clone().unwrap_or_default();
     for (i, cidr) in cidrs.iter().enumerate() {
-        if cidr.parse::<ipnet::IpNet>().is_err() {
+        let problem = match capstan_machinery::ip::parse_cidr(cidr) {
+            None => Some("must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"),
+            Some(_) => capstan_machinery::ip::strict_cidr_problem(cidr),
+        };
+        if let Some(problem) = problem {
             errors.push(FieldError::invalid(
                 format!("spec.podCIDRs[{i}]"),
                 &json!(cidr),
-                "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)",
+                problem,
             ));
         }
     }
@@ -204,8 +223,8 @@ impl Strategy for NodeStrategy {
         fill_go_structs(node);
     }
 
-    /// `nodeStrategy.PrepareForUpdate`: the main resource keeps the stored status (the
-    /// registry copies it), and `podCIDR` follows the first `podCIDRs` entry.
+    /// `nodeStrategy.PrepareForCreate`: the status given is kept (the kubelet registers its
+    /// node with it).
     fn prepare_for_create(&self, node: &mut Node) {
         fill_go_structs(node);
     }
@@ -214,8 +233,11 @@ impl Strategy for NodeStrategy {
         validate(node)
     }
 
+    /// `ValidateNode` then `ValidateNodeUpdate`, which validates the taints again (upstream
+    /// reports a bad taint twice on an update).
     fn validate_update(&self, new: &Node, old: &Node) -> FieldErrors {
         let mut errors = validate(new);
+        validate_taints(&mut errors, new);
         let spec = |n: &Node| n.spec.clone().unwrap_or_default();
         let (new_spec, old_spec) = (spec(new), spec(old));
         // podCIDRs may be set once; providerID likewise.
@@ -236,8 +258,23 @@ impl Strategy for NodeStrategy {
         errors
     }
 
+    /// `ValidateNodeUpdate` alone: taints, and no address listed twice.
     fn validate_status_update(&self, new: &Node, _old: &Node) -> FieldErrors {
-        validate(new)
+        let mut errors = FieldErrors::new();
+        validate_taints(&mut errors, new);
+        let addresses = new.status.iter().flat_map(|s| s.addresses.iter().flatten());
+        let mut seen = Vec::new();
+        for (i, address) in addresses.enumerate() {
+            let pair = (address.type_.clone(), address.address.clone());
+            if seen.contains(&pair) {
+                errors.push(FieldError::duplicate(
+                    format!("status.addresses[{i}]"),
+                    &json!({"Type": pair.0, "Address": pair.1}),
+                ));
+            }
+            seen.push(pair);
+        }
+        errors
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {
@@ -310,7 +347,15 @@ impl Strategy for NodeStrategy {
             json!(address(node, "InternalIP")),
             json!(address(node, "ExternalIP")),
             json!(or_unknown(&info.os_image)),
-            json!(or_unknown(&info.kernel_version)),
+            json!(if info.architecture.is_empty() {
+                or_unknown(&info.kernel_version)
+            } else {
+                format!(
+                    "{} ({})",
+                    or_unknown(&info.kernel_version),
+                    info.architecture
+                )
+            }),
             json!(or_unknown(&info.container_runtime_version)),
         ]
     }
@@ -340,7 +385,7 @@ mod tests {
     fn defaulting_writes_the_structs_go_always_has() {
         let mut node: Node = typed(json!({"metadata": {"name": "n1"}}));
         NodeStrategy.default(&mut node);
-        let value = capstan_registry::from_typed(&node);
+        let value = capstan_registry::strategy::from_typed(&node);
         let zero: Value = serde_json::from_str(NODE_ZERO).expect("zero");
         assert_eq!(value["status"], zero["status"]);
         assert_eq!(value["spec"], json!({}));
@@ -353,7 +398,7 @@ mod tests {
         assert_eq!(
             errors,
             [
-                "spec.taints[0].effect: Unsupported value: \"Sometimes\": supported values: \"NoExecute\", \"NoSchedule\", \"PreferNoSchedule\""
+                "metadata.taints[0].effect: Unsupported value: \"Sometimes\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\""
             ]
         );
     }
