@@ -16,7 +16,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
 use crate::{BackendError, ProxyClient, resolve, service_ref, tls_config};
@@ -163,12 +164,12 @@ impl Backends {
         &self,
         apiservice: &APIService,
         service: &Service,
-        endpoints: Option<&Endpoints>,
+        slices: &[EndpointSlice],
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, String> {
         let target = service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
         let addr =
-            resolve(&target.name, target.port, service, endpoints).map_err(|e| e.to_string())?;
+            resolve(&target.name, target.port, service, slices).map_err(|e| e.to_string())?;
         let client = self.client(apiservice).map_err(|e| e.to_string())?;
         let path = request
             .uri()

@@ -1,5 +1,5 @@
 //! API aggregation's backends: where an APIService's requests go (its Service's port, a
-//! ready Endpoints address of that port's name) and how to reach it (TLS by the APIService's
+//! ready endpoint of its EndpointSlices with that port's name) and how to reach it (TLS by the APIService's
 //! `caBundle` or the system's roots, the proxy client certificate, connect and handshake
 //! deadlines). The aggregation proxy (`capstan-apiserver`) and the availability controller
 //! (`capstan-controllers`) both use it, so what the controller reports is what the proxy does.
@@ -10,6 +10,8 @@ mod client;
 
 /// Whether an APIService is Available, or local: the kind's own rules, shared with the proxy.
 pub use capstan_resources::apiservice::{is_available, is_local};
+/// The EndpointSlices a Service's backends are found in.
+pub use capstan_resources::endpointslice::of_service as service_slices;
 pub use client::{Backends, Connector, TlsConnection};
 
 use std::net::{IpAddr, SocketAddr};
@@ -17,7 +19,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
 /// How long connecting to a backend may take (upstream's proxy dialer: 30 s).
@@ -129,51 +132,97 @@ pub fn service_port_name(service: &Service, port: i32) -> Option<String> {
         .map(|p| p.name.clone().unwrap_or_default())
 }
 
-/// The ready addresses of the Endpoints subsets that have a port named `port_name`, each with
-/// that port's number.
-pub fn endpoint_addresses(endpoints: Option<&Endpoints>, port_name: &str) -> Vec<SocketAddr> {
-    let mut candidates = Vec::new();
-    for subset in endpoints
-        .and_then(|e| e.subsets.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        let Some(port) = subset
+/// Whether any slice has a ready endpoint (`ready` unset counts as ready) and a port named
+/// `port_name` with a number (upstream's `hasAvailableEndpoint`).
+pub fn has_available_endpoint(slices: &[EndpointSlice], port_name: &str) -> bool {
+    slices.iter().any(|slice| {
+        slice.endpoints.iter().flatten().any(ready)
+            && slice
+                .ports
+                .iter()
+                .flatten()
+                .any(|p| p.name.as_deref() == Some(port_name) && p.port.is_some())
+    })
+}
+
+fn ready(endpoint: &Endpoint) -> bool {
+    endpoint
+        .conditions
+        .as_ref()
+        .and_then(|c| c.ready)
+        .unwrap_or(true)
+}
+
+/// The ready addresses of the slices with a port named `port_name`, each with that port's
+/// number: the Service's primary family first (upstream's `ResolveEndpoint` looks at those
+/// slices first), then the others. Only an endpoint's first address is used.
+pub fn endpoint_addresses(
+    slices: &[EndpointSlice],
+    port_name: &str,
+    primary: Option<&str>,
+) -> Vec<Vec<SocketAddr>> {
+    let mut preferred = Vec::new();
+    let mut others = Vec::new();
+    for slice in slices {
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            continue;
+        }
+        let Some(port) = slice
             .ports
             .iter()
             .flatten()
-            .find(|p| p.name.as_deref().unwrap_or_default() == port_name)
-            .and_then(|p| u16::try_from(p.port).ok())
+            .find(|p| p.name.as_deref() == Some(port_name))
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
         else {
             continue;
         };
-        for address in subset.addresses.iter().flatten() {
-            if let Ok(ip) = address.ip.parse::<IpAddr>() {
-                candidates.push(SocketAddr::new(ip, port));
+        let into = if primary.is_none_or(|f| f == slice.address_type) {
+            &mut preferred
+        } else {
+            &mut others
+        };
+        for endpoint in slice.endpoints.iter().flatten().filter(|e| ready(e)) {
+            if let Some(ip) = endpoint
+                .addresses
+                .first()
+                .and_then(|a| a.parse::<IpAddr>().ok())
+            {
+                into.push(SocketAddr::new(ip, port));
             }
         }
     }
-    candidates
+    [preferred, others]
+        .into_iter()
+        .filter(|list| !list.is_empty())
+        .collect()
 }
 
 /// Endpoint routing (`--enable-aggregator-routing=true`: Capstan has no kube-proxy data
-/// plane): the Service port numbered `port`, then a random ready address of a subset with a
-/// port of that port's name.
+/// plane), through the Service's EndpointSlices as 1.36's aggregator routes: the Service port
+/// numbered `port`, then a random ready endpoint of a slice with a port of that port's name,
+/// of the Service's primary family when it has one.
 pub fn resolve(
     service_name: &str,
     port: i32,
     service: &Service,
-    endpoints: Option<&Endpoints>,
+    slices: &[EndpointSlice],
 ) -> Result<SocketAddr, BackendError> {
     let port_name = service_port_name(service, port).ok_or_else(|| BackendError::NoPort {
         service: service_name.to_string(),
         port,
     })?;
-    let candidates = endpoint_addresses(endpoints, &port_name);
-    if candidates.is_empty() {
+    let primary = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.as_ref())
+        .and_then(|f| f.first())
+        .map(String::as_str);
+    let candidates = endpoint_addresses(slices, &port_name, primary);
+    let Some(first) = candidates.first() else {
         return Err(BackendError::NoEndpoints(service_name.to_string()));
-    }
-    Ok(candidates[fastrand::usize(..candidates.len())])
+    };
+    Ok(first[fastrand::usize(..first.len())])
 }
 
 /// Accepts any server certificate (the availability probe, and `insecureSkipTLSVerify`).

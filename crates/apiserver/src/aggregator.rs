@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::Incoming;
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 use serde_json::{Value, json};
 
@@ -45,7 +45,7 @@ pub struct Aggregator {
     backends: Backends,
     apiservices: Option<Arc<Registry>>,
     services: Option<Arc<Registry>>,
-    endpoints: Option<Arc<Registry>>,
+    slices: Option<Arc<Registry>>,
     /// Discovery fetched from backends: APIService name → (its resourceVersion, when, the
     /// version's aggregated discovery).
     fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
@@ -117,7 +117,7 @@ impl Aggregator {
                 .collect(),
             apiservices: registry(registries, "apiregistration.k8s.io", "apiservices"),
             services: registry(registries, "", "services"),
-            endpoints: registry(registries, "", "endpoints"),
+            slices: registry(registries, "discovery.k8s.io", "endpointslices"),
             fetched: Mutex::new(HashMap::new()),
         }
     }
@@ -337,7 +337,7 @@ impl Aggregator {
         mut request: Request<http_body_util::Full<Bytes>>,
     ) -> Result<Response<Incoming>, String> {
         let target = service_ref(apiservice).ok_or_else(|| "local APIService".to_string())?;
-        let (Some(services), Some(endpoints)) = (&self.services, &self.endpoints) else {
+        let (Some(services), Some(slices)) = (&self.services, &self.slices) else {
             return Err("no Services".into());
         };
         let service: Service = services
@@ -345,18 +345,14 @@ impl Aggregator {
             .await
             .map_err(|e| e.message)
             .and_then(|s| serde_json::from_value(s).map_err(|e| e.to_string()))?;
-        let endpoints: Option<Endpoints> = endpoints
-            .get(&target.namespace, &target.name, ReadAt::Any)
-            .await
-            .ok()
-            .and_then(|e| serde_json::from_value(e).ok());
+        let slices = capstan_aggregation::service_slices(slices, &target.namespace, &target.name);
         let headers = request.headers_mut();
         headers.insert("x-remote-user", HeaderValue::from_static(REMOTE_USER));
         for group in REMOTE_GROUPS {
             headers.append("x-remote-group", HeaderValue::from_static(group));
         }
         self.backends
-            .send(apiservice, &service, endpoints.as_ref(), request)
+            .send(apiservice, &service, &slices, request)
             .await
     }
 

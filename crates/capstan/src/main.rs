@@ -337,7 +337,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     capstan_controllers::apiservice::AvailabilityController::new(
         registry_for(&registries, "apiservices")?,
         registry_for(&registries, "services")?,
-        registry_for(&registries, "endpoints")?,
+        registry_for(&registries, "endpointslices")?,
     )
     .with_proxy_client(proxy_client.clone())
     .start();
@@ -412,7 +412,9 @@ async fn bootstrap(
         port,
     );
     if let Some(address) = advertise {
-        keeper = keeper.with_endpoints(registry_for(registries, "endpoints")?, address, port);
+        keeper = keeper
+            .with_endpoints(registry_for(registries, "endpoints")?, address, port)
+            .with_endpoint_slice(registry_for(registries, "endpointslices")?, address, port);
     }
     keeper.reconcile().await?;
     keeper.start();

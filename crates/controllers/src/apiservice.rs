@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::watch_all;
 use bytes::Bytes;
 use capstan_aggregation::{
-    BackendError, ProxyClient, ServiceRef, connect, endpoint_addresses, resolve, service_port_name,
-    service_ref, tls_config,
+    BackendError, ProxyClient, ServiceRef, connect, has_available_endpoint, resolve,
+    service_port_name, service_ref, tls_config,
 };
 use capstan_machinery::ApiError;
 use capstan_registry::strategy::{from_typed, to_typed};
@@ -18,7 +18,8 @@ use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 
@@ -49,7 +50,7 @@ enum SyncError {
 pub struct AvailabilityController {
     apiservices: Arc<Registry>,
     services: Arc<Registry>,
-    endpoints: Arc<Registry>,
+    slices: Arc<Registry>,
     client: Option<Arc<ProxyClient>>,
     /// [`AvailabilityController::all`]'s APIServices by key, with the revision each was read at.
     decoded: std::sync::Mutex<HashMap<Arc<str>, Decoded>>,
@@ -64,15 +65,11 @@ type Verdict = (&'static str, &'static str, String);
 
 impl AvailabilityController {
     /// A controller over these registries.
-    pub fn new(
-        apiservices: Arc<Registry>,
-        services: Arc<Registry>,
-        endpoints: Arc<Registry>,
-    ) -> Self {
+    pub fn new(apiservices: Arc<Registry>, services: Arc<Registry>, slices: Arc<Registry>) -> Self {
         AvailabilityController {
             apiservices,
             services,
-            endpoints,
+            slices,
             client: None,
             decoded: std::sync::Mutex::default(),
         }
@@ -96,8 +93,11 @@ impl AvailabilityController {
         ));
         // APIService changes check that APIService.
         crate::enqueue_changes(controller.apiservices.clone(), queue.clone());
-        // Service and Endpoints changes check every APIService that names that Service.
-        for registry in [controller.services.clone(), controller.endpoints.clone()] {
+        // Service and EndpointSlice changes check every APIService that names that Service.
+        for (registry, by_label) in [
+            (controller.services.clone(), false),
+            (controller.slices.clone(), true),
+        ] {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
@@ -105,7 +105,16 @@ impl AvailabilityController {
                     while let Some(item) = watcher.next().await {
                         if let WatchItem::Event(_, object) = item {
                             let s = &object.selectable;
-                            for name in controller.referencing(s.namespace(), s.name()) {
+                            let service = if by_label {
+                                let label = capstan_resources::endpointslice::SERVICE_NAME_LABEL;
+                                let Some(service) = s.label(label) else {
+                                    continue;
+                                };
+                                service
+                            } else {
+                                s.name()
+                            };
+                            for name in controller.referencing(s.namespace(), service) {
                                 queue.add(name);
                             }
                         }
@@ -273,24 +282,9 @@ impl AvailabilityController {
                 );
             }
         };
-        let endpoints: Option<Endpoints> = match self
-            .endpoints
-            .get_typed(namespace, name, ReadAt::Latest)
-            .await
-        {
-            Ok(endpoints) => Some(endpoints),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => {
-                return (
-                    "Unknown",
-                    "EndpointsAccessError",
-                    format!(
-                        "service/{name} in {namespace:?} cannot be checked due to: {}",
-                        e.message
-                    ),
-                );
-            }
-        };
+        // The Service's EndpointSlices, as the watch shows them (1.36's aggregator reads its
+        // EndpointSlice informer).
+        let slices = capstan_aggregation::service_slices(&self.slices, namespace, name);
         let service_type = service.spec.as_ref().and_then(|s| s.type_.as_deref());
         if service_type.unwrap_or("ClusterIP") == "ClusterIP" {
             let Some(port_name) = service_port_name(&service, *port) else {
@@ -300,28 +294,24 @@ impl AvailabilityController {
                     format!("service/{name} in {namespace:?} is not listening on port {port}"),
                 );
             };
-            let Some(endpoints) = &endpoints else {
+            if slices.is_empty() {
                 return (
                     "False",
                     "EndpointsNotFound",
-                    format!("cannot find endpoints for service/{name} in {namespace:?}"),
+                    format!("cannot find endpointslices for service/{name} in {namespace:?}"),
                 );
-            };
-            let ready = !endpoint_addresses(Some(endpoints), &port_name).is_empty();
-            if !ready {
+            }
+            if !has_available_endpoint(&slices, &port_name) {
                 return (
                     "False",
                     "MissingEndpoints",
                     format!(
-                        "endpoints for service/{name} in {namespace:?} have no addresses with port name {port_name:?}"
+                        "endpointslices for service/{name} in {namespace:?} have no addresses with port name {port_name:?}"
                     ),
                 );
             }
         }
-        match self
-            .probe(apiservice, &service, endpoints.as_ref(), &target)
-            .await
-        {
+        match self.probe(apiservice, &service, &slices, &target).await {
             Ok(()) => ("True", "Passed", "all checks passed".to_string()),
             Err(error) => ("False", "FailedDiscoveryCheck", error),
         }
@@ -337,7 +327,7 @@ impl AvailabilityController {
         &self,
         apiservice: &APIService,
         service: &Service,
-        endpoints: Option<&Endpoints>,
+        slices: &[EndpointSlice],
         target: &ServiceRef,
     ) -> Result<(), String> {
         let spec = apiservice.spec.clone().unwrap_or_default();
@@ -353,8 +343,8 @@ impl AvailabilityController {
         let server_name = target.server_name();
         let mut attempts = tokio::task::JoinSet::new();
         for _ in 0..5 {
-            let addr = resolve(&target.name, target.port, service, endpoints)
-                .map_err(|e| e.to_string())?;
+            let addr =
+                resolve(&target.name, target.port, service, slices).map_err(|e| e.to_string())?;
             let (config, server_name, path) = (config.clone(), server_name.clone(), path.clone());
             attempts.spawn(async move {
                 let url = format!("https://{addr}{path}");

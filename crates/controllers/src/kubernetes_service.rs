@@ -12,6 +12,7 @@ use capstan_registry::{Object, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -26,7 +27,7 @@ const NAME: &str = "kubernetes";
 pub struct ReconcileError {
     /// `creating`, `reading` or `repairing`.
     step: &'static str,
-    /// `Service` or `Endpoints`.
+    /// `Service`, `Endpoints` or `EndpointSlice`.
     kind: &'static str,
     error: ApiError,
 }
@@ -36,6 +37,7 @@ pub struct KubernetesServiceController {
     services: Arc<Registry>,
     wanted: Service,
     endpoints: Option<(Arc<Registry>, Endpoints)>,
+    slice: Option<(Arc<Registry>, EndpointSlice)>,
 }
 
 impl KubernetesServiceController {
@@ -74,6 +76,7 @@ impl KubernetesServiceController {
             services,
             wanted,
             endpoints: None,
+            slice: None,
         }
     }
 
@@ -115,6 +118,42 @@ impl KubernetesServiceController {
         self
     }
 
+    /// Also keeps the `kubernetes` EndpointSlice that goes with the Endpoints (upstream's
+    /// endpoints adapter): named `kubernetes`, labelled only with the Service's name, not
+    /// owned and not managed by a controller; its one endpoint only `ready`.
+    pub fn with_endpoint_slice(
+        mut self,
+        slices: Arc<Registry>,
+        address: std::net::IpAddr,
+        port: u16,
+    ) -> Self {
+        let wanted = EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(NAME.into()),
+                namespace: Some(NAMESPACE.into()),
+                labels: Some([("kubernetes.io/service-name".into(), NAME.into())].into()),
+                ..ObjectMeta::default()
+            },
+            address_type: if address.is_ipv6() { "IPv6" } else { "IPv4" }.into(),
+            endpoints: Some(vec![Endpoint {
+                addresses: vec![address.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    ..EndpointConditions::default()
+                }),
+                ..Endpoint::default()
+            }]),
+            ports: Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+                name: Some("https".into()),
+                port: Some(i32::from(port)),
+                protocol: Some("TCP".into()),
+                app_protocol: None,
+            }]),
+        };
+        self.slice = Some((slices, wanted));
+        self
+    }
+
     fn options() -> WriteOptions {
         WriteOptions {
             dry_run: false,
@@ -143,6 +182,28 @@ impl KubernetesServiceController {
             keep(endpoints, wanted, "Endpoints", |current, wanted| {
                 let drifted = current.subsets != wanted.subsets;
                 current.subsets = wanted.subsets.clone();
+                drifted
+            })
+            .await?;
+        }
+        if let Some((slices, wanted)) = &self.slice {
+            // A slice of the other address type is replaced (its type cannot change).
+            if let Ok(current) = slices
+                .get_typed::<EndpointSlice>(NAMESPACE, NAME, ReadAt::Latest)
+                .await
+                && current.address_type != wanted.address_type
+            {
+                let _ = slices
+                    .delete(NAMESPACE, NAME, &capstan_registry::DeleteOptions::default())
+                    .await;
+            }
+            keep(slices, wanted, "EndpointSlice", |current, wanted| {
+                let drifted = current.endpoints != wanted.endpoints
+                    || current.ports != wanted.ports
+                    || current.metadata.labels != wanted.metadata.labels;
+                current.endpoints = wanted.endpoints.clone();
+                current.ports = wanted.ports.clone();
+                current.metadata.labels = wanted.metadata.labels.clone();
                 drifted
             })
             .await?;

@@ -44,6 +44,27 @@ pub const MIRRORING_CONTROLLER_NAME: &str = "endpointslicemirroring-controller.k
 /// The EndpointSlice strategy.
 pub struct EndpointSliceStrategy;
 
+/// The slices of a Service (labelled with its name), as the watch cache holds them; only
+/// those are decoded.
+pub fn of_service(
+    slices: &capstan_registry::Registry,
+    namespace: &str,
+    service: &str,
+) -> Vec<EndpointSlice> {
+    let prefix = slices.strategy().info().list_prefix(namespace);
+    let mut found = Vec::new();
+    slices.cache().scan(&prefix, None, |object| {
+        if object.selectable.label(SERVICE_NAME_LABEL) == Some(service) {
+            found.push(object.clone());
+        }
+        true
+    });
+    found
+        .iter()
+        .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
+        .collect()
+}
+
 /// `SetDefaults_EndpointPort` and the struct Go always writes (`conditions`).
 fn default(slice: &mut EndpointSlice) {
     for port in slice.ports.iter_mut().flatten() {
