@@ -127,11 +127,25 @@ fn shape_problems(case: &Value) -> Vec<String> {
     out
 }
 
+/// The value at a dotted path (`items.0.metadata.name`); a key with dots in it (a label)
+/// escapes them (`labels.kubernetes\\.io/service-name`).
 fn lookup<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.')
+    let mut steps = Vec::new();
+    let mut step = String::new();
+    let mut chars = path.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => step.extend(chars.next()),
+            '.' => steps.push(std::mem::take(&mut step)),
+            c => step.push(c),
+        }
+    }
+    steps.push(step);
+    steps
+        .iter()
         .try_fold(value, |v, step| match step.parse::<usize>() {
             Ok(i) if v.is_array() => v.get(i),
-            _ => v.get(step),
+            _ => v.get(step.as_str()),
         })
 }
 

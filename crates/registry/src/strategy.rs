@@ -89,6 +89,12 @@ pub trait Strategy: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// `Warning` header texts for a created object, where a kind warns about more on create
+    /// (upstream's WarningsOnCreate); [`Strategy::warnings`] unless overridden.
+    fn create_warnings(&self, object: &Self::Object) -> Vec<String> {
+        self.warnings(object)
+    }
+
     /// Defaults applied when an object is decoded (what upstream's scheme defaulting does).
     fn default(&self, _object: &mut Self::Object) {}
 
@@ -250,6 +256,8 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn request_warnings(&self) -> Vec<String>;
     /// See [`Strategy::warnings`].
     fn warnings(&self, object: &Value) -> Vec<String>;
+    /// Warnings for a created object.
+    fn create_warnings(&self, object: &Value) -> Vec<String>;
     /// See [`Strategy::default`].
     fn default(&self, object: &mut Value);
     /// [`DynStrategy::default`] of an object in its type's form (a create's: decoded from
@@ -391,6 +399,10 @@ impl<S: Strategy> DynStrategy for S {
 
     fn warnings(&self, object: &Value) -> Vec<String> {
         read(object, |o| Strategy::warnings(self, o)).unwrap_or_default()
+    }
+
+    fn create_warnings(&self, object: &Value) -> Vec<String> {
+        read(object, |o| Strategy::create_warnings(self, o)).unwrap_or_default()
     }
 
     fn default(&self, object: &mut Value) {

@@ -17,7 +17,7 @@ pub(super) async fn create(
             registry.create(&namespace, object, &options).await
         })
         .await?;
-    warnings.extend(request.registry.strategy().warnings(&created));
+    warnings.extend(request.registry.strategy().create_warnings(&created));
     Ok(with_warnings(
         object_response(
             StatusCode::CREATED,
@@ -364,6 +364,8 @@ pub(super) async fn apply_object(
         .await?;
     let warnings = if subresource == Subresource::Status {
         Vec::new()
+    } else if created {
+        strategy.create_warnings(&stored)
     } else {
         strategy.warnings(&stored)
     };

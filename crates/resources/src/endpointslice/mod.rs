@@ -186,8 +186,12 @@ impl Strategy for EndpointSliceStrategy {
     }
 
     fn warnings(&self, slice: &EndpointSlice) -> Vec<String> {
-        // The FQDN deprecation is a create's warning; a new slice has no uid yet.
-        validation::warnings(slice, slice.metadata.uid.is_none())
+        validation::warnings(slice, false)
+    }
+
+    /// A create also hears that FQDN slices are deprecated.
+    fn create_warnings(&self, slice: &EndpointSlice) -> Vec<String> {
+        validation::warnings(slice, true)
     }
 
     fn columns(&self) -> Vec<Column> {

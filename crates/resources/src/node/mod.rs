@@ -294,6 +294,10 @@ impl Strategy for NodeStrategy {
         }
     }
 
+    fn unsupported_field_message(&self, field: &str) -> String {
+        format!("field label not supported: {field}")
+    }
+
     fn columns(&self) -> Vec<Column> {
         let column = |name: &'static str, description: &'static str, priority: i32| Column {
             name,
