@@ -1,0 +1,370 @@
+//! EndpointSlices end to end: kubectl (`get -o wide`, `-w`, `describe`, label selection), a
+//! kube-rs reflector following a Service's slices through pod churn, the garbage collector's
+//! three propagation policies, and the Python client's typed `DiscoveryV1Api`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+/// A node in `zone`, and `count` pods `<app>-<i>` on it (ready unless `i` is in `not_ready`).
+fn manifests(
+    app: &str,
+    count: usize,
+    not_ready: &[usize],
+) -> (String, Vec<(String, String, bool)>) {
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: zone-a}}\n",
+    );
+    let mut pods = Vec::new();
+    for i in 0..count {
+        let name = format!("{app}-{i}");
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: {app}}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: x, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"
+        ));
+        pods.push((
+            name,
+            format!("10.60.{}.{}", i / 200, i % 200 + 1),
+            !not_ready.contains(&i),
+        ));
+    }
+    (yaml, pods)
+}
+
+fn set_status(server: &Server, pod: &str, ip: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let patch = format!(
+        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}"}}]}}}}"#
+    );
+    server.ok(&[
+        "patch",
+        "pod",
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+fn wait_for(server: &Server, what: &str, args: &[&str], done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = server.kubectl(args);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if done(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}: last output {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+const WEB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n";
+
+#[test]
+fn kubectl_lists_watches_selects_and_describes_endpointslices() {
+    let server = Server::start();
+    let (yaml, pods) = manifests("web", 3, &[2]);
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (name, ip, ready) in &pods {
+        set_status(&server, name, ip, *ready);
+    }
+    let file = server.apply_file("service.yaml", WEB_SERVICE);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+
+    // Label selection by the Service's name, and the wide listing's columns.
+    let listed = wait_for(
+        &server,
+        "the slice of web with its three pods",
+        &[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            "wide",
+        ],
+        |out| out.contains("10.60.0.1") && out.contains("10.60.0.3"),
+    );
+    let header = listed.lines().next().unwrap_or_default();
+    for column in ["NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS", "AGE"] {
+        assert!(header.contains(column), "{listed}");
+    }
+    let row = listed.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("web-") && row.contains(" IPv4 ") && row.contains(" 8080 "),
+        "{listed}"
+    );
+    let name = row
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let other = server.ok(&[
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=other",
+    ]);
+    assert!(other.trim().is_empty(), "{other}");
+
+    // describe shows the endpoints with their conditions and topology.
+    let described = server.ok(&["describe", "endpointslice", &name]);
+    for part in [
+        "AddressType:  IPv4",
+        "kubernetes.io/service-name=web",
+        "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io",
+        "http  8080  TCP",
+        "10.60.0.3",
+        "Ready:    false",
+        "NodeName:   n1",
+        "Zone:       zone-a",
+        "TargetRef:  Pod/web-0",
+    ] {
+        assert!(described.contains(part), "{part:?} not in {described}");
+    }
+
+    // kubectl get -w prints the slice again when a pod's readiness changes it.
+    let mut watch = Command::new("/usr/bin/kubectl")
+        .args(["--kubeconfig", common::path_str(&server.kubeconfig())])
+        .args(["get", "endpointslices", "-w", "-o", "wide"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl get -w");
+    let stdout = watch.stdout.take().expect("stdout");
+    let (lines, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = seen.recv_timeout(Duration::from_secs(10)).expect("header");
+    assert!(first.contains("ADDRESSTYPE"), "{first}");
+    std::thread::sleep(Duration::from_millis(500));
+    set_status(&server, "web-2", "10.60.0.3", true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut updates = 0;
+    while Instant::now() < deadline {
+        if let Ok(line) = seen.recv_timeout(Duration::from_millis(200))
+            && line.starts_with(&name)
+        {
+            updates += 1;
+            if updates >= 2 {
+                break;
+            }
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(updates >= 2, "the watch showed the slice {updates} times");
+    let ready = server.ok(&[
+        "get",
+        "endpointslice",
+        &name,
+        "-o",
+        "jsonpath={.endpoints[*].conditions.ready}",
+    ]);
+    assert_eq!(ready, "true true true");
+}
+
+#[test]
+fn garbage_collection_orphans_cascades_in_the_foreground_and_in_the_background() {
+    let server = Server::start();
+    let (yaml, pods) = manifests("web", 1, &[]);
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    set_status(&server, &pods[0].0, &pods[0].1, true);
+    let slices_of = |service: &str| {
+        server.ok(&[
+            "get",
+            "endpointslices",
+            "-l",
+            &format!("kubernetes.io/service-name={service}"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.metadata.ownerReferences[*].name}{\"\\n\"}{end}",
+        ])
+    };
+    for service in ["orphaned", "foreground", "background"] {
+        let manifest = WEB_SERVICE.replace("name: web", &format!("name: {service}"));
+        let file = server.apply_file(&format!("{service}.yaml"), &manifest);
+        server.ok(&["apply", "-f", common::path_str(&file)]);
+        wait_for(
+            &server,
+            "a slice owned by the Service",
+            &[
+                "get",
+                "endpointslices",
+                "-l",
+                &format!("kubernetes.io/service-name={service}"),
+            ],
+            |out| out.contains("10.60.0.1"),
+        );
+    }
+    // Orphan: the slice stays, without its owner.
+    server.ok(&["delete", "service", "orphaned", "--cascade=orphan"]);
+    wait_for(&server, "the orphaned slice", &["get", "services"], |out| {
+        !out.contains("orphaned")
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slices_of("orphaned").contains(" orphaned") {
+        assert!(Instant::now() < deadline, "{}", slices_of("orphaned"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(slices_of("orphaned").lines().count(), 1);
+    // Foreground: kubectl waits for the Service, which goes after its slice.
+    server.ok(&["delete", "service", "foreground", "--cascade=foreground"]);
+    assert!(slices_of("foreground").trim().is_empty());
+    // Background: the slice follows its Service.
+    server.ok(&["delete", "service", "background"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !slices_of("background").trim().is_empty() {
+        assert!(Instant::now() < deadline, "{}", slices_of("background"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reflector_follows_a_services_slices_through_pod_churn() {
+    use futures_util::StreamExt;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+    let server = Server::start();
+    let (yaml, mut pods) = manifests("web", 120, &[]);
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (name, ip, ready) in &pods {
+        set_status(&server, name, ip, *ready);
+    }
+    let client = server.client().await;
+    let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client, "default");
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default().labels("kubernetes.io/service-name=web");
+    let follow = tokio::spawn(
+        reflector(writer, watcher(api, config))
+            .default_backoff()
+            .for_each(|_| async {}),
+    );
+    let file = server.apply_file("service.yaml", WEB_SERVICE);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+
+    // Churn: readiness flips, deletions and new pods, while the reflector follows.
+    for (i, (name, ip, ready)) in pods.iter_mut().enumerate() {
+        if i % 7 == 0 {
+            *ready = !*ready;
+            set_status(&server, name, ip, *ready);
+        }
+    }
+    let gone: Vec<String> = pods.iter().step_by(11).map(|p| p.0.clone()).collect();
+    for name in &gone {
+        server.ok(&["delete", "pod", name, "--grace-period=0", "--force"]);
+    }
+    pods.retain(|p| !gone.contains(&p.0));
+    let (more, extra) = manifests("web", 140, &[]);
+    // Only the new pods (a document per object; the node and the first 120 are left out).
+    let more: Vec<&str> = more.split("---\n").skip(121).collect();
+    let file = server.apply_file("more.yaml", &more.join("---\n"));
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (name, ip, ready) in extra.into_iter().skip(120) {
+        set_status(&server, &name, &ip, ready);
+        pods.push((name, ip, ready));
+    }
+
+    // The reflector ends equal to the pods: every address once, ready as its pod is, in
+    // slices of at most 100.
+    let want: BTreeSet<(String, bool)> = pods.iter().map(|(_, ip, r)| (ip.clone(), *r)).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let have = loop {
+        let slices = store.state();
+        let have: Vec<(String, bool)> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .flat_map(|e| {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                e.addresses.iter().map(move |a| (a.clone(), ready))
+            })
+            .collect();
+        let unique: BTreeSet<(String, bool)> = have.iter().cloned().collect();
+        if unique == want && have.len() == want.len() {
+            assert!(
+                slices
+                    .iter()
+                    .all(|s| s.endpoints.as_ref().map_or(0, Vec::len) <= 100)
+            );
+            break have;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reflector has {} endpoints, want {}",
+            have.len(),
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(have.len(), 129);
+    follow.abort();
+}
+
+#[test]
+fn the_python_client_reads_slices_and_nodes_through_its_typed_apis() {
+    let server = Server::start();
+    let (yaml, pods) = manifests("web", 2, &[1]);
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (name, ip, ready) in &pods {
+        set_status(&server, name, ip, *ready);
+    }
+    let file = server.apply_file("service.yaml", WEB_SERVICE);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    wait_for(
+        &server,
+        "the slice",
+        &[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+        ],
+        |out| out.contains("10.60.0.2"),
+    );
+    let script = r#"
+import sys
+from kubernetes import client, config
+config.load_kube_config(sys.argv[1])
+discovery = client.DiscoveryV1Api()
+slices = discovery.list_namespaced_endpoint_slice("default", label_selector="kubernetes.io/service-name=web")
+(s,) = slices.items
+assert s.address_type == "IPv4", s.address_type
+assert [(p.name, p.port, p.protocol) for p in s.ports] == [("http", 8080, "TCP")], s.ports
+seen = sorted((e.addresses[0], e.conditions.ready, e.zone, e.target_ref.name) for e in s.endpoints)
+assert seen == [("10.60.0.1", True, "zone-a", "web-0"), ("10.60.0.2", False, "zone-a", "web-1")], seen
+assert s.metadata.owner_references[0].kind == "Service"
+mine = discovery.create_namespaced_endpoint_slice("default", client.V1EndpointSlice(
+    metadata=client.V1ObjectMeta(name="by-python"), address_type="IPv4",
+    endpoints=[client.V1Endpoint(addresses=["192.0.2.7"])],
+    ports=[client.DiscoveryV1EndpointPort(port=5432)]))
+assert mine.ports[0].protocol == "TCP" and mine.metadata.generation == 1
+nodes = client.CoreV1Api().list_node()
+assert [n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes.items] == ["zone-a"]
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, common::path_str(&server.kubeconfig())])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "the Python client (pip install kubernetes): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
