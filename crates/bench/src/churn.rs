@@ -1,6 +1,8 @@
-//! `endpoints-churn`: S Services selecting P pods each; a fixed share of the pods flips
-//! readiness every second (a `/status` write), and one watcher on Endpoints measures the delay
-//! from each pod status write to the Endpoints update that shows it.
+//! `endpoints-churn`: S Services selecting P pods each (on one Node, in one zone); a fixed share
+//! of the pods flips readiness every second (a `/status` write), and one watcher on Endpoints
+//! and one on EndpointSlices measure the delay from each pod status write to the update that
+//! shows it. The slice watcher also counts what the controller wrote per flip (a flip should
+//! change one slice in place, never create or delete one).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,6 +17,8 @@ use crate::{Bench, histogram, latency_json, process, run};
 
 /// The label that ties a pod to its Service in this scenario.
 const SELECT: &str = "capstan-bench/ep";
+/// The node every pod of the scenario runs on.
+const NODE: &str = "capstan-bench";
 
 fn service_name(i: usize) -> String {
     format!("ep-{i:04}")
@@ -89,6 +93,178 @@ struct Address {
     ip: String,
 }
 
+/// The parts of an EndpointSlice watch line this scenario reads.
+#[derive(serde::Deserialize)]
+struct SliceEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    object: SliceObject,
+}
+
+#[derive(serde::Deserialize)]
+struct SliceObject {
+    metadata: SliceMeta,
+    #[serde(default)]
+    endpoints: Option<Vec<SliceEndpoint>>,
+}
+
+#[derive(serde::Deserialize)]
+struct SliceMeta {
+    #[serde(default)]
+    labels: HashMap<String, String>,
+}
+
+#[derive(serde::Deserialize)]
+struct SliceEndpoint {
+    #[serde(default)]
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: SliceConditions,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SliceConditions {
+    ready: Option<bool>,
+}
+
+/// What one watch event shows of a Service: its index, and the IPs it shows ready and not
+/// ready.
+type Shown = (
+    usize,
+    std::collections::HashSet<String>,
+    std::collections::HashSet<String>,
+);
+
+/// Reads what a watch line shows (its event type, and [`Shown`]).
+type ShownFn = fn(&[u8]) -> Option<(String, Shown)>;
+
+fn endpoints_shown(line: &[u8]) -> Option<(String, Shown)> {
+    let event = serde_json::from_slice::<EndpointsEvent>(line).ok()?;
+    let service = service_index(&event.object.metadata.name)?;
+    let owned =
+        |set: std::collections::HashSet<&str>| set.into_iter().map(str::to_string).collect();
+    let ready = owned(event.object.ips(|s| &s.addresses));
+    let not_ready = owned(event.object.ips(|s| &s.not_ready));
+    Some((String::new(), (service, ready, not_ready)))
+}
+
+fn slice_shown(line: &[u8]) -> Option<(String, Shown)> {
+    let event = serde_json::from_slice::<SliceEvent>(line).ok()?;
+    let service = service_index(
+        event
+            .object
+            .metadata
+            .labels
+            .get("kubernetes.io/service-name")?,
+    )?;
+    let (mut ready, mut not_ready) = (Default::default(), Default::default());
+    for endpoint in event.object.endpoints.iter().flatten() {
+        let into: &mut std::collections::HashSet<String> =
+            if endpoint.conditions.ready.unwrap_or(true) {
+                &mut ready
+            } else {
+                &mut not_ready
+            };
+        into.extend(endpoint.addresses.iter().cloned());
+    }
+    Some((event.kind, (service, ready, not_ready)))
+}
+
+fn service_index(name: &str) -> Option<usize> {
+    name.strip_prefix("ep-")?.parse().ok()
+}
+
+/// The scenario's objects.
+fn bench_objects() -> ListParams {
+    ListParams::default().labels("app=capstan-bench")
+}
+
+/// Polls `complete` (how many of `services` are complete, and the list's resourceVersion)
+/// until all are; at most 300 s after `since`.
+async fn wait_complete<F, Fut>(
+    what: &str,
+    services: usize,
+    since: Instant,
+    complete: F,
+) -> anyhow::Result<String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(usize, String)>>,
+{
+    loop {
+        let (full, rv) = complete().await?;
+        eprint!("\rendpoints-churn: {full}/{services} {what} complete        ");
+        if full == services {
+            return Ok(rv);
+        }
+        anyhow::ensure!(
+            since.elapsed() < Duration::from_secs(300),
+            "only {full} of {services} {what} were complete after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Flips written and not yet seen, per Service, by pod IP.
+type PendingFlips = Arc<Mutex<HashMap<usize, HashMap<String, Pending>>>>;
+
+/// Follows a watch from `rv`, clearing the flips each event shows and recording how long after
+/// its write each was seen; counts the events by type.
+fn follow_watch(
+    client: kube::Client,
+    path: String,
+    pending: PendingFlips,
+    delays: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    done: Arc<AtomicBool>,
+    shown: ShownFn,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let mut body = crate::open(&client, &path, "application/json").await?;
+        let mut buffer = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            let arrived = Instant::now();
+            buffer.extend_from_slice(&data);
+            while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                let line = buffer.split_to(end + 1);
+                let Some((kind, (service, ready, not_ready))) = shown(&line) else {
+                    continue;
+                };
+                *counts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(kind)
+                    .or_default() += 1;
+                let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(flips) = pending.get_mut(&service) else {
+                    continue;
+                };
+                let mut delays = delays.lock().unwrap_or_else(|e| e.into_inner());
+                flips.retain(|ip, flip| {
+                    let seen = if flip.ready {
+                        ready.contains(ip.as_str())
+                    } else {
+                        not_ready.contains(ip.as_str())
+                    };
+                    if seen {
+                        let micros = arrived.duration_since(flip.sent).as_micros();
+                        let _ = delays.record((micros as u64).max(1));
+                    }
+                    !seen
+                });
+            }
+            if done.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
 impl Bench {
     fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.namespace)
@@ -112,6 +288,16 @@ impl Bench {
             }
         })
         .await?;
+        // The node the pods run on (the EndpointSlice controller reads its zone).
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let node = serde_json::from_value(json!({"metadata": {"name": NODE,
+            "labels": {"topology.kubernetes.io/zone": "capstan-bench-zone"}}}))?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
         let pod_api = self.pods();
         run("pods (create + ready)", total, args.concurrency, move |k| {
             let api = pod_api.clone();
@@ -120,7 +306,7 @@ impl Bench {
                 let pod: Pod = serde_json::from_value(json!({
                     "metadata": {"name": pod_name(i, j),
                                  "labels": {"app": "capstan-bench", SELECT: service_name(i)}},
-                    "spec": {"containers": [{"name": "app", "image": "capstan-bench",
+                    "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "capstan-bench",
                                              "ports": [{"containerPort": 8080}]}]},
                 }))?;
                 api.create(&PostParams::default(), &pod).await?;
@@ -138,104 +324,84 @@ impl Bench {
         // Every Endpoints must show its pods ready before the churn starts.
         let endpoints: Api<Endpoints> = Api::namespaced(self.client.clone(), &self.namespace);
         let settle = Instant::now();
-        let rv = loop {
-            let list = endpoints
-                .list(&ListParams::default().labels("app=capstan-bench"))
-                .await?;
-            let full = list
-                .items
-                .iter()
-                .filter(|e| {
-                    e.subsets.as_ref().is_some_and(|s| {
-                        s.iter()
-                            .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
-                            .sum::<usize>()
-                            == per
-                    })
-                })
-                .count();
-            eprint!("\rendpoints-churn: {full}/{services} Endpoints complete        ");
-            if full == services {
-                break list.metadata.resource_version.unwrap_or_default();
-            }
-            anyhow::ensure!(
-                settle.elapsed() < Duration::from_secs(300),
-                "only {full} of {services} Endpoints were complete after 300 s"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
+        let rv = wait_complete("Endpoints", services, settle, || async {
+            let list = endpoints.list(&bench_objects()).await?;
+            let ready = |e: &Endpoints| {
+                let subsets = e.subsets.iter().flatten();
+                subsets
+                    .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+                    .sum::<usize>()
+            };
+            let full = list.items.iter().filter(|e| ready(e) == per).count();
+            Ok((full, list.metadata.resource_version.unwrap_or_default()))
+        })
+        .await?;
         let settled = settle.elapsed();
+        // And every Service's slices.
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let slice_rv = wait_complete("Services' slices", services, settle, || async {
+            let list = slices.list(&bench_objects()).await?;
+            let mut ready: HashMap<String, usize> = HashMap::new();
+            for slice in &list.items {
+                let labels = slice.metadata.labels.as_ref();
+                let service = labels.and_then(|l| l.get("kubernetes.io/service-name"));
+                let endpoints = slice.endpoints.iter().flatten();
+                let count = endpoints
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .count();
+                *ready
+                    .entry(service.cloned().unwrap_or_default())
+                    .or_default() += count;
+            }
+            let full = ready.values().filter(|n| **n == per).count();
+            Ok((full, list.metadata.resource_version.unwrap_or_default()))
+        })
+        .await?;
+        let slices_settled = settle.elapsed();
 
-        // One watcher on Endpoints; each event clears the flips it shows.
-        let pending: Arc<Mutex<HashMap<usize, HashMap<String, Pending>>>> = Arc::default();
+        // One watcher on Endpoints and one on EndpointSlices; each event clears the flips it
+        // shows.
+        let pending: PendingFlips = Arc::default();
+        let slice_pending: PendingFlips = Arc::default();
         let delays = Arc::new(Mutex::new(histogram()));
+        let slice_delays = Arc::new(Mutex::new(histogram()));
+        let slice_events: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let done = Arc::new(AtomicBool::new(false));
-        let watcher = {
-            let (client, namespace) = (self.client.clone(), self.namespace.clone());
-            let (pending, delays, done) = (pending.clone(), delays.clone(), done.clone());
-            tokio::spawn(async move {
-                use http_body_util::BodyExt;
-                let path = format!(
-                    "/api/v1/namespaces/{namespace}/endpoints?watch=1&resourceVersion={rv}&timeoutSeconds=3600"
-                );
-                let request = http::Request::builder()
-                    .uri(path)
-                    .body(kube::client::Body::empty())?;
-                let response = client.send(request).await?;
-                anyhow::ensure!(
-                    response.status().is_success(),
-                    "watch: {}",
-                    response.status()
-                );
-                let mut body = response.into_body();
-                let mut buffer = bytes::BytesMut::new();
-                while let Some(frame) = body.frame().await {
-                    let Ok(data) = frame?.into_data() else {
-                        continue;
-                    };
-                    let arrived = Instant::now();
-                    buffer.extend_from_slice(&data);
-                    while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                        let line = buffer.split_to(end + 1);
-                        let Ok(event) = serde_json::from_slice::<EndpointsEvent>(&line) else {
-                            continue;
-                        };
-                        let Some(service) = event
-                            .object
-                            .metadata
-                            .name
-                            .strip_prefix("ep-")
-                            .and_then(|n| n.parse::<usize>().ok())
-                        else {
-                            continue;
-                        };
-                        let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-                        let Some(flips) = pending.get_mut(&service) else {
-                            continue;
-                        };
-                        let ready = event.object.ips(|s| &s.addresses);
-                        let not_ready = event.object.ips(|s| &s.not_ready);
-                        let mut delays = delays.lock().unwrap_or_else(|e| e.into_inner());
-                        flips.retain(|ip, flip| {
-                            let shown = if flip.ready {
-                                ready.contains(ip.as_str())
-                            } else {
-                                not_ready.contains(ip.as_str())
-                            };
-                            if shown {
-                                let micros = arrived.duration_since(flip.sent).as_micros();
-                                let _ = delays.record((micros as u64).max(1));
-                            }
-                            !shown
-                        });
-                    }
-                    if done.load(Ordering::Relaxed) {
-                        break;
-                    }
-                }
-                Ok::<_, anyhow::Error>(())
+        let namespace = &self.namespace;
+        let watches: [(String, &PendingFlips, _, _, ShownFn); 2] = [
+            (
+                format!("/api/v1/namespaces/{namespace}/endpoints"),
+                &pending,
+                &delays,
+                Arc::default(),
+                endpoints_shown,
+            ),
+            (
+                format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"),
+                &slice_pending,
+                &slice_delays,
+                slice_events.clone(),
+                slice_shown,
+            ),
+        ];
+        let watchers: Vec<_> = watches
+            .into_iter()
+            .zip([&rv, &slice_rv])
+            .map(|((path, pending, delays, counts, shown), rv)| {
+                let path = format!("{path}?watch=1&resourceVersion={rv}&timeoutSeconds=3600");
+                let (pending, delays) = (pending.clone(), delays.clone());
+                follow_watch(
+                    self.client.clone(),
+                    path,
+                    pending,
+                    delays,
+                    counts,
+                    done.clone(),
+                    shown,
+                )
             })
-        };
+            .collect();
 
         // The churn: `flip_percent` of the pods per second, in 10 ms ticks.
         let per_second = (total as f64 * args.flip_percent / 100.0).max(1.0);
@@ -265,21 +431,17 @@ impl Bench {
                 let want = !ready[k].load(Ordering::Relaxed);
                 ready[k].store(want, Ordering::Relaxed);
                 let ip = pod_ip(k);
-                pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .entry(k / per)
-                    .or_default()
-                    .insert(
-                        ip.clone(),
-                        Pending {
-                            ready: want,
-                            sent: Instant::now(),
-                        },
-                    );
+                let sent = Instant::now();
+                for map in [&pending, &slice_pending] {
+                    map.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(k / per)
+                        .or_default()
+                        .insert(ip.clone(), Pending { ready: want, sent });
+                }
                 let permit = limit.clone().acquire_owned().await?;
                 let (api, busy, errors) = (self.pods(), busy.clone(), errors.clone());
-                let pending = pending.clone();
+                let maps = [pending.clone(), slice_pending.clone()];
                 tokio::spawn(async move {
                     let patch = ready_status(&ip, want);
                     let name = pod_name(k / per, k % per);
@@ -289,21 +451,25 @@ impl Bench {
                         .is_err()
                     {
                         errors.fetch_add(1, Ordering::Relaxed);
-                        if let Some(flips) = pending
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_mut(&(k / per))
-                        {
-                            flips.remove(&ip);
+                        for map in &maps {
+                            if let Some(flips) = map
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_mut(&(k / per))
+                            {
+                                flips.remove(&ip);
+                            }
                         }
                     }
-                    // Wait until the flip has been seen before this pod may flip again.
+                    // Wait until both watches have shown the flip before this pod may flip
+                    // again.
                     for _ in 0..3000 {
-                        let seen = pending
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&(k / per))
-                            .is_none_or(|f| !f.contains_key(&ip));
+                        let seen = maps.iter().all(|map| {
+                            map.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get(&(k / per))
+                                .is_none_or(|f| !f.contains_key(&ip))
+                        });
                         if seen {
                             break;
                         }
@@ -327,39 +493,68 @@ impl Bench {
             process::thread_seconds(&threads_before, &process::thread_ticks(&args.server_pids));
         // Flips still unseen after 10 s are missed.
         let deadline = Instant::now() + Duration::from_secs(10);
-        let outstanding = || {
-            pending
-                .lock()
+        let outstanding = |map: &PendingFlips| {
+            map.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .values()
                 .map(HashMap::len)
                 .sum::<usize>()
         };
-        while outstanding() > 0 && Instant::now() < deadline {
+        while outstanding(&pending) + outstanding(&slice_pending) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let missed = outstanding();
+        let missed = outstanding(&pending);
+        let slice_missed = outstanding(&slice_pending);
         done.store(true, Ordering::Relaxed);
-        watcher.abort();
+        for watcher in &watchers {
+            watcher.abort();
+        }
+        let slice_events = slice_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let count = |kind: &str| slice_events.get(kind).copied().unwrap_or(0);
         eprint!("\r{:80}\r", "");
 
         let delays = delays.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let errors = errors.load(Ordering::Relaxed);
         println!(
-            "endpoints-churn        {services} services x {per} pods, {per_second:.0} flips/s for {:.0} s (Endpoints complete {:.1} s after the last pod write)",
+            "endpoints-churn        {services} services x {per} pods, {per_second:.0} flips/s for {:.0} s (Endpoints complete {:.1} s, EndpointSlices {:.1} s after the last pod write)",
             churn.as_secs_f64(),
-            settled.as_secs_f64()
+            settled.as_secs_f64(),
+            slices_settled.as_secs_f64()
         );
+        let slice_delays = slice_delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (what, delays, missed) in [
+            ("Endpoints event", &delays, missed),
+            ("slice event    ", &slice_delays, slice_missed),
+        ] {
+            let ms = |q: f64| delays.value_at_quantile(q) as f64 / 1000.0;
+            println!(
+                "pod status write -> {what}   {flips} flips, {} seen, missed {missed}, {errors} errors   p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+                delays.len(),
+                ms(0.5),
+                ms(0.9),
+                ms(0.99),
+                delays.max() as f64 / 1000.0,
+            );
+        }
+        let slice_writes = count("ADDED") + count("MODIFIED") + count("DELETED");
         println!(
-            "pod status write -> Endpoints event   {} flips, {} seen, missed {missed}, {errors} errors   p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
-            flips,
-            delays.len(),
-            delays.value_at_quantile(0.5) as f64 / 1000.0,
-            delays.value_at_quantile(0.9) as f64 / 1000.0,
-            delays.value_at_quantile(0.99) as f64 / 1000.0,
-            delays.max() as f64 / 1000.0,
+            "slice writes during the churn: {} added, {} modified, {} deleted = {:.2} per flip",
+            count("ADDED"),
+            count("MODIFIED"),
+            count("DELETED"),
+            slice_writes as f64 / flips.max(1) as f64
         );
         let mut report = json!({
+            "slices_settle_seconds": slices_settled.as_secs_f64(),
+            "slice_delay_ms": latency_json(&slice_delays),
+            "slice_missed": slice_missed,
+            "slice_events": {"added": count("ADDED"), "modified": count("MODIFIED"), "deleted": count("DELETED")},
             "services": services,
             "pods_per_service": per,
             "flips_per_second": per_second,
@@ -402,5 +597,9 @@ pub(crate) async fn delete_pods(bench: &Bench) {
             &kube::api::DeleteParams::default(),
             &ListParams::default().labels("app=capstan-bench"),
         )
+        .await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(bench.client.clone());
+    let _ = nodes
+        .delete(NODE, &kube::api::DeleteParams::default())
         .await;
 }

@@ -695,23 +695,31 @@ struct ItemCount {
     items: Vec<serde::de::IgnoredAny>,
 }
 
-/// GETs a path and returns the whole body (timed to the last byte; not decoded here).
-async fn fetch(client: &kube::Client, path: &str, accept: &str) -> anyhow::Result<bytes::Bytes> {
-    use http_body_util::BodyExt;
-    use hyper::body::Body;
+/// GETs a path (a list or a watch) and returns the response's body once its status says
+/// success.
+pub(crate) async fn open(
+    client: &kube::Client,
+    path: &str,
+    accept: &str,
+) -> anyhow::Result<kube::client::Body> {
     let request = http::Request::builder()
         .uri(path)
         .header("accept", accept)
         .body(kube::client::Body::empty())?;
     let response = client.send(request).await?;
-    anyhow::ensure!(
-        response.status().is_success(),
-        "GET {path}: {}",
-        response.status()
-    );
+    let status = response.status();
+    anyhow::ensure!(status.is_success(), "GET {path}: {status}");
+    Ok(response.into_body())
+}
+
+/// GETs a path and returns the whole body (timed to the last byte; not decoded here).
+async fn fetch(client: &kube::Client, path: &str, accept: &str) -> anyhow::Result<bytes::Bytes> {
+    use http_body_util::BodyExt;
+    use hyper::body::Body;
+    let body = open(client, path, accept).await?;
     // Each piece is copied as it arrives, while the next is on its way, so the figure ends
     // with the last byte rather than with a copy of the whole body made after it.
-    let mut body = response.into_body();
+    let mut body = body;
     let mut out = Vec::with_capacity(usize::try_from(body.size_hint().lower()).unwrap_or(0));
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {

@@ -35,20 +35,25 @@ fn manifests(
     (yaml, pods)
 }
 
-fn set_status(server: &Server, pod: &str, ip: &str, ready: bool) {
-    let status = if ready { "True" } else { "False" };
-    let patch = format!(
-        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}"}}]}}}}"#
-    );
-    server.ok(&[
-        "patch",
-        "pod",
-        pod,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ]);
+/// A server with a node, `count` pods of app `web` (ready unless listed in `not_ready`) and,
+/// when `service` is set, the Service `web` selecting them.
+fn serve_web(
+    count: usize,
+    not_ready: &[usize],
+    service: bool,
+) -> (Server, Vec<(String, String, bool)>) {
+    let server = Server::start();
+    let (yaml, pods) = manifests("web", count, not_ready);
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (name, ip, ready) in &pods {
+        common::set_pod_status(&server, name, ip, *ready);
+    }
+    if service {
+        let file = server.apply_file("service.yaml", WEB_SERVICE);
+        server.ok(&["apply", "-f", common::path_str(&file)]);
+    }
+    (server, pods)
 }
 
 fn wait_for(server: &Server, what: &str, args: &[&str], done: impl Fn(&str) -> bool) -> String {
@@ -68,15 +73,7 @@ const WEB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\
 
 #[test]
 fn kubectl_lists_watches_selects_and_describes_endpointslices() {
-    let server = Server::start();
-    let (yaml, pods) = manifests("web", 3, &[2]);
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
-    for (name, ip, ready) in &pods {
-        set_status(&server, name, ip, *ready);
-    }
-    let file = server.apply_file("service.yaml", WEB_SERVICE);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let (server, _) = serve_web(3, &[2], true);
 
     // Label selection by the Service's name, and the wide listing's columns.
     let listed = wait_for(
@@ -150,7 +147,7 @@ fn kubectl_lists_watches_selects_and_describes_endpointslices() {
     let first = seen.recv_timeout(Duration::from_secs(10)).expect("header");
     assert!(first.contains("ADDRESSTYPE"), "{first}");
     std::thread::sleep(Duration::from_millis(500));
-    set_status(&server, "web-2", "10.60.0.3", true);
+    common::set_pod_status(&server, "web-2", "10.60.0.3", true);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut updates = 0;
     while Instant::now() < deadline {
@@ -178,11 +175,7 @@ fn kubectl_lists_watches_selects_and_describes_endpointslices() {
 
 #[test]
 fn garbage_collection_orphans_cascades_in_the_foreground_and_in_the_background() {
-    let server = Server::start();
-    let (yaml, pods) = manifests("web", 1, &[]);
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
-    set_status(&server, &pods[0].0, &pods[0].1, true);
+    let (server, _) = serve_web(1, &[], false);
     let slices_of = |service: &str| {
         server.ok(&[
             "get",
@@ -238,13 +231,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::runtime::{WatchStreamExt, reflector, watcher};
 
-    let server = Server::start();
-    let (yaml, mut pods) = manifests("web", 120, &[]);
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
-    for (name, ip, ready) in &pods {
-        set_status(&server, name, ip, *ready);
-    }
+    let (server, mut pods) = serve_web(120, &[], false);
     let client = server.client().await;
     let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client, "default");
     let (store, writer) = reflector::store();
@@ -261,7 +248,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     for (i, (name, ip, ready)) in pods.iter_mut().enumerate() {
         if i % 7 == 0 {
             *ready = !*ready;
-            set_status(&server, name, ip, *ready);
+            common::set_pod_status(&server, name, ip, *ready);
         }
     }
     let gone: Vec<String> = pods.iter().step_by(11).map(|p| p.0.clone()).collect();
@@ -275,7 +262,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     let file = server.apply_file("more.yaml", &more.join("---\n"));
     server.ok(&["apply", "-f", common::path_str(&file)]);
     for (name, ip, ready) in extra.into_iter().skip(120) {
-        set_status(&server, &name, &ip, ready);
+        common::set_pod_status(&server, &name, &ip, ready);
         pods.push((name, ip, ready));
     }
 
@@ -316,15 +303,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
 
 #[test]
 fn the_python_client_reads_slices_and_nodes_through_its_typed_apis() {
-    let server = Server::start();
-    let (yaml, pods) = manifests("web", 2, &[1]);
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
-    for (name, ip, ready) in &pods {
-        set_status(&server, name, ip, *ready);
-    }
-    let file = server.apply_file("service.yaml", WEB_SERVICE);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let (server, _) = serve_web(2, &[1], true);
     wait_for(
         &server,
         "the slice",

@@ -810,27 +810,16 @@ fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
 fn the_endpoints_controller_follows_pods_and_services() {
     let server = Server::start();
     for (name, ip, ready) in [
-        ("p1", "10.244.0.11", "True"),
-        ("p2", "10.244.0.12", "True"),
-        ("p3", "10.244.0.13", "False"),
+        ("p1", "10.244.0.11", true),
+        ("p2", "10.244.0.12", true),
+        ("p3", "10.244.0.13", false),
     ] {
         let pod = server.apply_file(
             &format!("{name}.yaml"),
             &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),
         );
         server.ok(&["apply", "-f", path_str(&pod)]);
-        let status = format!(
-            r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
-        );
-        server.ok(&[
-            "patch",
-            "pod",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status,
-        ]);
+        common::set_pod_status(&server, name, ip, ready);
     }
     let service = server.apply_file(
         "web.yaml",

@@ -770,8 +770,9 @@ fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
         .find(|c| c.type_ == "Ready")
 }
 
-/// The target port of a Service port for one pod.
-fn target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
+/// The target port of a Service port for one pod (upstream's `FindPort`: a number as it is,
+/// a name from the pod's containers, then its sidecars, with the port's protocol).
+pub(crate) fn target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
     let protocol = service_port.protocol.as_deref().unwrap_or("TCP");
     let name = match &service_port.target_port {
         Some(IntOrString::Int(n)) => return Some(*n),

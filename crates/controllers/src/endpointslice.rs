@@ -18,7 +18,6 @@ use capstan_resources::endpointslice::{CONTROLLER_NAME, MANAGED_BY_LABEL, SERVIC
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The Service label that marks it headless.
 const HEADLESS: &str = "service.kubernetes.io/headless";
@@ -123,31 +122,6 @@ fn included(pod: &Pod) -> bool {
         || status.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
 }
 
-/// `FindPort`: a numeric target port as it is, a named one from the pod's containers (then its
-/// sidecars) with the Service port's protocol.
-fn find_port(pod: &Pod, port: &k8s_openapi::api::core::v1::ServicePort) -> Option<i32> {
-    let protocol = port.protocol.as_deref().unwrap_or("TCP");
-    let name = match &port.target_port {
-        Some(IntOrString::Int(n)) => return Some(*n),
-        Some(IntOrString::String(name)) => name,
-        None => return Some(port.port),
-    };
-    let spec = pod.spec.as_ref()?;
-    let search = |containers: &[k8s_openapi::api::core::v1::Container], sidecars: bool| {
-        containers
-            .iter()
-            .filter(|c| !sidecars || c.restart_policy.as_deref() == Some("Always"))
-            .flat_map(|c| c.ports.iter().flatten())
-            .find(|p| {
-                p.name.as_deref() == Some(name.as_str())
-                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
-            })
-            .map(|p| p.container_port)
-    };
-    search(&spec.containers, false)
-        .or_else(|| search(spec.init_containers.as_deref().unwrap_or_default(), true))
-}
-
 /// `getEndpointPorts`: the Service's ports as this pod serves them (ports it cannot resolve
 /// left out), in a canonical order.
 fn endpoint_ports(spec: &ServiceSpec, pod: &Pod) -> Vec<EndpointPort> {
@@ -155,7 +129,7 @@ fn endpoint_ports(spec: &ServiceSpec, pod: &Pod) -> Vec<EndpointPort> {
     let mut out: Vec<EndpointPort> = ports
         .iter()
         .filter_map(|p| {
-            find_port(pod, p).map(|number| EndpointPort {
+            crate::endpoints::target_port(p, pod).map(|number| EndpointPort {
                 name: Some(p.name.clone().unwrap_or_default()),
                 port: Some(number),
                 protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
@@ -323,6 +297,16 @@ impl Desired {
 
     fn len(&self) -> usize {
         self.endpoints.len()
+    }
+
+    /// Moves endpoints into `slice` until it holds `max`.
+    fn fill(&mut self, slice: &mut EndpointSlice, max: usize) {
+        let list = slice.endpoints.get_or_insert_with(Vec::new);
+        while list.len() < max
+            && let Some(endpoint) = self.pop()
+        {
+            list.push(endpoint);
+        }
     }
 
     /// The next desired endpoint not yet placed, in the order found.
@@ -510,14 +494,7 @@ fn by_port_mapping(
         let mut order: Vec<usize> = (0..slices.len()).filter(|i| state[*i] == 1).collect();
         order.sort_by_key(|i| std::cmp::Reverse(len(&slices[*i])));
         for i in order {
-            while len(&slices[i]) < max
-                && let Some(endpoint) = wanted.pop()
-            {
-                slices[i]
-                    .endpoints
-                    .get_or_insert_with(Vec::new)
-                    .push(endpoint);
-            }
+            wanted.fill(&mut slices[i], max);
         }
     }
     let mut creates = Vec::new();
@@ -532,25 +509,13 @@ fn by_port_mapping(
         };
         match fill {
             Some(i) => {
-                while len(&slices[i]) < max
-                    && let Some(endpoint) = wanted.pop()
-                {
-                    slices[i]
-                        .endpoints
-                        .get_or_insert_with(Vec::new)
-                        .push(endpoint);
-                }
+                wanted.fill(&mut slices[i], max);
                 slices[i].metadata.labels = Some(slice_labels(Some(&slices[i]), service).0);
                 state[i] = 1;
             }
             None => {
                 let mut slice = new_slice(service, address_type, ports.clone());
-                let list = slice.endpoints.get_or_insert_with(Vec::new);
-                while list.len() < max
-                    && let Some(endpoint) = wanted.pop()
-                {
-                    list.push(endpoint);
-                }
+                wanted.fill(&mut slice, max);
                 creates.push(slice);
             }
         }
@@ -594,6 +559,24 @@ mod tests {
         [("n1".to_string(), Some("zone-a".to_string()))].into()
     }
 
+    /// How many creates, updates and deletes a plan has.
+    fn counts(plan: &Plan) -> (usize, usize, usize) {
+        (plan.creates.len(), plan.updates.len(), plan.deletes.len())
+    }
+
+    fn inputs_of<'a>(
+        service: &'a Service,
+        pods: &'a [Arc<Pod>],
+        zones: &'a HashMap<String, Option<String>>,
+    ) -> Inputs<'a> {
+        Inputs {
+            service,
+            pods,
+            zones,
+            max: 100,
+        }
+    }
+
     /// The plan applied as the server would (names given to creates).
     fn apply(existing: &mut Vec<EndpointSlice>, plan: Plan) {
         for delete in &plan.deletes {
@@ -615,12 +598,7 @@ mod tests {
         let service = service();
         let pods: Vec<Arc<Pod>> = (0..150).map(|i| pod(i, i != 2)).collect();
         let zones = zones();
-        let inputs = Inputs {
-            service: &service,
-            pods: &pods,
-            zones: &zones,
-            max: 100,
-        };
+        let inputs = inputs_of(&service, &pods, &zones);
         let plan = reconcile(&inputs, Vec::new());
         assert_eq!(plan.creates.len(), 2);
         assert_eq!(len(&plan.creates[0]) + len(&plan.creates[1]), 150);
@@ -649,47 +627,22 @@ mod tests {
         let zones = zones();
         let mut pods: Vec<Arc<Pod>> = (0..150).map(|i| pod(i, true)).collect();
         let mut slices = Vec::new();
-        let inputs = Inputs {
-            service: &service,
-            pods: &pods,
-            zones: &zones,
-            max: 100,
-        };
+        let inputs = inputs_of(&service, &pods, &zones);
         apply(&mut slices, reconcile(&inputs, Vec::new()));
         pods[120] = pod(120, false);
-        let inputs = Inputs {
-            service: &service,
-            pods: &pods,
-            zones: &zones,
-            max: 100,
-        };
+        let inputs = inputs_of(&service, &pods, &zones);
         let plan = reconcile(&inputs, slices.clone());
-        assert_eq!(
-            (plan.creates.len(), plan.updates.len(), plan.deletes.len()),
-            (0, 1, 0)
-        );
+        assert_eq!(counts(&plan), (0, 1, 0));
         apply(&mut slices, plan);
         let again = reconcile(&inputs, slices.clone());
-        assert_eq!(
-            (
-                again.creates.len(),
-                again.updates.len(),
-                again.deletes.len()
-            ),
-            (0, 0, 0)
-        );
+        assert_eq!(counts(&again), (0, 0, 0));
     }
 
     #[test]
     fn no_pods_leave_one_placeholder_that_is_kept() {
         let service = service();
         let zones = zones();
-        let inputs = Inputs {
-            service: &service,
-            pods: &[],
-            zones: &zones,
-            max: 100,
-        };
+        let inputs = inputs_of(&service, &[], &zones);
         let mut slices = Vec::new();
         let plan = reconcile(&inputs, Vec::new());
         assert_eq!(plan.creates.len(), 1);
@@ -702,14 +655,7 @@ mod tests {
         );
         apply(&mut slices, plan);
         let again = reconcile(&inputs, slices);
-        assert_eq!(
-            (
-                again.creates.len(),
-                again.updates.len(),
-                again.deletes.len()
-            ),
-            (0, 0, 0)
-        );
+        assert_eq!(counts(&again), (0, 0, 0));
     }
 
     #[test]
@@ -717,12 +663,7 @@ mod tests {
         let service = service();
         let pods = vec![pod(1, true)];
         let zones = HashMap::new();
-        let inputs = Inputs {
-            service: &service,
-            pods: &pods,
-            zones: &zones,
-            max: 100,
-        };
+        let inputs = inputs_of(&service, &pods, &zones);
         let plan = reconcile(&inputs, Vec::new());
         assert_eq!(plan.missing_nodes, ["n1"]);
         // Only the placeholder.

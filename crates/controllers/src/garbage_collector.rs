@@ -22,7 +22,7 @@ use capstan_registry::cache::EventType;
 use capstan_registry::watch::WatchItem;
 use capstan_registry::{DeleteOptions, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::queue::WorkQueue;
 use crate::watch_all;
@@ -388,8 +388,32 @@ impl GarbageCollector {
         uid: &str,
         owners: &[String],
     ) -> Result<(), ApiError> {
+        let names = |r: &Value| {
+            let uid = r.get("uid").and_then(Value::as_str);
+            !owners.iter().any(|o| uid == Some(o.as_str()))
+        };
+        self.keep_in_list(key, Some(uid), "ownerReferences", names)
+            .await
+    }
+
+    /// Takes a GC finalizer off an owner; the registry deletes it when it was the last.
+    async fn remove_finalizer(&self, key: &Ref, finalizer: &str) -> Result<(), ApiError> {
+        self.keep_in_list(key, None, "finalizers", |f| f.as_str() != Some(finalizer))
+            .await
+    }
+
+    /// Keeps the entries of a metadata list (`ownerReferences`, `finalizers`) that `keep`
+    /// accepts, the list removed when none is left; nothing when the object is gone or was
+    /// recreated (another UID than `uid`).
+    async fn keep_in_list(
+        &self,
+        key: &Ref,
+        uid: Option<&str>,
+        field: &str,
+        keep: impl Fn(&Value) -> bool,
+    ) -> Result<(), ApiError> {
         let registry = &self.kinds[key.0];
-        let patched = registry
+        let edited = registry
             .patch(
                 &key.1,
                 &key.2,
@@ -397,7 +421,9 @@ impl GarbageCollector {
                 Subresource::Main,
                 |current| {
                     let mut object = current.clone();
-                    if capstan_machinery::meta::meta_str(&object, "uid") != uid {
+                    if let Some(uid) = uid
+                        && capstan_machinery::meta::meta_str(&object, "uid") != uid
+                    {
                         return Err(ApiError::conflict(
                             registry.strategy().info().group_resource(),
                             &key.2,
@@ -406,83 +432,49 @@ impl GarbageCollector {
                     }
                     let metadata = capstan_machinery::meta::metadata_mut(&mut object);
                     let kept: Vec<Value> = metadata
-                        .get("ownerReferences")
+                        .get(field)
                         .and_then(Value::as_array)
-                        .map(|refs| {
-                            refs.iter()
-                                .filter(|r| {
-                                    !owners.iter().any(|o| {
-                                        r.get("uid").and_then(Value::as_str) == Some(o.as_str())
-                                    })
-                                })
-                                .cloned()
-                                .collect()
-                        })
+                        .map(|list| list.iter().filter(|v| keep(v)).cloned().collect())
                         .unwrap_or_default();
                     if kept.is_empty() {
-                        metadata.shift_remove("ownerReferences");
+                        metadata.shift_remove(field);
                     } else {
-                        metadata.insert("ownerReferences".into(), Value::Array(kept));
+                        metadata.insert(field.to_string(), Value::Array(kept));
                     }
                     Ok(object)
                 },
             )
             .await;
-        match patched {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
-            Err(e) => Err(e),
+        match edited {
+            Err(e) if !(e.is_not_found() || e.is_conflict()) => Err(e),
+            _ => Ok(()),
         }
     }
 
-    /// Takes a GC finalizer off an owner; the registry deletes it when it was the last.
-    async fn remove_finalizer(&self, key: &Ref, finalizer: &str) -> Result<(), ApiError> {
-        let registry = &self.kinds[key.0];
-        let removed = registry
-            .patch(
-                &key.1,
-                &key.2,
-                &write_options(),
-                Subresource::Main,
-                |current| {
-                    let mut object = current.clone();
-                    let metadata = capstan_machinery::meta::metadata_mut(&mut object);
-                    let kept: Vec<Value> = metadata
-                        .get("finalizers")
-                        .and_then(Value::as_array)
-                        .map(|list| {
-                            list.iter()
-                                .filter(|f| f.as_str() != Some(finalizer))
-                                .cloned()
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    if kept.is_empty() {
-                        metadata.shift_remove("finalizers");
-                    } else {
-                        metadata.insert("finalizers".into(), json!(kept));
-                    }
-                    Ok(object)
-                },
-            )
-            .await;
-        match removed {
-            Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
-        }
+    /// An owner being deleted with `finalizer`: its UID and its dependents; `None` when it is
+    /// gone or not (or no longer) waiting on that finalizer.
+    async fn deleting_with(
+        &self,
+        key: &Ref,
+        finalizer: &str,
+    ) -> Result<Option<(String, Vec<Ref>)>, ApiError> {
+        Ok(self
+            .read(key)
+            .await?
+            .filter(|meta| meta.deleting() && meta.has_finalizer(finalizer))
+            .map(|meta| {
+                let owner = meta.uid().to_string();
+                let dependents = self.graph().dependents_of(&owner);
+                (owner, dependents)
+            }))
     }
 
     /// Upstream's attemptToOrphan: every dependent lets go of the owner, then its `orphan`
     /// finalizer goes.
     async fn orphan_dependents(&self, key: &Ref) -> Result<(), ApiError> {
-        let Some(meta) = self.read(key).await? else {
+        let Some((owner, dependents)) = self.deleting_with(key, ORPHAN).await? else {
             return Ok(());
         };
-        if !(meta.deleting() && meta.has_finalizer(ORPHAN)) {
-            return Ok(());
-        }
-        let owner = meta.uid().to_string();
-        let dependents = self.graph().dependents_of(&owner);
         for dependent in dependents {
             let Some(live) = self.read(&dependent).await? else {
                 continue;
@@ -498,14 +490,9 @@ impl GarbageCollector {
     /// Upstream's processDeletingDependentsItem: the finalizer goes once no dependent with
     /// `blockOwnerDeletion` is left; until then every dependent is judged (and deleted).
     async fn foreground(&self, key: &Ref) -> Result<(), ApiError> {
-        let Some(meta) = self.read(key).await? else {
+        let Some((owner, dependents)) = self.deleting_with(key, FOREGROUND).await? else {
             return Ok(());
         };
-        if !(meta.deleting() && meta.has_finalizer(FOREGROUND)) {
-            return Ok(());
-        }
-        let owner = meta.uid().to_string();
-        let dependents = self.graph().dependents_of(&owner);
         let mut blocking = false;
         for dependent in dependents {
             let Some(live) = self.read(&dependent).await? else {

@@ -88,18 +88,7 @@ impl KubernetesServiceController {
         port: u16,
     ) -> Self {
         let wanted = Endpoints {
-            metadata: ObjectMeta {
-                name: Some(NAME.into()),
-                namespace: Some(NAMESPACE.into()),
-                labels: Some(
-                    [(
-                        "endpointslice.kubernetes.io/skip-mirror".into(),
-                        "true".into(),
-                    )]
-                    .into(),
-                ),
-                ..ObjectMeta::default()
-            },
+            metadata: metadata(("endpointslice.kubernetes.io/skip-mirror", "true")),
             subsets: Some(vec![EndpointSubset {
                 addresses: Some(vec![EndpointAddress {
                     ip: address.to_string(),
@@ -128,12 +117,7 @@ impl KubernetesServiceController {
         port: u16,
     ) -> Self {
         let wanted = EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(NAME.into()),
-                namespace: Some(NAMESPACE.into()),
-                labels: Some([("kubernetes.io/service-name".into(), NAME.into())].into()),
-                ..ObjectMeta::default()
-            },
+            metadata: metadata(("kubernetes.io/service-name", NAME)),
             address_type: if address.is_ipv6() { "IPv6" } else { "IPv4" }.into(),
             endpoints: Some(vec![Endpoint {
                 addresses: vec![address.to_string()],
@@ -223,6 +207,16 @@ impl KubernetesServiceController {
                 }
             }
         });
+    }
+}
+
+/// `default/kubernetes` with one label.
+fn metadata((key, value): (&str, &str)) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(NAME.into()),
+        namespace: Some(NAMESPACE.into()),
+        labels: Some([(key.to_string(), value.to_string())].into()),
+        ..ObjectMeta::default()
     }
 }
 

@@ -484,13 +484,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn endpoints(object: serde_json::Value) -> Endpoints {
-        serde_json::from_value(object).expect("endpoints")
-    }
-
     #[test]
     fn subsets_become_one_slice_per_family_and_port_set() {
-        let e = endpoints(json!({"metadata": {"name": "ext"}, "subsets": [
+        let e: Endpoints = crate::decoded(json!({"metadata": {"name": "ext"}, "subsets": [
             {"addresses": [{"ip": "192.0.2.10"}, {"ip": "2001:db8::1"}],
              "notReadyAddresses": [{"ip": "192.0.2.11"}], "ports": [{"port": 5432, "protocol": "TCP"}]}]}));
         let wanted = desired(&e);
@@ -520,13 +516,13 @@ mod tests {
 
     #[test]
     fn skip_mirror_and_leader_records_are_not_mirrored() {
-        assert!(!should_mirror(&endpoints(
+        assert!(!should_mirror(&crate::decoded(
             json!({"metadata": {"labels": {SKIP_MIRROR: "true"}}})
         )));
-        assert!(should_mirror(&endpoints(
+        assert!(should_mirror(&crate::decoded(
             json!({"metadata": {"labels": {SKIP_MIRROR: "yes"}}})
         )));
-        assert!(!should_mirror(&endpoints(
+        assert!(!should_mirror(&crate::decoded(
             json!({"metadata": {"annotations": {LEADER: "x"}}})
         )));
     }

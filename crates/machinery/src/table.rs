@@ -18,6 +18,19 @@ pub struct Column {
 }
 
 impl Column {
+    /// A `string` column.
+    pub const fn text(name: &'static str, description: &'static str, priority: i32) -> Self {
+        Column {
+            name,
+            kind: "string",
+            format: "",
+            description,
+            priority,
+        }
+    }
+}
+
+impl Column {
     /// The JSON column definition.
     pub fn to_json(&self) -> Value {
         json!({

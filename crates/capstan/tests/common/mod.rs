@@ -294,6 +294,24 @@ pub fn watch_service_names(
     (seen, task)
 }
 
+/// Marks a pod Running with `ip`, Ready or not, through its `/status` (as a kubelet would).
+#[allow(dead_code)]
+pub fn set_pod_status(server: &Server, pod: &str, ip: &str, ready: bool) {
+    let ready = if ready { "True" } else { "False" };
+    let status = format!(
+        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
+    );
+    server.ok(&[
+        "patch",
+        "pod",
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status,
+    ]);
+}
+
 /// A kube client from a kubeconfig file.
 pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");

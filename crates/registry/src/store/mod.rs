@@ -317,10 +317,22 @@ impl Registry {
     /// the kind's object is welcome (what is not read is skipped, not decoded). Objects that
     /// do not decode are left out.
     pub fn cached<T: serde::de::DeserializeOwned>(&self, namespace: &str) -> Vec<T> {
+        self.cached_where(namespace, |_| true)
+    }
+
+    /// [`Registry::cached`] for the objects whose labels and fields `wanted` accepts (only
+    /// those are decoded).
+    pub fn cached_where<T: serde::de::DeserializeOwned>(
+        &self,
+        namespace: &str,
+        wanted: impl Fn(&crate::cache::Selectable) -> bool,
+    ) -> Vec<T> {
         let prefix = self.strategy.info().list_prefix(namespace);
         let mut objects = Vec::new();
         self.cache.scan(&prefix, None, |object| {
-            objects.push(object.clone());
+            if wanted(&object.selectable) {
+                objects.push(object.clone());
+            }
             true
         });
         objects

@@ -51,31 +51,7 @@ pub fn of_service(
     namespace: &str,
     service: &str,
 ) -> Vec<EndpointSlice> {
-    let prefix = slices.strategy().info().list_prefix(namespace);
-    let mut found = Vec::new();
-    slices.cache().scan(&prefix, None, |object| {
-        if object.selectable.label(SERVICE_NAME_LABEL) == Some(service) {
-            found.push(object.clone());
-        }
-        true
-    });
-    found
-        .iter()
-        .filter_map(|o| serde_json::from_slice(o.raw_json()).ok())
-        .collect()
-}
-
-/// `SetDefaults_EndpointPort` and the struct Go always writes (`conditions`).
-fn default(slice: &mut EndpointSlice) {
-    for port in slice.ports.iter_mut().flatten() {
-        port.name.get_or_insert_with(String::new);
-        crate::default_protocol(&mut port.protocol);
-    }
-    for endpoint in slice.endpoints.iter_mut().flatten() {
-        endpoint
-            .conditions
-            .get_or_insert_with(EndpointConditions::default);
-    }
+    slices.cached_where(namespace, |s| s.label(SERVICE_NAME_LABEL) == Some(service))
 }
 
 /// `dropTopologyOnV1`: `deprecatedTopology` is a v1beta1 field v1 writes never keep.
@@ -151,8 +127,17 @@ impl Strategy for EndpointSliceStrategy {
         &ENDPOINTSLICE_INFO
     }
 
+    /// `SetDefaults_EndpointPort`, and the struct Go always writes (`conditions`).
     fn default(&self, slice: &mut EndpointSlice) {
-        default(slice);
+        for port in slice.ports.iter_mut().flatten() {
+            port.name.get_or_insert_with(String::new);
+            crate::default_protocol(&mut port.protocol);
+        }
+        for endpoint in slice.endpoints.iter_mut().flatten() {
+            endpoint
+                .conditions
+                .get_or_insert_with(EndpointConditions::default);
+        }
     }
 
     /// `endpointSliceStrategy.PrepareForCreate`: generation 1; `deprecatedTopology` is not
@@ -195,18 +180,11 @@ impl Strategy for EndpointSliceStrategy {
     }
 
     fn columns(&self) -> Vec<Column> {
-        let column = |name: &'static str, description: &'static str| Column {
-            name,
-            kind: "string",
-            format: "",
-            description,
-            priority: 0,
-        };
         vec![
             NAME_COLUMN,
-            column("AddressType", ADDRESS_TYPE),
-            column("Ports", PORTS),
-            column("Endpoints", ENDPOINTS),
+            Column::text("AddressType", ADDRESS_TYPE, 0),
+            Column::text("Ports", PORTS, 0),
+            Column::text("Endpoints", ENDPOINTS, 0),
             AGE_COLUMN,
         ]
     }

@@ -13,8 +13,8 @@ const MAX_ENDPOINTS: usize = 1000;
 const MAX_ADDRESSES: usize = 100;
 /// Upstream validates at most 20,000 ports (the API text says 100).
 const MAX_PORTS: usize = 20_000;
-const MAX_ZONE_HINTS: usize = 8;
-const MAX_NODE_HINTS: usize = 8;
+/// The most zone hints, and the most node hints, an endpoint may have.
+const MAX_HINTS: usize = 8;
 
 /// The whole object; `old` on update (addressType is immutable, and endpoints left as they
 /// were are not judged again).
@@ -208,44 +208,39 @@ fn fqdn(errors: &mut FieldErrors, path: &str, address: &str) {
 }
 
 fn hint_rules(errors: &mut FieldErrors, path: &str, hints: &EndpointHints) {
-    let zones = hints.for_zones.as_deref().unwrap_or_default();
-    if zones.len() > MAX_ZONE_HINTS {
-        errors.push(FieldError::too_many(
-            format!("{path}.forZones"),
-            zones.len(),
-            MAX_ZONE_HINTS,
-        ));
+    let zones: Vec<&str> = hints.for_zones.iter().flatten().map(|z| &*z.name).collect();
+    if !hint_list(errors, &format!("{path}.forZones"), &zones, label_value) {
         return;
     }
-    let mut seen: Vec<&str> = Vec::new();
-    for (i, zone) in zones.iter().enumerate() {
-        let at = format!("{path}.forZones[{i}].name");
-        if seen.contains(&zone.name.as_str()) {
-            errors.push(FieldError::duplicate(at.clone(), &json!(zone.name)));
-        } else {
-            seen.push(&zone.name);
+    let nodes: Vec<&str> = hints.for_nodes.iter().flatten().map(|n| &*n.name).collect();
+    hint_list(
+        errors,
+        &format!("{path}.forNodes"),
+        &nodes,
+        dns1123_subdomain,
+    );
+}
+
+/// One list of hints: at most eight, each name once and valid by `rule`; `false` when there
+/// are too many (upstream then stops judging the hints).
+fn hint_list(
+    errors: &mut FieldErrors,
+    path: &str,
+    names: &[&str],
+    rule: fn(&str) -> Vec<String>,
+) -> bool {
+    if names.len() > MAX_HINTS {
+        errors.push(FieldError::too_many(path, names.len(), MAX_HINTS));
+        return false;
+    }
+    for (i, name) in names.iter().enumerate() {
+        let at = format!("{path}[{i}].name");
+        if names[..i].contains(name) {
+            errors.push(FieldError::duplicate(at.clone(), &json!(name)));
         }
-        errors.check(at, &zone.name, label_value);
+        errors.check(at, name, rule);
     }
-    let nodes = hints.for_nodes.as_deref().unwrap_or_default();
-    if nodes.len() > MAX_NODE_HINTS {
-        errors.push(FieldError::too_many(
-            format!("{path}.forNodes"),
-            nodes.len(),
-            MAX_NODE_HINTS,
-        ));
-        return;
-    }
-    let mut seen: Vec<&str> = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
-        let at = format!("{path}.forNodes[{i}].name");
-        if seen.contains(&node.name.as_str()) {
-            errors.push(FieldError::duplicate(at.clone(), &json!(node.name)));
-        } else {
-            seen.push(&node.name);
-        }
-        errors.check(at, &node.name, dns1123_subdomain);
-    }
+    true
 }
 
 /// `warnOnBadIPs`: non-standard addresses (in slices the controllers did not write), and on

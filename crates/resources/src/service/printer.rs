@@ -12,26 +12,16 @@ const EXTERNAL_IP_DESCRIPTION: &str = "externalIPs is a list of IP addresses for
 const PORTS_DESCRIPTION: &str = "The list of ports that are exposed by this service. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
 const SELECTOR_DESCRIPTION: &str = "Route service traffic to pods with label keys and values matching this selector. If empty or not present, the service is assumed to have an external process managing its endpoints, which Kubernetes will not modify. Only applies to types ClusterIP, NodePort, and LoadBalancer. Ignored if type is ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/";
 
-fn column(name: &'static str, description: &'static str, priority: i32) -> Column {
-    Column {
-        name,
-        kind: "string",
-        format: "",
-        description,
-        priority,
-    }
-}
-
 /// The columns, in upstream's order.
 pub fn columns() -> Vec<Column> {
     vec![
         NAME_COLUMN,
-        column("Type", TYPE_DESCRIPTION, 0),
-        column("Cluster-IP", CLUSTER_IP_DESCRIPTION, 0),
-        column("External-IP", EXTERNAL_IP_DESCRIPTION, 0),
-        column("Port(s)", PORTS_DESCRIPTION, 0),
+        Column::text("Type", TYPE_DESCRIPTION, 0),
+        Column::text("Cluster-IP", CLUSTER_IP_DESCRIPTION, 0),
+        Column::text("External-IP", EXTERNAL_IP_DESCRIPTION, 0),
+        Column::text("Port(s)", PORTS_DESCRIPTION, 0),
         AGE_COLUMN,
-        column("Selector", SELECTOR_DESCRIPTION, 1),
+        Column::text("Selector", SELECTOR_DESCRIPTION, 1),
     ]
 }
 
