@@ -82,6 +82,12 @@ struct ServeArgs {
     /// The most endpoints the EndpointSlice controller puts in one slice (1–1000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_endpoints_per_slice: u16,
+    /// Services whose Endpoints are synced at once.
+    #[arg(long, default_value_t = 5)]
+    concurrent_endpoint_syncs: usize,
+    /// Services whose EndpointSlices are synced at once.
+    #[arg(long, default_value_t = 5)]
+    concurrent_service_endpoint_syncs: usize,
     /// Read-only requests served at once; more are refused with 429 (0: no limit). Watches
     /// and other long-running requests are not counted.
     #[arg(long, default_value_t = 400)]
@@ -307,6 +313,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             registry_for(&registries, "endpointslices")?,
             registry_for(&registries, "nodes")?,
             usize::from(args.max_endpoints_per_slice),
+        )
+        .with_concurrency(
+            args.concurrent_endpoint_syncs,
+            args.concurrent_service_endpoint_syncs,
         )
         .start()
         .context("starting the endpoints controller")?;

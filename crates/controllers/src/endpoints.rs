@@ -44,6 +44,8 @@ pub struct EndpointsController {
     slices: Option<Arc<crate::endpointslice::SliceWriter>>,
     /// Its trigger times, tracked apart (each controller's first sync counts from creation).
     slice_triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+    /// Concurrent syncs: of Endpoints, and of EndpointSlices.
+    workers: (usize, usize),
 }
 
 /// How many Services are synced at once.
@@ -291,6 +293,31 @@ type Entry = (String, String, EndpointAddress, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
 type PortAddresses = BTreeMap<(String, String), (EndpointAddress, bool)>;
 
+/// The two controllers' queues: every Service change goes to both.
+struct Queues {
+    endpoints: Arc<WorkQueue<Key>>,
+    slices: Option<Arc<WorkQueue<Key>>>,
+}
+
+impl Queues {
+    fn add(&self, key: Key) {
+        if let Some(slices) = &self.slices {
+            slices.add(key.clone());
+        }
+        self.endpoints.add(key);
+    }
+}
+
+/// What a sync found for its Service.
+enum Selection {
+    /// The Service, its spec and the pods its selector matches.
+    Pods(Service, ServiceSpec, Vec<Arc<Pod>>),
+    /// A Service without a selector, or an ExternalName: nothing to keep.
+    Skip,
+    /// The Service is gone.
+    Gone,
+}
+
 /// The part of a Service the index keeps.
 #[derive(serde::Deserialize)]
 struct SelectorOf {
@@ -374,7 +401,15 @@ impl EndpointsController {
             index: std::sync::Mutex::new(Index::default()),
             slices: None,
             slice_triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            workers: (WORKERS, WORKERS),
         }
+    }
+
+    /// How many Services each controller syncs at once (upstream's
+    /// `--concurrent-endpoint-syncs` and `--concurrent-service-endpoint-syncs`; at least one).
+    pub fn with_concurrency(mut self, endpoints: usize, slices: usize) -> Self {
+        self.workers = (endpoints.max(1), slices.max(1));
+        self
     }
 
     /// Also keeps every selector Service's EndpointSlices (upstream's EndpointSlice
@@ -413,7 +448,16 @@ impl EndpointsController {
 
     fn run(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::<Key>::default());
+        // Every change is queued for both controllers; the EndpointSlice controller works on
+        // a thread of its own (`eps-controller`), as upstream's runs apart from the endpoints
+        // controller, so neither waits for the other's writes.
+        let queue = Arc::new(Queues {
+            endpoints: Arc::new(WorkQueue::default()),
+            slices: controller
+                .slices
+                .as_ref()
+                .map(|_| Arc::new(WorkQueue::default())),
+        });
         // Services: every change syncs that Service; their selectors are remembered so a pod
         // change only wakes the Services that select (or selected) it. Services known from
         // before a watch restart and not replayed were deleted meanwhile.
@@ -485,22 +529,56 @@ impl EndpointsController {
                             .and_then(|e| e.metadata.annotations)
                             .is_none_or(|a| !a.contains_key(LEADER));
                     if orphan_check || kind == EventType::Deleted {
-                        event_queue.add(key_of(&object.selectable));
+                        event_queue.endpoints.add(key_of(&object.selectable));
                     }
                 },
                 |_| {},
             );
         }
-        if let Some(writer) = &controller.slices {
-            writer.start(queue.clone());
+        if let (Some(writer), Some(slices)) = (&controller.slices, &queue.slices) {
+            let (controller, writer, slices) = (controller.clone(), writer.clone(), slices.clone());
+            let started = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .and_then(|runtime| {
+                    std::thread::Builder::new()
+                        .name("eps-controller".into())
+                        .spawn(move || {
+                            runtime.block_on(async move {
+                                // Its own watches (nodes, slices) run here too.
+                                writer.start(slices.clone());
+                                let mut workers = tokio::task::JoinSet::new();
+                                for _ in 0..controller.workers.1 {
+                                    let (controller, writer) = (controller.clone(), writer.clone());
+                                    workers.spawn(
+                                        slices.clone().work(
+                                            "endpointslice sync",
+                                            move |key: Key| {
+                                                let (controller, writer) =
+                                                    (controller.clone(), writer.clone());
+                                                async move {
+                                                    controller.sync_slices(&writer, &key).await
+                                                }
+                                            },
+                                        ),
+                                    );
+                                }
+                                while workers.join_next().await.is_some() {}
+                            })
+                        })
+                });
+            if let Err(error) = started {
+                tracing::error!(%error, "could not start the EndpointSlice controller");
+            }
         }
         // Upstream's default of five concurrent syncs (`--concurrent-endpoint-syncs`): a sync
         // waits for its durable write, and others proceed meanwhile; one key is never synced
         // twice at once.
-        for _ in 0..WORKERS {
-            let (queue, controller) = (queue.clone(), controller.clone());
+        for _ in 0..controller.workers.0 {
+            let (queues, controller) = (queue.clone(), controller.clone());
             tokio::spawn(async move {
                 loop {
+                    let queue = &queues.endpoints;
                     let key = queue.next().await;
                     let result = controller.sync(&key.0, &key.1).await;
                     queue.done(&key);
@@ -508,7 +586,7 @@ impl EndpointsController {
                         Ok(()) => queue.forget(&key),
                         Err(error) => {
                             let (namespace, name) = (key.0.clone(), key.1.clone());
-                            match queue.retry_later(key) {
+                            match queues.endpoints.retry_later(key) {
                                 Some(delay) => {
                                     tracing::debug!(%namespace, %name, %error, ?delay, "endpoints sync failed; retrying")
                                 }
@@ -600,45 +678,44 @@ impl EndpointsController {
         }))
     }
 
+    /// What a sync works from: the Service and the pods its selector matches, as the watches
+    /// last showed them (as upstream's controllers read their informers); `Gone` when the
+    /// Service is, `Skip` when it has no selector or is an ExternalName.
+    fn selected(&self, key: &Key) -> Result<Selection, ApiError> {
+        let Some(service) = self.service(&key.0, &key.1)? else {
+            return Ok(Selection::Gone);
+        };
+        let spec = service.spec.clone().unwrap_or_default();
+        if spec.type_.as_deref() == Some("ExternalName") {
+            return Ok(Selection::Skip);
+        }
+        let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
+            return Ok(Selection::Skip);
+        };
+        let selector = LabelSelector::from_pairs(selector.iter().map(|(k, v)| (&**k, &**v)));
+        let pods: Vec<Arc<Pod>> = self
+            .index()
+            .members(key)
+            .into_iter()
+            .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
+            .collect();
+        Ok(Selection::Pods(service, spec, pods))
+    }
+
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
-        let service = match self.service(namespace, name) {
-            Ok(Some(service)) => service,
+        let key = (namespace.to_string(), name.to_string());
+        let (service, spec, pods) = match self.selected(&key)? {
+            Selection::Pods(service, spec, pods) => (service, spec, pods),
+            Selection::Skip => return Ok(()),
             // The Service is gone: so are its Endpoints.
-            Ok(None) => {
-                let key = (namespace.to_string(), name.to_string());
-                if let Some(writer) = &self.slices {
-                    // Its slices go by their owner reference (the garbage collector).
-                    writer.forget(&key);
-                    self.slice_triggers
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
-                }
+            Selection::Gone => {
                 let options = DeleteOptions::default();
                 return match self.endpoints.delete(namespace, name, &options).await {
                     Err(e) if !e.is_not_found() => Err(e.into()),
                     _ => Ok(()),
                 };
             }
-            Err(e) => return Err(e.into()),
         };
-        let spec = service.spec.clone().unwrap_or_default();
-        if spec.type_.as_deref() == Some("ExternalName") {
-            return Ok(());
-        }
-        let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
-            return Ok(());
-        };
-        // The pods the selector matches, as the pod watch last showed them (as upstream's
-        // controller reads its informer).
-        let selector = LabelSelector::from_pairs(selector.iter().map(|(k, v)| (&**k, &**v)));
-        let key = (namespace.to_string(), name.to_string());
-        let pods: Vec<Arc<Pod>> = self
-            .index()
-            .members(&key)
-            .into_iter()
-            .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
-            .collect();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
         let desired = Desired {
             labels: desired_labels(&service, &spec),
@@ -646,12 +723,31 @@ impl EndpointsController {
             truncated,
             trigger: Self::trigger_time(&self.triggers, &key, &service, &pods),
         };
-        self.write(namespace, name, &desired).await?;
-        if let Some(writer) = &self.slices {
-            let trigger = Self::trigger_time(&self.slice_triggers, &key, &service, &pods);
-            writer.sync(&key, &service, &pods, &trigger).await?;
+        self.write(namespace, name, &desired).await
+    }
+
+    /// The EndpointSlice controller's sync of one Service.
+    async fn sync_slices(
+        &self,
+        writer: &crate::endpointslice::SliceWriter,
+        key: &Key,
+    ) -> Result<(), ApiError> {
+        match self.selected(key)? {
+            Selection::Pods(service, _, pods) => {
+                let trigger = Self::trigger_time(&self.slice_triggers, key, &service, &pods);
+                writer.sync(key, &service, &pods, &trigger).await
+            }
+            Selection::Skip => Ok(()),
+            // Its slices go by their owner reference (the garbage collector).
+            Selection::Gone => {
+                writer.forget(key);
+                self.slice_triggers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(key);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// Writes the desired Endpoints: patched over the stored ones (read once, inside the
@@ -664,7 +760,7 @@ impl EndpointsController {
         };
         let written = self
             .endpoints
-            .patch(namespace, name, &options, Subresource::Main, |current| {
+            .patch_typed(namespace, name, &options, Subresource::Main, |current| {
                 let current: Endpoints = to_typed(current).map_err(ApiError::internal)?;
                 Ok(from_typed(&if desired.unchanged(&current) {
                     current

@@ -77,16 +77,22 @@ fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
 
 /// `EndpointsEqualBeyondHash`: node, zone, conditions and target (less its resourceVersion).
 fn equal_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
-    let target = |e: &Endpoint| {
-        e.target_ref.clone().map(|mut t| {
-            t.resource_version = None;
-            t
-        })
+    let same_target = match (&a.target_ref, &b.target_ref) {
+        (Some(a), Some(b)) => {
+            a.kind == b.kind
+                && a.namespace == b.namespace
+                && a.name == b.name
+                && a.uid == b.uid
+                && a.api_version == b.api_version
+                && a.field_path == b.field_path
+        }
+        (a, b) => a.is_none() && b.is_none(),
     };
+    let none = EndpointConditions::default();
     a.node_name == b.node_name
         && a.zone == b.zone
-        && a.conditions.clone().unwrap_or_default() == b.conditions.clone().unwrap_or_default()
-        && target(a) == target(b)
+        && a.conditions.as_ref().unwrap_or(&none) == b.conditions.as_ref().unwrap_or(&none)
+        && same_target
 }
 
 /// The address types a Service's slices are of: its IP families (and both for a headless
@@ -155,10 +161,13 @@ fn pod_endpoint(
     zone: Option<String>,
     address_type: &str,
 ) -> Endpoint {
-    let spec = service.spec.clone().unwrap_or_default();
     let serving = capstan_resources::pod::is_ready(pod);
     let terminating = pod.metadata.deletion_timestamp.is_some();
-    let publish = spec.publish_not_ready_addresses == Some(true);
+    let publish = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        == Some(true);
     let addresses = pod
         .status
         .iter()
@@ -275,7 +284,7 @@ fn len(slice: &EndpointSlice) -> usize {
 /// Desired endpoints in the order they were found, by identity.
 #[derive(Default)]
 struct Desired {
-    order: Vec<EndpointKey>,
+    order: std::collections::VecDeque<EndpointKey>,
     endpoints: HashMap<EndpointKey, Endpoint>,
 }
 
@@ -283,7 +292,7 @@ impl Desired {
     fn insert(&mut self, endpoint: Endpoint) {
         let key = endpoint_key(&endpoint);
         if self.endpoints.insert(key.clone(), endpoint).is_none() {
-            self.order.push(key);
+            self.order.push_back(key);
         }
     }
 
@@ -311,8 +320,7 @@ impl Desired {
 
     /// The next desired endpoint not yet placed, in the order found.
     fn pop(&mut self) -> Option<Endpoint> {
-        while !self.order.is_empty() {
-            let key = self.order.remove(0);
+        while let Some(key) = self.order.pop_front() {
             if let Some(endpoint) = self.endpoints.remove(&key) {
                 return Some(endpoint);
             }
@@ -687,6 +695,8 @@ struct SliceState {
     zones: HashMap<String, Option<String>>,
     /// This controller's slices of each Service, by name, from the slice watch.
     index: HashMap<crate::endpoints::Key, std::collections::BTreeSet<String>>,
+    /// The other way: each indexed slice (namespace, name) → its Service.
+    service_of: HashMap<crate::endpoints::Key, crate::endpoints::Key>,
     /// UID → the generation this controller last wrote (-1: it deleted it), so its own
     /// writes coming back through the watch do not sync the Service again.
     tracked: HashMap<String, i64>,
@@ -765,12 +775,16 @@ impl SliceWriter {
                 let uid = meta.uid.unwrap_or_default();
                 let mut state = writer.state();
                 let mut wake = Vec::new();
-                for (key, names) in state.index.iter_mut() {
-                    if key.0 == namespace && names.remove(&name) {
-                        wake.push(key.clone());
+                let slice_key = (namespace.clone(), name.clone());
+                if let Some(key) = state.service_of.remove(&slice_key) {
+                    if let Some(names) = state.index.get_mut(&key) {
+                        names.remove(&name);
+                        if names.is_empty() {
+                            state.index.remove(&key);
+                        }
                     }
+                    wake.push(key);
                 }
-                state.index.retain(|_, names| !names.is_empty());
                 let tracked = state.tracked.get(&uid).copied();
                 if kind == EventType::Deleted {
                     state.tracked.remove(&uid);
@@ -781,6 +795,7 @@ impl SliceWriter {
                 } else if let (true, Some(service)) = (ours, service) {
                     let key = (namespace, service);
                     state.index.entry(key.clone()).or_default().insert(name);
+                    state.service_of.insert(slice_key, key.clone());
                     let own_write = tracked.is_some_and(|g| g >= meta.generation.unwrap_or(0));
                     if own_write {
                         wake.retain(|k| *k != key);

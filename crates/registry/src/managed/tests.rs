@@ -358,3 +358,39 @@ fn a_create_adds_nodes_go_does_not_have_and_keys_sort_as_values() {
         json!({"f:metadata": {"f:labels": {".": {}, "f:x": {}}}})
     );
 }
+
+#[test]
+fn only_managed_fields_times_are_ignored() {
+    let object = |time: &str, replicas: u32, extra: Option<&str>| {
+        let mut entry = json!({"manager": "m", "operation": "Update", "time": time});
+        if let Some(extra) = extra {
+            entry["subresource"] = json!(extra);
+        }
+        json!({
+            "metadata": {"name": "a", "managedFields": [entry]},
+            "spec": {"replicas": replicas},
+        })
+    };
+    let old = object("2026-01-01T00:00:00Z", 1, None);
+    assert!(super::same_ignoring_times(
+        &object("2026-01-02T00:00:00Z", 1, None),
+        &old
+    ));
+    assert!(!super::same_ignoring_times(
+        &object("2026-01-02T00:00:00Z", 2, None),
+        &old
+    ));
+    assert!(!super::same_ignoring_times(
+        &object("2026-01-01T00:00:00Z", 1, Some("status")),
+        &old
+    ));
+    let mut untimed = old.clone();
+    untimed["metadata"]["managedFields"][0]
+        .as_object_mut()
+        .map(|entry| entry.remove("time"));
+    assert!(super::same_ignoring_times(&untimed, &old));
+    let mut labelled = old.clone();
+    labelled["metadata"]["labels"] = json!({"a": "b"});
+    assert!(!super::same_ignoring_times(&labelled, &old));
+    assert!(!super::same_ignoring_times(&old, &labelled));
+}

@@ -12,6 +12,16 @@ enum OnConflict {
     Fail,
 }
 
+/// What form a write's computed object is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// Its type's (decoded from a body, or encoded from a typed object): defaulting writes it
+    /// back only when it changed something.
+    Normal,
+    /// Any JSON (a patch's result): defaulting normalizes it.
+    Any,
+}
+
 impl Registry {
     fn invalid(&self, name: &str, errors: &FieldErrors) -> ApiError {
         let info = self.strategy.info();
@@ -317,6 +327,8 @@ impl Registry {
             options,
             subresource,
             |_current| Ok(new.clone()),
+            // A body or a typed object is in its type's form already.
+            Form::Normal,
             if pinned.is_empty() {
                 OnConflict::Retry
             } else {
@@ -334,6 +346,33 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.patch_in(namespace, name, options, subresource, apply, Form::Any)
+            .await
+    }
+
+    /// [`Registry::patch`] for an `apply` that returns an object in its type's form (encoded
+    /// from a typed object, as a controller's): defaulting does not encode it again.
+    pub async fn patch_typed(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &WriteOptions,
+        subresource: Subresource,
+        apply: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.patch_in(namespace, name, options, subresource, apply, Form::Normal)
+            .await
+    }
+
+    async fn patch_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &WriteOptions,
+        subresource: Subresource,
+        apply: impl Fn(&Value) -> Result<Value, ApiError>,
+        form: Form,
     ) -> Result<Value, ApiError> {
         let info = self.strategy.info();
         let api_version = info.api_version();
@@ -358,6 +397,7 @@ impl Registry {
                     }
                     Ok(patched)
                 },
+                form,
                 OnConflict::Retry,
             )
             .await?;
@@ -436,6 +476,7 @@ impl Registry {
             &options,
             subresource,
             merge,
+            Form::Any,
             OnConflict::Retry,
         )
         .await
@@ -448,6 +489,7 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+        form: Form,
         on_conflict: OnConflict,
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
@@ -520,7 +562,10 @@ impl Registry {
             }
             meta::metadata_mut(&mut new).shift_remove("generation");
             meta::metadata_mut(&mut new).shift_remove("selfLink");
-            self.strategy.default(&mut new);
+            match form {
+                Form::Normal => self.strategy.default_normal(&mut new),
+                Form::Any => self.strategy.default(&mut new),
+            }
             if !options.applied {
                 crate::managed::record_update(
                     &mut new,
