@@ -311,7 +311,7 @@ impl Queues {
 /// What a sync found for its Service.
 enum Selection {
     /// The Service, its spec and the pods its selector matches.
-    Pods(Service, ServiceSpec, Vec<Arc<Pod>>),
+    Pods(Box<Service>, Box<ServiceSpec>, Vec<Arc<Pod>>),
     /// A Service without a selector, or an ExternalName: nothing to keep.
     Skip,
     /// The Service is gone.
@@ -699,13 +699,13 @@ impl EndpointsController {
             .into_iter()
             .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
             .collect();
-        Ok(Selection::Pods(service, spec, pods))
+        Ok(Selection::Pods(Box::new(service), Box::new(spec), pods))
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
         let key = (namespace.to_string(), name.to_string());
         let (service, spec, pods) = match self.selected(&key)? {
-            Selection::Pods(service, spec, pods) => (service, spec, pods),
+            Selection::Pods(service, spec, pods) => (*service, *spec, pods),
             Selection::Skip => return Ok(()),
             // The Service is gone: so are its Endpoints.
             Selection::Gone => {

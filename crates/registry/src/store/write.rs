@@ -328,12 +328,14 @@ impl Registry {
             subresource,
             |_current| Ok(new.clone()),
             // A body or a typed object is in its type's form already.
-            Form::Normal,
-            if pinned.is_empty() {
-                OnConflict::Retry
-            } else {
-                OnConflict::Fail
-            },
+            (
+                Form::Normal,
+                if pinned.is_empty() {
+                    OnConflict::Retry
+                } else {
+                    OnConflict::Fail
+                },
+            ),
         )
         .await
     }
@@ -397,8 +399,7 @@ impl Registry {
                     }
                     Ok(patched)
                 },
-                form,
-                OnConflict::Retry,
+                (form, OnConflict::Retry),
             )
             .await?;
         Ok(object)
@@ -476,8 +477,7 @@ impl Registry {
             &options,
             subresource,
             merge,
-            Form::Any,
-            OnConflict::Retry,
+            (Form::Any, OnConflict::Retry),
         )
         .await
     }
@@ -489,8 +489,7 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
-        form: Form,
-        on_conflict: OnConflict,
+        (form, on_conflict): (Form, OnConflict),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
         let info = self.strategy.info();
