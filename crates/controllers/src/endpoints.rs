@@ -760,14 +760,21 @@ impl EndpointsController {
         };
         let written = self
             .endpoints
-            .patch_typed(namespace, name, &options, Subresource::Main, |current| {
-                let current: Endpoints = to_typed(current).map_err(ApiError::internal)?;
-                Ok(from_typed(&if desired.unchanged(&current) {
-                    current
-                } else {
-                    desired.applied_to(current)
-                }))
-            })
+            .patch(
+                namespace,
+                name,
+                &options,
+                Subresource::Main,
+                capstan_registry::Form::Normal,
+                |current| {
+                    let current: Endpoints = to_typed(current).map_err(ApiError::internal)?;
+                    Ok(from_typed(&if desired.unchanged(&current) {
+                        current
+                    } else {
+                        desired.applied_to(current)
+                    }))
+                },
+            )
             .await;
         match written {
             Ok(_) => Ok(()),

@@ -419,6 +419,8 @@ impl GarbageCollector {
                 &key.2,
                 &write_options(),
                 Subresource::Main,
+                // An edited list may end up empty, which its type's form leaves out.
+                capstan_registry::Form::Any,
                 |current| {
                     let mut object = current.clone();
                     if let Some(uid) = uid

@@ -447,17 +447,25 @@ impl MirroringController {
         for slice in updates {
             let name = slice.metadata.name.clone().unwrap_or_default();
             self.slices
-                .patch(&key.0, &name, &options(), Subresource::Main, |current| {
-                    let current: EndpointSlice = to_typed(current).map_err(ApiError::internal)?;
-                    let mut next = slice.clone();
-                    next.metadata = ObjectMeta {
-                        labels: slice.metadata.labels.clone(),
-                        annotations: slice.metadata.annotations.clone(),
-                        owner_references: slice.metadata.owner_references.clone(),
-                        ..current.metadata
-                    };
-                    Ok(from_typed(&next))
-                })
+                .patch(
+                    &key.0,
+                    &name,
+                    &options(),
+                    Subresource::Main,
+                    capstan_registry::Form::Normal,
+                    |current| {
+                        let current: EndpointSlice =
+                            to_typed(current).map_err(ApiError::internal)?;
+                        let mut next = slice.clone();
+                        next.metadata = ObjectMeta {
+                            labels: slice.metadata.labels.clone(),
+                            annotations: slice.metadata.annotations.clone(),
+                            owner_references: slice.metadata.owner_references.clone(),
+                            ..current.metadata
+                        };
+                        Ok(from_typed(&next))
+                    },
+                )
                 .await?;
         }
         for slice in &deletes {

@@ -139,11 +139,18 @@ pub(super) async fn patch_object(
                 validation,
             };
             let patched = registry
-                .patch(&namespace, &owned_name, &options, subresource, |current| {
-                    let (result, problems) = patched_object(&input, current)?;
-                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                    Ok(result)
-                })
+                .patch(
+                    &namespace,
+                    &owned_name,
+                    &options,
+                    subresource,
+                    capstan_registry::Form::Any,
+                    |current| {
+                        let (result, problems) = patched_object(&input, current)?;
+                        *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                        Ok(result)
+                    },
+                )
                 .await?;
             Ok((
                 patched,

@@ -12,16 +12,6 @@ enum OnConflict {
     Fail,
 }
 
-/// What form a write's computed object is in.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Form {
-    /// Its type's (decoded from a body, or encoded from a typed object): defaulting writes it
-    /// back only when it changed something.
-    Normal,
-    /// Any JSON (a patch's result): defaulting normalizes it.
-    Any,
-}
-
 impl Registry {
     fn invalid(&self, name: &str, errors: &FieldErrors) -> ApiError {
         let info = self.strategy.info();
@@ -340,41 +330,17 @@ impl Registry {
         .await
     }
 
-    /// PATCH: `apply` computes the new object from the current one (with `kind`/`apiVersion`).
+    /// PATCH: `apply` computes the new object from the current one (with `kind`/`apiVersion`);
+    /// `form` says whether what it returns is in its type's form already (encoded from a typed
+    /// object, as a controller's: defaulting then does not encode it again).
     pub async fn patch(
         &self,
         namespace: &str,
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        apply: impl Fn(&Value) -> Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
-        self.patch_in(namespace, name, options, subresource, apply, Form::Any)
-            .await
-    }
-
-    /// [`Registry::patch`] for an `apply` that returns an object in its type's form (encoded
-    /// from a typed object, as a controller's): defaulting does not encode it again.
-    pub async fn patch_typed(
-        &self,
-        namespace: &str,
-        name: &str,
-        options: &WriteOptions,
-        subresource: Subresource,
-        apply: impl Fn(&Value) -> Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
-        self.patch_in(namespace, name, options, subresource, apply, Form::Normal)
-            .await
-    }
-
-    async fn patch_in(
-        &self,
-        namespace: &str,
-        name: &str,
-        options: &WriteOptions,
-        subresource: Subresource,
-        apply: impl Fn(&Value) -> Result<Value, ApiError>,
         form: Form,
+        apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let info = self.strategy.info();
         let api_version = info.api_version();
