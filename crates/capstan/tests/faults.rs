@@ -296,7 +296,9 @@ impl Confined {
             .expect("port");
         let log = std::fs::File::create(dir.path().join("log")).expect("log");
         let script = format!(
-            "mount -t tmpfs -o size=48m tmpfs '{}' && exec '{}' serve --data-dir '{}' --bind-address 127.0.0.1 --port {port}",
+            // A wide node port range: the writers must fill the disk before they run out of
+            // node ports (the default range holds 2,768).
+            "mount -t tmpfs -o size=48m tmpfs '{}' && exec '{}' serve --data-dir '{}' --bind-address 127.0.0.1 --port {port} --service-node-port-range 20000-60000",
             data.display(),
             env!("CARGO_BIN_EXE_capstan"),
             data.display()
