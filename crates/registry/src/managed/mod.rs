@@ -26,10 +26,12 @@ use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
 use crate::{ResourceInfo, Subresource};
+pub use unchanged::same_ignoring_times;
 
 mod apply;
 #[cfg(test)]
 mod tests;
+mod unchanged;
 
 pub use apply::{Conflict, apply};
 
@@ -677,45 +679,4 @@ fn sort_entries(entries: &mut [Value]) {
         )
     };
     entries.sort_by_cached_key(key);
-}
-
-/// Whether two maps hold the same keys with values `same` calls equal.
-fn same_map(
-    new: &serde_json::Map<String, Value>,
-    old: &serde_json::Map<String, Value>,
-    skip: &str,
-    same: impl Fn(&str, &Value, &Value) -> bool,
-) -> bool {
-    let counted =
-        |map: &serde_json::Map<String, Value>| map.len() - usize::from(map.contains_key(skip));
-    counted(new) == counted(old)
-        && new
-            .iter()
-            .filter(|(key, _)| *key != skip)
-            .all(|(key, value)| old.get(key).is_some_and(|other| same(key, value, other)))
-}
-
-/// Whether an update changes nothing but managedFields timestamps (then it is not written).
-/// Compared in place: the objects are not copied.
-pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
-    let (Some(new), Some(old)) = (new.as_object(), old.as_object()) else {
-        return new == old;
-    };
-    same_map(new, old, "", |key, new, old| match (key, new, old) {
-        ("metadata", Value::Object(new), Value::Object(old)) => {
-            same_map(new, old, "", |key, new, old| match (key, new, old) {
-                ("managedFields", Value::Array(new), Value::Array(old)) => {
-                    new.len() == old.len()
-                        && new.iter().zip(old).all(|pair| match pair {
-                            (Value::Object(new), Value::Object(old)) => {
-                                same_map(new, old, "time", |_, new, old| new == old)
-                            }
-                            (new, old) => new == old,
-                        })
-                }
-                (_, new, old) => new == old,
-            })
-        }
-        (_, new, old) => new == old,
-    })
 }
