@@ -439,10 +439,12 @@ async fn an_unavailable_apiservice_is_listed_and_answers_503() {
     )
     .await;
     assert_eq!(code, 201, "{created}");
-    // Legacy /apis lists it (available or not) after the aggregator's own group.
+    // Legacy /apis lists it (available or not) after the aggregator's own group and, by
+    // groupPriorityMinimum, after discovery.k8s.io (16200 against its 100).
     let (_, groups, _) = raw(&client, "GET", "/apis", None, Vec::new()).await;
     assert_eq!(groups["groups"][0]["name"], "apiregistration.k8s.io");
-    assert_eq!(groups["groups"][1]["name"], "foo.example.com");
+    assert_eq!(groups["groups"][1]["name"], "discovery.k8s.io");
+    assert_eq!(groups["groups"][2]["name"], "foo.example.com");
     // Its group is unavailable: 503 plain text (checked with kubectl: the kube client retries
     // 503s with back-off), which client-go turns into upstream's message.
     let err = server.fails(&["get", "--raw", "/apis/foo.example.com/v1beta1/things"]);
