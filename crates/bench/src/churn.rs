@@ -589,12 +589,14 @@ impl Bench {
     }
 }
 
-/// Deletes the pods the scenario made (the namespace may not take them with it).
+/// Deletes the pods the scenario made (the namespace may not take them with it). They are on
+/// a node, so a plain delete would wait out their grace period for a kubelet that is not
+/// there: they go at once, as `kubectl delete --grace-period=0 --force` does.
 pub(crate) async fn delete_pods(bench: &Bench) {
     let _ = bench
         .pods()
         .delete_collection(
-            &kube::api::DeleteParams::default(),
+            &kube::api::DeleteParams::default().grace_period(0),
             &ListParams::default().labels("app=capstan-bench"),
         )
         .await;

@@ -184,6 +184,7 @@ fn every_scenario_runs_and_cleans_up() {
         .expect("kubectl");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "service/kubernetes\napiservice.apiregistration.k8s.io/v1."
+        "service/kubernetes\napiservice.apiregistration.k8s.io/v1.\n\
+         apiservice.apiregistration.k8s.io/v1.discovery.k8s.io"
     );
 }
