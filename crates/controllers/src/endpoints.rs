@@ -310,8 +310,8 @@ impl Queues {
 
 /// What a sync found for its Service.
 enum Selection {
-    /// The Service, its spec and the pods its selector matches.
-    Pods(Box<Service>, Box<ServiceSpec>, Vec<Arc<Pod>>),
+    /// The Service and the pods its selector matches.
+    Pods(Box<Service>, Vec<Arc<Pod>>),
     /// A Service without a selector, or an ExternalName: nothing to keep.
     Skip,
     /// The Service is gone.
@@ -349,6 +349,22 @@ fn time_text(time: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>
 
 pub(crate) fn key_of(selectable: &Selectable) -> Key {
     (selectable.namespace().into(), selectable.name().into())
+}
+
+/// Runs `work` on a thread of its own, named `name`, with a single-threaded runtime: a
+/// controller's work never queues behind API requests on the server's workers, and its CPU
+/// use can be read per thread.
+fn on_own_thread(
+    name: &str,
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || runtime.block_on(work))?;
+    Ok(())
 }
 
 /// Follows every object of a kind for the life of the process, watching again whenever a
@@ -432,18 +448,10 @@ impl EndpointsController {
     /// upstream's controller runs in its own process: its work never queues behind API
     /// requests on the server's workers, and its CPU use can be read per thread.
     pub fn start(self) -> std::io::Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        std::thread::Builder::new()
-            .name("ep-controller".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    self.run();
-                    std::future::pending::<()>().await
-                })
-            })?;
-        Ok(())
+        on_own_thread("ep-controller", async move {
+            self.run();
+            std::future::pending::<()>().await
+        })
     }
 
     fn run(self) {
@@ -537,36 +545,19 @@ impl EndpointsController {
         }
         if let (Some(writer), Some(slices)) = (&controller.slices, &queue.slices) {
             let (controller, writer, slices) = (controller.clone(), writer.clone(), slices.clone());
-            let started = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .and_then(|runtime| {
-                    std::thread::Builder::new()
-                        .name("eps-controller".into())
-                        .spawn(move || {
-                            runtime.block_on(async move {
-                                // Its own watches (nodes, slices) run here too.
-                                writer.start(slices.clone());
-                                let mut workers = tokio::task::JoinSet::new();
-                                for _ in 0..controller.workers.1 {
-                                    let (controller, writer) = (controller.clone(), writer.clone());
-                                    workers.spawn(
-                                        slices.clone().work(
-                                            "endpointslice sync",
-                                            move |key: Key| {
-                                                let (controller, writer) =
-                                                    (controller.clone(), writer.clone());
-                                                async move {
-                                                    controller.sync_slices(&writer, &key).await
-                                                }
-                                            },
-                                        ),
-                                    );
-                                }
-                                while workers.join_next().await.is_some() {}
-                            })
-                        })
-                });
+            let started = on_own_thread("eps-controller", async move {
+                // Its own watches (nodes, slices) run here too.
+                writer.start(slices.clone());
+                let mut workers = tokio::task::JoinSet::new();
+                for _ in 0..controller.workers.1 {
+                    let (controller, writer) = (controller.clone(), writer.clone());
+                    workers.spawn(slices.clone().work("endpointslice sync", move |key: Key| {
+                        let (controller, writer) = (controller.clone(), writer.clone());
+                        async move { controller.sync_slices(&writer, &key).await }
+                    }));
+                }
+                while workers.join_next().await.is_some() {}
+            });
             if let Err(error) = started {
                 tracing::error!(%error, "could not start the EndpointSlice controller");
             }
@@ -575,29 +566,16 @@ impl EndpointsController {
         // waits for its durable write, and others proceed meanwhile; one key is never synced
         // twice at once.
         for _ in 0..controller.workers.0 {
-            let (queues, controller) = (queue.clone(), controller.clone());
-            tokio::spawn(async move {
-                loop {
-                    let queue = &queues.endpoints;
-                    let key = queue.next().await;
-                    let result = controller.sync(&key.0, &key.1).await;
-                    queue.done(&key);
-                    match result {
-                        Ok(()) => queue.forget(&key),
-                        Err(error) => {
-                            let (namespace, name) = (key.0.clone(), key.1.clone());
-                            match queues.endpoints.retry_later(key) {
-                                Some(delay) => {
-                                    tracing::debug!(%namespace, %name, %error, ?delay, "endpoints sync failed; retrying")
-                                }
-                                None => {
-                                    tracing::warn!(%namespace, %name, %error, "endpoints sync failed too often; dropped until the Service or its pods change")
-                                }
-                            }
-                        }
-                    }
-                }
-            });
+            let controller = controller.clone();
+            tokio::spawn(
+                queue
+                    .endpoints
+                    .clone()
+                    .work("endpoints sync", move |key: Key| {
+                        let controller = controller.clone();
+                        async move { controller.sync(&key.0, &key.1).await }
+                    }),
+            );
         }
     }
 
@@ -685,11 +663,14 @@ impl EndpointsController {
         let Some(service) = self.service(&key.0, &key.1)? else {
             return Ok(Selection::Gone);
         };
-        let spec = service.spec.clone().unwrap_or_default();
-        if spec.type_.as_deref() == Some("ExternalName") {
+        let spec = service.spec.as_ref();
+        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
             return Ok(Selection::Skip);
         }
-        let Some(selector) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
+        let Some(selector) = spec
+            .and_then(|s| s.selector.as_ref())
+            .filter(|s| !s.is_empty())
+        else {
             return Ok(Selection::Skip);
         };
         let selector = LabelSelector::from_pairs(selector.iter().map(|(k, v)| (&**k, &**v)));
@@ -699,13 +680,13 @@ impl EndpointsController {
             .into_iter()
             .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
             .collect();
-        Ok(Selection::Pods(Box::new(service), Box::new(spec), pods))
+        Ok(Selection::Pods(Box::new(service), pods))
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
         let key = (namespace.to_string(), name.to_string());
-        let (service, spec, pods) = match self.selected(&key)? {
-            Selection::Pods(service, spec, pods) => (*service, *spec, pods),
+        let (service, pods) = match self.selected(&key)? {
+            Selection::Pods(service, pods) => (*service, pods),
             Selection::Skip => return Ok(()),
             // The Service is gone: so are its Endpoints.
             Selection::Gone => {
@@ -716,6 +697,7 @@ impl EndpointsController {
                 };
             }
         };
+        let spec = service.spec.clone().unwrap_or_default();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
         let desired = Desired {
             labels: desired_labels(&service, &spec),
@@ -733,7 +715,7 @@ impl EndpointsController {
         key: &Key,
     ) -> Result<(), ApiError> {
         match self.selected(key)? {
-            Selection::Pods(service, _, pods) => {
+            Selection::Pods(service, pods) => {
                 let trigger = Self::trigger_time(&self.slice_triggers, key, &service, &pods);
                 writer.sync(key, &service, &pods, &trigger).await
             }

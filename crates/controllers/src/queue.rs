@@ -52,8 +52,9 @@ pub(crate) struct QueueState<K> {
 
 impl<K: Clone + Eq + Hash + std::fmt::Debug + Send + Sync + 'static> WorkQueue<K> {
     /// One worker, for the life of the process: takes a key, syncs it, and forgets its
-    /// failures on success or queues it again after its back-off on failure (`what` names the
-    /// work in the debug log).
+    /// failures on success or queues it again after its back-off on failure; a key that failed
+    /// more often than the back-off allows is dropped until it is added again (`what` names the
+    /// work in the log).
     pub async fn work<F, Fut, E>(self: Arc<Self>, what: &'static str, sync: F)
     where
         F: Fn(K) -> Fut,
@@ -66,10 +67,16 @@ impl<K: Clone + Eq + Hash + std::fmt::Debug + Send + Sync + 'static> WorkQueue<K
             self.done(&key);
             match result {
                 Ok(()) => self.forget(&key),
-                Err(error) => {
-                    let delay = self.retry_later(key.clone());
-                    tracing::debug!(?key, %error, ?delay, "{what} failed; retrying");
-                }
+                Err(error) => match self.retry_later(key.clone()) {
+                    Some(delay) => {
+                        tracing::debug!(?key, %error, ?delay, "{what} failed; retrying")
+                    }
+                    None => tracing::warn!(
+                        ?key,
+                        %error,
+                        "{what} failed too often; dropped until it changes again"
+                    ),
+                },
             }
         }
     }
