@@ -6,9 +6,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use capstan_machinery::ApiError;
-use capstan_machinery::labels::LabelSelector;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
-use capstan_registry::strategy::{from_typed, to_typed};
+use capstan_registry::strategy::from_typed;
 use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
@@ -282,8 +281,9 @@ pub fn pod_view(pod: &Pod) -> Pod {
 /// What the trigger time is computed from: the times last seen of each pod and of the Service.
 #[derive(Default)]
 struct TriggerState {
-    pods: std::collections::HashMap<String, String>,
-    service: String,
+    /// Pod UID → its Ready condition's last transition (pods without one are left out).
+    pods: std::collections::HashMap<String, Time>,
+    service: Option<Time>,
 }
 
 pub(crate) type Key = (String, String);
@@ -337,14 +337,12 @@ enum SyncError {
     Api(#[from] ApiError),
 }
 
-/// An RFC 3339 time as the API writes it (`""` for none), so times compare as text.
-fn time_text(time: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> String {
-    time.and_then(|t| serde_json::to_value(t).ok())
-        .and_then(|v| match v {
-            serde_json::Value::String(text) => Some(text),
-            _ => None,
-        })
-        .unwrap_or_default()
+/// An RFC 3339 time as the API writes it.
+fn time_text(time: &Time) -> String {
+    match serde_json::to_value(time) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => String::new(),
+    }
 }
 
 pub(crate) fn key_of(selectable: &Selectable) -> Key {
@@ -580,41 +578,39 @@ impl EndpointsController {
     }
 
     /// The last-change-trigger-time: the Service's creation on the first sync, then the
-    /// earliest of the pod (Ready transition) and Service times that are newer than last seen.
-    /// Timestamps are RFC 3339 strings in UTC, which order as text.
+    /// earliest of the pod (Ready transition) and Service times that are newer than last seen;
+    /// `""` for none.
     fn trigger_time(
         triggers: &std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
         key: &Key,
         service: &Service,
         pods: &[Arc<Pod>],
     ) -> String {
-        let created = time_text(service.metadata.creation_timestamp.as_ref());
-        let pod_times: std::collections::HashMap<String, String> = pods
-            .iter()
-            .map(|pod| {
-                let ready = ready_condition(pod);
-                let time = time_text(ready.and_then(|c| c.last_transition_time.as_ref()));
-                (pod.metadata.uid.clone().unwrap_or_default(), time)
-            })
-            .collect();
+        let created = service.metadata.creation_timestamp.clone();
         let mut triggers = triggers.lock().unwrap_or_else(|e| e.into_inner());
         let first = !triggers.contains_key(key);
         let state = triggers.entry(key.clone()).or_default();
+        let mut pod_times = std::collections::HashMap::with_capacity(pods.len());
+        let mut earliest: Option<&Time> = None;
+        for pod in pods {
+            let Some(time) = ready_condition(pod).and_then(|c| c.last_transition_time.as_ref())
+            else {
+                continue;
+            };
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            if state.pods.get(uid).is_none_or(|old| old < time) {
+                earliest = Some(earliest.map_or(time, |e| e.min(time)));
+            }
+            pod_times.insert(uid.to_string(), time.clone());
+        }
         let trigger = if first || state.service != created {
             created.clone()
         } else {
-            pod_times
-                .iter()
-                .filter(|(uid, time)| {
-                    !time.is_empty() && state.pods.get(*uid).is_none_or(|old| old < *time)
-                })
-                .map(|(_, time)| time.clone())
-                .min()
-                .unwrap_or_default()
+            earliest.cloned()
         };
         state.pods = pod_times;
         state.service = created;
-        trigger
+        trigger.as_ref().map(time_text).unwrap_or_default()
     }
 
     /// The Service as the Service watch last showed it (upstream's controller reads its
@@ -673,12 +669,18 @@ impl EndpointsController {
         else {
             return Ok(Selection::Skip);
         };
-        let selector = LabelSelector::from_pairs(selector.iter().map(|(k, v)| (&**k, &**v)));
+        // The index may not have seen the Service's latest selector yet: each member is
+        // checked against the selector this sync read.
         let pods: Vec<Arc<Pod>> = self
             .index()
             .members(key)
             .into_iter()
-            .filter(|pod| selector.matches_pairs(labels_of(pod).into_iter().flatten()))
+            .filter(|pod| {
+                let labels = labels_of(pod);
+                selector
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            })
             .collect();
         Ok(Selection::Pods(Box::new(service), pods))
     }
@@ -742,19 +744,17 @@ impl EndpointsController {
         };
         let written = self
             .endpoints
-            .patch(
+            .patch_typed(
                 namespace,
                 name,
                 &options,
                 Subresource::Main,
-                capstan_registry::Form::Normal,
-                |current| {
-                    let current: Endpoints = to_typed(current).map_err(ApiError::internal)?;
-                    Ok(from_typed(&if desired.unchanged(&current) {
+                |current: Endpoints| {
+                    Ok(if desired.unchanged(&current) {
                         current
                     } else {
                         desired.applied_to(current)
-                    }))
+                    })
                 },
             )
             .await;

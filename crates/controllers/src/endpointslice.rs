@@ -904,17 +904,32 @@ impl SliceWriter {
         for mut slice in plan.updates {
             annotate(&mut slice);
             let name = slice.metadata.name.clone().unwrap_or_default();
-            let value = capstan_registry::strategy::from_typed(&slice);
-            let (updated, _) = self
+            // The write's watch event can come back before this call returns: it is expected
+            // as this controller's own (the generation after this write) from now on.
+            let uid = slice.metadata.uid.clone().unwrap_or_default();
+            let next = slice.metadata.generation.unwrap_or(0) + 1;
+            let expected = self.state().tracked.insert(uid.clone(), next);
+            let written = self
                 .slices
-                .update(
+                .update_typed(
                     namespace,
                     &name,
-                    value,
+                    &slice,
                     &options,
                     capstan_registry::Subresource::Main,
                 )
-                .await?;
+                .await;
+            let updated = match written {
+                Ok((updated, _)) => updated,
+                Err(e) => {
+                    let mut state = self.state();
+                    match expected {
+                        Some(generation) => state.tracked.insert(uid, generation),
+                        None => state.tracked.remove(&uid),
+                    };
+                    return Err(e);
+                }
+            };
             self.record(key, &updated);
         }
         for slice in plan.deletes {

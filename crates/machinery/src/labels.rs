@@ -114,16 +114,6 @@ impl LabelSelector {
                 .collect(),
         }
     }
-
-    /// Whether an object with these labels (typed `map[string]string` pairs) matches.
-    pub fn matches_pairs<'a>(
-        &self,
-        labels: impl IntoIterator<Item = (&'a String, &'a String)>,
-    ) -> bool {
-        let labels: std::collections::HashMap<&str, &str> =
-            labels.into_iter().map(|(k, v)| (&**k, &**v)).collect();
-        self.matches_with(|key| labels.get(key).copied())
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
-use crate::typed::{for_rules, mutate, mutate_normal, read, write_back};
+use crate::typed::{for_rules, mutate, mutate_normal, read, write_changes};
 pub use crate::typed::{from_typed, to_typed};
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
@@ -458,7 +458,7 @@ impl<S: Strategy> DynStrategy for S {
             Ok(new) => new,
             Err(error) => return undecoded(error),
         };
-        let before = new.metadata().clone();
+        let untouched = new.clone();
         let (extras, errors) = match (&old, subresource) {
             (None, _) => {
                 let extras = Strategy::allocate(self, storage, &mut new, None, dry_run).await?;
@@ -481,7 +481,7 @@ impl<S: Strategy> DynStrategy for S {
                 Strategy::validate_finalize_update(self, &new, old),
             ),
         };
-        write_back(object, &new, &before);
+        write_changes(object, new, &untouched);
         always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))
     }

@@ -51,24 +51,54 @@ pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta)
     };
     let mut kept = target.shift_remove("metadata");
     target.clear();
-    for (key, mut value) in fields {
+    for (key, value) in fields {
         if key == "metadata" {
-            if !metadata_changed {
-                if let Some(metadata) = kept.take() {
-                    target.insert(key, metadata);
+            match kept.take() {
+                Some(stored) if !metadata_changed => {
+                    target.insert(key, stored);
                 }
-                continue;
+                stored => {
+                    target.insert(key, with_managed_fields_of(value, stored));
+                }
             }
-            let managed = kept
-                .as_mut()
-                .and_then(|m| m.as_object_mut())
-                .and_then(|m| m.shift_remove("managedFields"));
-            if let (Some(managed), Value::Object(metadata)) = (managed, &mut value) {
-                metadata.insert("managedFields".into(), managed);
-            }
+            continue;
         }
         target.insert(key, value);
     }
+}
+
+/// Writes back what a rule changed, `untouched` being what it was given: nothing when it
+/// changed nothing, only `metadata` when nothing else changed (a generation bump), else as
+/// [`write_back`]. The same result as `write_back`, without encoding what did not change.
+pub fn write_changes<T: Object>(object: &mut Value, mut typed: T, untouched: &T) {
+    if typed == *untouched {
+        return;
+    }
+    let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
+    if typed != *untouched {
+        *typed.metadata_mut() = metadata;
+        write_back(object, &typed, untouched.metadata());
+        return;
+    }
+    let Ok(mut value) = serde_json::to_value(&metadata) else {
+        return;
+    };
+    drop_empty_lists(&mut value);
+    if let Value::Object(target) = object
+        && let Some(slot) = target.get_mut("metadata")
+    {
+        let stored = std::mem::take(slot);
+        *slot = with_managed_fields_of(value, Some(stored));
+    }
+}
+
+/// `metadata` (as encoded from a typed object) with the managedFields of `stored`, if any.
+fn with_managed_fields_of(mut metadata: Value, stored: Option<Value>) -> Value {
+    let managed = stored.and_then(|mut m| m.as_object_mut()?.shift_remove("managedFields"));
+    if let (Some(managed), Value::Object(fields)) = (managed, &mut metadata) {
+        fields.insert("managedFields".into(), managed);
+    }
+    metadata
 }
 
 /// Runs a typed rule that changes `object`, writing back what changed ([`write_back`]);
@@ -243,6 +273,7 @@ impl<'de> Deserializer<'de> for WithoutManagedFields<'de> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::Metadata;
     use k8s_openapi::api::core::v1::Service;
     use serde_json::json;
 
@@ -305,6 +336,46 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&object["metadata"]).ok(),
             serde_json::to_string(&metadata).ok()
+        );
+    }
+
+    /// What `write_back` makes of `object` after `rule`, and what `write_changes` makes of it.
+    fn both_ways(object: &Value, rule: impl Fn(&mut Service)) -> (Value, Value) {
+        let untouched: Service = for_rules(object).expect("decodes");
+        let mut changed = untouched.clone();
+        rule(&mut changed);
+        let mut full = object.clone();
+        write_back(&mut full, &changed, untouched.metadata());
+        let mut partial = object.clone();
+        write_changes(&mut partial, changed, &untouched);
+        (full, partial)
+    }
+
+    #[test]
+    fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
+        let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
+        object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
+        let rules: [fn(&mut Service); 4] = [
+            |_| {},
+            |s| s.metadata.generation = Some(2),
+            |s| s.spec.get_or_insert_default().session_affinity = Some("None".into()),
+            |s| {
+                s.metadata.generation = Some(3);
+                s.spec.get_or_insert_default().ports = None;
+            },
+        ];
+        for rule in rules {
+            let (full, partial) = both_ways(&object, rule);
+            assert_eq!(
+                serde_json::to_string(&full).ok(),
+                serde_json::to_string(&partial).ok()
+            );
+        }
+        let (_, generation) = both_ways(&object, |s| s.metadata.generation = Some(2));
+        assert_eq!(generation["metadata"]["generation"], 2);
+        assert_eq!(
+            generation["metadata"]["managedFields"],
+            stored()["metadata"]["managedFields"]
         );
     }
 }

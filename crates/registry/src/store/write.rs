@@ -5,7 +5,7 @@ use super::*;
 
 /// What a write does when the object changed between its read and its transaction.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum OnConflict {
+pub(super) enum OnConflict {
     /// Compute the write again on the new object (patch, apply, unconditional update).
     Retry,
     /// Answer 409 (an update pinned to the `resourceVersion` it read).
@@ -293,8 +293,25 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
     ) -> Result<(Value, bool), ApiError> {
-        let info = self.strategy.info();
         let pinned = meta::resource_version(&new).to_string();
+        self.update_with(namespace, name, &pinned, options, subresource, |_| {
+            Ok(new.clone())
+        })
+        .await
+    }
+
+    /// An update whose object `compute` gives (the same each time it is asked, `pinned` its
+    /// `resourceVersion`, empty for none).
+    pub(super) async fn update_with(
+        &self,
+        namespace: &str,
+        name: &str,
+        pinned: &str,
+        options: &WriteOptions,
+        subresource: Subresource,
+        compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+    ) -> Result<(Value, bool), ApiError> {
+        let info = self.strategy.info();
         if pinned.is_empty() && !info.allow_unconditional_update {
             let mut errors = FieldErrors::new();
             // Upstream prints the missing version as Go's `%#v` of a uint64.
@@ -316,7 +333,7 @@ impl Registry {
             name,
             options,
             subresource,
-            |_current| Ok(new.clone()),
+            compute,
             // A body or a typed object is in its type's form already.
             (
                 Form::Normal,
@@ -344,27 +361,43 @@ impl Registry {
     ) -> Result<Value, ApiError> {
         let info = self.strategy.info();
         let api_version = info.api_version();
+        self.patch_with((namespace, name), options, subresource, form, |current| {
+            apply(&meta::with_type_meta(current, &api_version, info.kind))
+        })
+        .await
+    }
+
+    /// A patch whose new object `patch` computes from the current one (which must exist); the
+    /// result is pinned to the current `resourceVersion` unless it names one.
+    pub(super) async fn patch_with(
+        &self,
+        (namespace, name): (&str, &str),
+        options: &WriteOptions,
+        subresource: Subresource,
+        form: Form,
+        patch: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let compute = |current: Option<&Value>| {
+            let Some(current) = current else {
+                return Err(self.not_found(name));
+            };
+            let mut patched = patch(current)?;
+            if meta::resource_version(&patched).is_empty() {
+                meta::set_meta_str(
+                    &mut patched,
+                    "resourceVersion",
+                    meta::resource_version(current),
+                );
+            }
+            Ok(patched)
+        };
         let (object, _) = self
             .write_loop(
                 namespace,
                 name,
                 options,
                 subresource,
-                |current| {
-                    let Some(current) = current else {
-                        return Err(self.not_found(name));
-                    };
-                    let typed = meta::with_type_meta(current, &api_version, info.kind);
-                    let mut patched = apply(&typed)?;
-                    if meta::resource_version(&patched).is_empty() {
-                        meta::set_meta_str(
-                            &mut patched,
-                            "resourceVersion",
-                            meta::resource_version(current),
-                        );
-                    }
-                    Ok(patched)
-                },
+                compute,
                 (form, OnConflict::Retry),
             )
             .await?;
@@ -448,7 +481,7 @@ impl Registry {
         .await
     }
 
-    async fn write_loop(
+    pub(super) async fn write_loop(
         &self,
         namespace: &str,
         name: &str,
