@@ -500,6 +500,11 @@ async fn register_local_apiservice(
                 == Some("onstart");
             if managed && existing.is_object() && existing.get("spec") != Some(&spec) {
                 existing["spec"] = spec;
+                // In its type's form (field order included), as an update's object must be.
+                let existing = apiservices
+                    .strategy()
+                    .decode(existing)
+                    .map_err(|e| anyhow::anyhow!("resetting APIService {name}: {e}"))?;
                 apiservices
                     .update("", name, existing, options, Subresource::Main)
                     .await

@@ -687,6 +687,8 @@ pub(crate) struct SliceWriter {
     nodes: Arc<capstan_registry::Registry>,
     max: usize,
     state: std::sync::Mutex<SliceState>,
+    /// The controller's queue (set when it starts).
+    queue: std::sync::OnceLock<Arc<crate::queue::WorkQueue<crate::endpoints::Key>>>,
 }
 
 #[derive(Default)]
@@ -700,6 +702,10 @@ struct SliceState {
     /// UID → the generation this controller last wrote (-1: it deleted it), so its own
     /// writes coming back through the watch do not sync the Service again.
     tracked: HashMap<String, i64>,
+    /// UID → the highest generation its watch showed while this controller's update of it was
+    /// in flight (`None`: none yet): whether that event was this write's own is decided when
+    /// the write returns with its generation.
+    in_flight: HashMap<String, Option<i64>>,
     /// The revision of each Service's last slice write: a sync first waits for the watch to
     /// show it (upstream's stale-informer check).
     written: HashMap<crate::endpoints::Key, i64>,
@@ -729,6 +735,7 @@ impl SliceWriter {
             nodes,
             max: max.clamp(1, 1000),
             state: std::sync::Mutex::new(SliceState::default()),
+            queue: std::sync::OnceLock::new(),
         }
     }
 
@@ -743,6 +750,7 @@ impl SliceWriter {
         queue: Arc<crate::queue::WorkQueue<crate::endpoints::Key>>,
     ) {
         use capstan_registry::cache::EventType;
+        let _ = self.queue.set(queue.clone());
         let writer = self.clone();
         crate::endpoints::follow(
             self.nodes.clone(),
@@ -796,8 +804,13 @@ impl SliceWriter {
                     let key = (namespace, service);
                     state.index.entry(key.clone()).or_default().insert(name);
                     state.service_of.insert(slice_key, key.clone());
-                    let own_write = tracked.is_some_and(|g| g >= meta.generation.unwrap_or(0));
-                    if own_write {
+                    let generation = meta.generation.unwrap_or(0);
+                    let own_write = tracked.is_some_and(|g| g >= generation);
+                    if let Some(seen) = state.in_flight.get_mut(&uid) {
+                        // Decided when the write in flight returns.
+                        *seen = Some(seen.map_or(generation, |s| s.max(generation)));
+                        wake.retain(|k| *k != key);
+                    } else if own_write {
                         wake.retain(|k| *k != key);
                     } else {
                         wake.push(key);
@@ -904,11 +917,12 @@ impl SliceWriter {
         for mut slice in plan.updates {
             annotate(&mut slice);
             let name = slice.metadata.name.clone().unwrap_or_default();
-            // The write's watch event can come back before this call returns: it is expected
-            // as this controller's own (the generation after this write) from now on.
+            // The write's watch event can come back before this call returns: events of the
+            // slice meanwhile are judged against the generation the write returns.
             let uid = slice.metadata.uid.clone().unwrap_or_default();
-            let next = slice.metadata.generation.unwrap_or(0) + 1;
-            let expected = self.state().tracked.insert(uid.clone(), next);
+            if !uid.is_empty() {
+                self.state().in_flight.insert(uid.clone(), None);
+            }
             let written = self
                 .slices
                 .update_typed(
@@ -919,17 +933,15 @@ impl SliceWriter {
                     capstan_registry::Subresource::Main,
                 )
                 .await;
-            let updated = match written {
-                Ok((updated, _)) => updated,
-                Err(e) => {
-                    let mut state = self.state();
-                    match expected {
-                        Some(generation) => state.tracked.insert(uid, generation),
-                        None => state.tracked.remove(&uid),
-                    };
-                    return Err(e);
-                }
-            };
+            let seen = self.state().in_flight.remove(&uid).flatten();
+            // A failed write is retried whatever its watch showed.
+            let (updated, _) = written?;
+            if seen.is_some_and(|g| g > generation_of(&updated))
+                && let Some(queue) = self.queue.get()
+            {
+                // Someone else changed the slice right after this write.
+                queue.add(key.clone());
+            }
             self.record(key, &updated);
         }
         for slice in plan.deletes {
@@ -965,11 +977,7 @@ impl SliceWriter {
     /// Remembers a slice this controller wrote.
     fn record(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
         let uid = capstan_machinery::meta::meta_str(object, "uid").to_string();
-        let generation = capstan_machinery::meta::metadata(object)
-            .and_then(|m| m.get("generation"))
-            .and_then(serde_json::Value::as_i64)
-            .unwrap_or(0);
-        self.state().tracked.insert(uid, generation);
+        self.state().tracked.insert(uid, generation_of(object));
         self.record_revision(key, object);
     }
 
@@ -983,6 +991,14 @@ impl SliceWriter {
     pub(crate) fn forget(&self, key: &crate::endpoints::Key) {
         self.state().written.remove(key);
     }
+}
+
+/// A written object's `metadata.generation` (0 for none).
+fn generation_of(object: &serde_json::Value) -> i64 {
+    capstan_machinery::meta::metadata(object)
+        .and_then(|m| m.get("generation"))
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(0)
 }
 
 /// The annotation every written slice carries: when the change it shows began.

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
-use crate::typed::{for_rules, mutate, mutate_normal, read, write_changes};
+use crate::typed::{for_rules, mutate, mutate_normal, read, write_back, write_changes};
 pub use crate::typed::{from_typed, to_typed};
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
@@ -481,7 +481,14 @@ impl<S: Strategy> DynStrategy for S {
                 Strategy::validate_finalize_update(self, &new, old),
             ),
         };
-        write_changes(object, new, &untouched);
+        match subresource {
+            // A status update's object was put together from the stored one and the body's
+            // status, in no particular order: it is written back whole, in its type's order.
+            Subresource::Status => write_back(object, &new, untouched.metadata()),
+            // Otherwise it is in its type's form already (decoded from a body, encoded from a
+            // typed object, or normalized by defaulting), with status kept in place or last.
+            Subresource::Main | Subresource::Finalize => write_changes(object, new, &untouched),
+        }
         always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))
     }
