@@ -20,7 +20,6 @@ use crate::strategy::{Deleting, DynStrategy, WriteExtras};
 
 mod delete;
 mod namespace;
-mod typed_write;
 mod write;
 
 /// How long a read waits for the cache to reach a requested revision.

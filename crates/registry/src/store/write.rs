@@ -3,6 +3,8 @@
 
 use super::*;
 
+mod typed;
+
 /// What a write does when the object changed between its read and its transaction.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum OnConflict {
