@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
-use capstan_registry::strategy::{from_typed, to_typed};
+use capstan_registry::strategy::from_typed;
 use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
 use capstan_resources::endpointslice::{
     MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,
@@ -447,15 +447,12 @@ impl MirroringController {
         for slice in updates {
             let name = slice.metadata.name.clone().unwrap_or_default();
             self.slices
-                .patch(
+                .patch_typed(
                     &key.0,
                     &name,
                     &options(),
                     Subresource::Main,
-                    capstan_registry::Form::Normal,
-                    |current| {
-                        let current: EndpointSlice =
-                            to_typed(current).map_err(ApiError::internal)?;
+                    |current: EndpointSlice| {
                         let mut next = slice.clone();
                         next.metadata = ObjectMeta {
                             labels: slice.metadata.labels.clone(),
@@ -463,7 +460,7 @@ impl MirroringController {
                             owner_references: slice.metadata.owner_references.clone(),
                             ..current.metadata
                         };
-                        Ok(from_typed(&next))
+                        Ok(next)
                     },
                 )
                 .await?;

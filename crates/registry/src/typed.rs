@@ -75,20 +75,16 @@ pub fn write_changes<T: Object>(object: &mut Value, mut typed: T, untouched: &T)
         return;
     }
     let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
-    if typed != *untouched {
-        *typed.metadata_mut() = metadata;
-        write_back(object, &typed, untouched.metadata());
-        return;
-    }
-    let Ok(mut value) = serde_json::to_value(&metadata) else {
-        return;
-    };
-    drop_empty_lists(&mut value);
-    if let Value::Object(target) = object
-        && let Some(slot) = target.get_mut("metadata")
-    {
-        let stored = std::mem::take(slot);
-        *slot = with_managed_fields_of(value, Some(stored));
+    let only_metadata = typed == *untouched;
+    *typed.metadata_mut() = metadata;
+    let slot = object.as_object_mut().and_then(|o| o.get_mut("metadata"));
+    match (only_metadata, slot, serde_json::to_value(typed.metadata())) {
+        (true, Some(slot), Ok(mut value)) => {
+            drop_empty_lists(&mut value);
+            let stored = std::mem::take(slot);
+            *slot = with_managed_fields_of(value, Some(stored));
+        }
+        _ => write_back(object, &typed, untouched.metadata()),
     }
 }
 
