@@ -185,6 +185,7 @@ fn every_scenario_runs_and_cleans_up() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "service/kubernetes\napiservice.apiregistration.k8s.io/v1.\n\
+         apiservice.apiregistration.k8s.io/v1.coordination.k8s.io\n\
          apiservice.apiregistration.k8s.io/v1.discovery.k8s.io"
     );
 }

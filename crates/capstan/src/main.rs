@@ -15,6 +15,8 @@ use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceSt
 use capstan_storage::{Compactor, EmbeddedOptions, EmbeddedStore, Storage};
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod controllers;
+
 /// mimalloc returns freed memory to the system and fragments less than glibc's malloc under
 /// many threads: the server's resident size tracks its live data.
 #[global_allocator]
@@ -124,6 +126,25 @@ struct ServeArgs {
     /// (besides at most 102,400 changes and 75 s); a watcher further behind is ended.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     watch_cache_history_bytes: usize,
+    /// Run the controllers only while this replica holds the controllers' Lease
+    /// (`--leader-elect=false`: always; for one replica only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
+    /// How long a leader's Lease holds without renewal; others wait this long to take it.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops its controllers.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often candidates try to acquire the Lease, and the leader renews it.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: Duration,
+    /// The name of the controllers' Lease.
+    #[arg(long, default_value = "capstan-controllers")]
+    leader_elect_resource_name: String,
+    /// The namespace of the controllers' Lease.
+    #[arg(long, default_value = "kube-system")]
+    leader_elect_resource_namespace: String,
     /// Feature gates, `Name=true|false,…`, as kube-apiserver's. Known here:
     /// `APIResponseCompression` (default true: responses over 128 KiB are gzipped for
     /// clients that accept it).
@@ -303,24 +324,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         advertise_address(&args),
     )
     .await?;
-    if !args.disable_endpoints_controller {
-        capstan_controllers::EndpointsController::new(
-            registry_for(&registries, "services")?,
-            registry_for(&registries, "pods")?,
-            registry_for(&registries, "endpoints")?,
-        )
-        .with_endpoint_slices(
-            registry_for(&registries, "endpointslices")?,
-            registry_for(&registries, "nodes")?,
-            usize::from(args.max_endpoints_per_slice),
-        )
-        .with_concurrency(
-            args.concurrent_endpoint_syncs,
-            args.concurrent_service_endpoint_syncs,
-        )
-        .start()
-        .context("starting the endpoints controller")?;
-    }
     let proxy_client = match (&args.proxy_client_cert_file, &args.proxy_client_key_file) {
         (Some(cert), Some(key)) => Some(Arc::new(
             capstan_aggregation::ProxyClient::load(cert, key)
@@ -328,29 +331,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )),
         _ => None,
     };
-    capstan_controllers::GarbageCollector::new(registries.clone()).start();
-    capstan_controllers::MirroringController::new(
-        registry_for(&registries, "services")?,
-        registry_for(&registries, "endpoints")?,
-        registry_for(&registries, "endpointslices")?,
-    )
-    .start();
-    capstan_controllers::NamespaceController::new(
-        registry_for(&registries, "namespaces")?,
-        registries
-            .iter()
-            .filter(|r| r.strategy().info().namespaced)
-            .cloned()
-            .collect(),
-    )
-    .start();
-    capstan_controllers::apiservice::AvailabilityController::new(
-        registry_for(&registries, "apiservices")?,
-        registry_for(&registries, "services")?,
-        registry_for(&registries, "endpointslices")?,
-    )
-    .with_proxy_client(proxy_client.clone())
-    .start();
+    let controllers = controllers::Controllers {
+        registries: registries.clone(),
+        services: service_strategy.clone(),
+        store: store.clone(),
+        endpoints: !args.disable_endpoints_controller,
+        max_endpoints_per_slice: usize::from(args.max_endpoints_per_slice),
+        workers: (
+            args.concurrent_endpoint_syncs,
+            args.concurrent_service_endpoint_syncs,
+        ),
+        proxy_client: proxy_client.clone(),
+        port: args.port,
+        advertise: advertise_address(&args),
+    };
+    let (stop_electing, shutdown) = tokio::sync::watch::channel(false);
+    let elected = elect(&args, &registries, controllers, shutdown)?;
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
     } else if args.bind_address.is_ipv6() {
@@ -382,14 +378,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "Capstan is serving on {server_url}. Use it with: kubectl --kubeconfig {} get services",
         credentials.kubeconfig.display()
     );
+    let stopping = async move {
+        shutdown_signal().await;
+        stop_electing.send_replace(true);
+    };
     capstan_apiserver::serve(
         server,
         listener,
         credentials.tls,
-        shutdown_signal(),
+        stopping,
         Duration::from_secs(30),
     )
     .await;
+    // The controllers stop and the Lease is released, so another replica takes over at once.
+    if tokio::time::timeout(Duration::from_secs(10), elected)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the controllers did not stop within 10s");
+    }
     tracing::info!("shut down");
     Ok(())
 }
@@ -426,9 +433,51 @@ async fn bootstrap(
             .with_endpoints(registry_for(registries, "endpoints")?, address, port)
             .with_endpoint_slice(registry_for(registries, "endpointslices")?, address, port);
     }
+    // Each replica makes sure the Service exists before it serves (upstream's bootstrap
+    // post-start hook); the leader keeps it afterwards.
     keeper.reconcile().await?;
-    keeper.start();
     Ok(())
+}
+
+/// Runs the controllers: while this replica holds the controllers' Lease (`--leader-elect`,
+/// the default), else from now on. Ends once `shutdown` turns true and they have stopped.
+fn elect(
+    args: &ServeArgs,
+    registries: &[Arc<Registry>],
+    controllers: controllers::Controllers,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    if !args.leader_elect {
+        let group = controllers.start();
+        return Ok(tokio::spawn(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+            group.stop().await;
+        }));
+    }
+    let timings = capstan_controllers::leader::Timings {
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    };
+    timings
+        .check()
+        .map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
+    let identity = capstan_controllers::leader::identity();
+    let mut elector = capstan_controllers::leader::Elector::new(
+        registry_for(registries, "leases")?,
+        &args.leader_elect_resource_namespace,
+        &args.leader_elect_resource_name,
+        &identity,
+        timings,
+    );
+    if args.storage == StorageKind::Embedded {
+        // Only this process can open the store: whoever held the Lease before is gone.
+        elector = elector.exclusive();
+    }
+    tracing::info!(%identity, "leader election identity");
+    Ok(tokio::spawn(
+        elector.run(move || controllers.start(), shutdown),
+    ))
 }
 
 /// The address the `kubernetes` Endpoints publish (`--advertise-address`), if any can be.
@@ -528,7 +577,10 @@ async fn register_local_apiservice(
 }
 
 /// The registry of a kind, by plural resource name.
-fn registry_for(registries: &[Arc<Registry>], plural: &str) -> anyhow::Result<Arc<Registry>> {
+pub(crate) fn registry_for(
+    registries: &[Arc<Registry>],
+    plural: &str,
+) -> anyhow::Result<Arc<Registry>> {
     registries
         .iter()
         .find(|r| r.strategy().info().plural == plural)

@@ -243,7 +243,12 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
         .unwrap_or_default();
     assert_eq!(
         names,
-        ["apiregistration.k8s.io", "discovery.k8s.io", "example.com"]
+        [
+            "apiregistration.k8s.io",
+            "coordination.k8s.io",
+            "discovery.k8s.io",
+            "example.com"
+        ]
     );
     // The proxy passes the caller's identity, not its token.
     let list: serde_json::Value = serde_json::from_str(&server.ok(&[

@@ -336,14 +336,5 @@ nodes = client.CoreV1Api().list_node()
 assert [n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes.items] == ["zone-a"]
 print("ok")
 "#;
-    let out = Command::new("python3")
-        .args(["-c", script, common::path_str(&server.kubeconfig())])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "the Python client (pip install kubernetes): {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_python(&server, script);
 }

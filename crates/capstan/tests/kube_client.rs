@@ -130,10 +130,22 @@ async fn watch_from_a_too_old_revision_is_an_error_event() {
     )
     .await;
     assert_eq!(code, 200, "watch errors arrive inside a 200 stream");
+    // The oldest revision the cache holds: at least the Service's (the controllers' Lease may
+    // have been renewed since).
+    let message = body["object"]["message"].as_str().unwrap_or_default();
+    let oldest: i64 = message
+        .strip_prefix("too old resource version: 1 (")
+        .and_then(|m| m.strip_suffix(')'))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{message}"));
+    assert!(
+        oldest >= current.parse::<i64>().expect("a revision"),
+        "{message}"
+    );
     assert_eq!(
         body,
         json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": format!("too old resource version: 1 ({current})"), "reason": "Expired", "code": 410}})
+            "message": message, "reason": "Expired", "code": 410}})
     );
     // A list at an exact revision that storage still has works; a future one times out.
     let (code, _, _) = raw(&client, "GET", &format!("/api/v1/namespaces/default/services?resourceVersion={current}&resourceVersionMatch=Exact"), None, Vec::new()).await;
@@ -440,11 +452,13 @@ async fn an_unavailable_apiservice_is_listed_and_answers_503() {
     .await;
     assert_eq!(code, 201, "{created}");
     // Legacy /apis lists it (available or not) after the aggregator's own group and, by
-    // groupPriorityMinimum, after discovery.k8s.io (16200 against its 100).
+    // groupPriorityMinimum, after coordination.k8s.io and discovery.k8s.io (16500 and 16200
+    // against its 100).
     let (_, groups, _) = raw(&client, "GET", "/apis", None, Vec::new()).await;
     assert_eq!(groups["groups"][0]["name"], "apiregistration.k8s.io");
-    assert_eq!(groups["groups"][1]["name"], "discovery.k8s.io");
-    assert_eq!(groups["groups"][2]["name"], "foo.example.com");
+    assert_eq!(groups["groups"][1]["name"], "coordination.k8s.io");
+    assert_eq!(groups["groups"][2]["name"], "discovery.k8s.io");
+    assert_eq!(groups["groups"][3]["name"], "foo.example.com");
     // Its group is unavailable: 503 plain text (checked with kubectl: the kube client retries
     // 503s with back-off), which client-go turns into upstream's message.
     let err = server.fails(&["get", "--raw", "/apis/foo.example.com/v1beta1/things"]);

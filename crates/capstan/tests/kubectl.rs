@@ -524,8 +524,7 @@ subsets: [{addresses: [{ip: 192.0.2.10}], ports: [{port: 5432}]}]
 #[cfg(feature = "etcd")]
 #[test]
 fn serves_services_from_etcd() {
-    let Ok(endpoints) = std::env::var("CAPSTAN_TEST_ETCD_ENDPOINTS") else {
-        eprintln!("CAPSTAN_TEST_ETCD_ENDPOINTS is not set; .ci/run sets it");
+    let Some(endpoints) = common::etcd_endpoints() else {
         return;
     };
     let prefix = format!("/capstan-e2e-{}/", std::process::id());

@@ -349,22 +349,6 @@ pub(crate) fn key_of(selectable: &Selectable) -> Key {
     (selectable.namespace().into(), selectable.name().into())
 }
 
-/// Runs `work` on a thread of its own, named `name`, with a single-threaded runtime: a
-/// controller's work never queues behind API requests on the server's workers, and its CPU
-/// use can be read per thread.
-fn on_own_thread(
-    name: &str,
-    work: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || runtime.block_on(work))?;
-    Ok(())
-}
-
 /// Follows every object of a kind for the life of the process, watching again whenever a
 /// watch ends: `event` sees each change (`true` while a (re)start replays what exists), and
 /// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
@@ -442,17 +426,19 @@ impl EndpointsController {
         self
     }
 
-    /// Runs for the life of the process on a thread of its own (`ep-controller`), as
-    /// upstream's controller runs in its own process: its work never queues behind API
-    /// requests on the server's workers, and its CPU use can be read per thread.
-    pub fn start(self) -> std::io::Result<()> {
-        on_own_thread("ep-controller", async move {
-            self.run();
+    /// Runs until `group` stops, on a thread of its own (`ep-controller`; the EndpointSlice
+    /// controller on `eps-controller`), as upstream's controller runs in its own process: its
+    /// work never queues behind API requests on the server's workers, and its CPU use can be
+    /// read per thread.
+    pub fn start(self, group: &crate::Group) -> std::io::Result<()> {
+        let inner = group.clone();
+        group.spawn("ep-controller", async move {
+            self.run(&inner);
             std::future::pending::<()>().await
         })
     }
 
-    fn run(self) {
+    fn run(self, group: &crate::Group) {
         let controller = Arc::new(self);
         // Every change is queued for both controllers; the EndpointSlice controller works on
         // a thread of its own (`eps-controller`), as upstream's runs apart from the endpoints
@@ -543,7 +529,7 @@ impl EndpointsController {
         }
         if let (Some(writer), Some(slices)) = (&controller.slices, &queue.slices) {
             let (controller, writer, slices) = (controller.clone(), writer.clone(), slices.clone());
-            let started = on_own_thread("eps-controller", async move {
+            let started = group.spawn("eps-controller", async move {
                 // Its own watches (nodes, slices) run here too.
                 writer.start(slices.clone());
                 let mut workers = tokio::task::JoinSet::new();

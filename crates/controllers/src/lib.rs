@@ -12,13 +12,16 @@ pub mod apiservice;
 mod endpoints;
 mod endpointslice;
 mod garbage_collector;
+mod group;
 mod kubernetes_service;
+pub mod leader;
 mod mirroring;
 mod namespace;
 pub mod queue;
 
 pub use endpoints::EndpointsController;
 pub use garbage_collector::GarbageCollector;
+pub use group::Group;
 pub use kubernetes_service::KubernetesServiceController;
 pub use mirroring::MirroringController;
 pub use namespace::NamespaceController;

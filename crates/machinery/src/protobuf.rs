@@ -45,6 +45,13 @@ pub const DISCOVERY_V1: Messages = Messages {
     table: include_bytes!("../data/proto-discovery-v1.json"),
 };
 
+/// coordination.k8s.io/v1's messages.
+pub const COORDINATION_V1: Messages = Messages {
+    api_version: "coordination.k8s.io/v1",
+    package: "k8s.io.api.coordination.v1",
+    table: include_bytes!("../data/proto-coordination-v1.json"),
+};
+
 /// Every message known: the apimachinery ones and those of each group a decode was asked
 /// for.
 static TABLES: LazyLock<Definitions<[Field]>> =

@@ -20,6 +20,10 @@ pub static APIREGISTRATION_V1_OPENAPI: &[u8] =
 pub static DISCOVERY_V1_OPENAPI: &[u8] =
     include_bytes!("../data/openapi/apis__discovery.k8s.io__v1_openapi.json");
 
+/// `/openapi/v3/apis/coordination.k8s.io/v1`, byte for byte.
+pub static COORDINATION_V1_OPENAPI: &[u8] =
+    include_bytes!("../data/openapi/apis__coordination.k8s.io__v1_openapi.json");
+
 /// Every schema definition the machinery knows, by name: those of core/v1, and of each OpenAPI
 /// document a kind brings ([`definition`] loads it the first time).
 static TABLE: LazyLock<Definitions<Value>> =

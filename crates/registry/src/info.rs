@@ -224,10 +224,9 @@ impl ResourceInfo {
         self
     }
 
-    /// PUT creates a missing object, and needs no `resourceVersion`.
+    /// PUT creates a missing object.
     pub const fn create_on_update(mut self) -> Self {
         self.allow_create_on_update = true;
-        self.allow_unconditional_update = true;
         self
     }
 

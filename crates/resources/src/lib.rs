@@ -13,6 +13,7 @@
 pub mod apiservice;
 pub mod endpoints;
 pub mod endpointslice;
+pub mod lease;
 pub mod namespace;
 pub mod node;
 pub mod pod;
@@ -33,6 +34,7 @@ pub fn registered(services: Arc<service::ServiceStrategy>) -> Vec<Arc<dyn DynStr
         Arc::new(pod::PodStrategy),
         Arc::new(node::NodeStrategy),
         Arc::new(endpointslice::EndpointSliceStrategy),
+        Arc::new(lease::LeaseStrategy),
         Arc::new(apiservice::ApiServiceStrategy),
     ]
 }
@@ -135,6 +137,8 @@ mod projection_tests {
             json!({"metadata": metadata, "addressType": "IPv4",
                    "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}}],
                    "ports": [{"name": "", "port": 80, "protocol": "TCP"}]}),
+            json!({"metadata": metadata, "spec": {"holderIdentity": "a",
+                   "renewTime": "2026-11-26T12:00:00.123456Z"}}),
             json!({"metadata": {"name": "v1.example.com", "labels": {"a": "b"}},
                    "spec": {"group": "example.com", "version": "v1",
                    "groupPriorityMinimum": 100, "versionPriority": 10}}),

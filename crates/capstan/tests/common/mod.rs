@@ -320,3 +320,44 @@ pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
         .expect("config");
     kube::Client::try_from(config).expect("client")
 }
+
+/// The etcd the etcd tests use (`.ci/run` starts one); `None`, with a note, when unset.
+pub fn etcd_endpoints() -> Option<String> {
+    let endpoints = std::env::var("CAPSTAN_TEST_ETCD_ENDPOINTS").ok();
+    if endpoints.is_none() {
+        eprintln!("CAPSTAN_TEST_ETCD_ENDPOINTS is not set; .ci/run sets it");
+    }
+    endpoints
+}
+
+/// Who holds the controllers' Lease, as `server` reads it ("" for no one).
+pub fn lease_holder(server: &Server) -> String {
+    let path = "jsonpath={.spec.holderIdentity}";
+    let lease = [
+        "-n",
+        "kube-system",
+        "get",
+        "lease",
+        "capstan-controllers",
+        "-o",
+        path,
+    ];
+    String::from_utf8_lossy(&server.kubectl(&lease).stdout)
+        .trim()
+        .to_string()
+}
+
+/// Runs a Python client script (`pip install kubernetes`) with the server's kubeconfig as its
+/// argument; the script prints `ok` when its checks hold.
+pub fn run_python(server: &Server, script: &str) {
+    let out = Command::new("python3")
+        .args(["-c", script, path_str(&server.kubeconfig())])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "the Python client (pip install kubernetes): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

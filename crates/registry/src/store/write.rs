@@ -12,6 +12,9 @@ pub(super) enum OnConflict {
     Retry,
     /// Answer 409 (an update pinned to the `resourceVersion` it read).
     Fail,
+    /// Refuse the write when the object exists (an update without `resourceVersion` of a
+    /// kind that needs one; a missing object may still be created).
+    Refuse,
 }
 
 impl Registry {
@@ -313,23 +316,8 @@ impl Registry {
         subresource: Subresource,
         compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<(Value, bool), ApiError> {
-        let info = self.strategy.info();
-        if pinned.is_empty() && !info.allow_unconditional_update {
-            let mut errors = FieldErrors::new();
-            // Upstream prints the missing version as Go's `%#v` of a uint64.
-            errors.push(FieldError {
-                kind: capstan_machinery::field::ErrorType::Invalid,
-                field: "metadata.resourceVersion".into(),
-                value: "0x0".into(),
-                detail: "must be specified for an update".into(),
-            });
-            return Err(ApiError::invalid(
-                info.group,
-                &info.group_resource().to_string(),
-                name,
-                &errors,
-            ));
-        }
+        let unpinned = pinned.is_empty();
+        let allowed = self.strategy.info().allow_unconditional_update;
         self.write_loop(
             namespace,
             name,
@@ -339,10 +327,10 @@ impl Registry {
             // A body or a typed object is in its type's form already.
             (
                 Form::Normal,
-                if pinned.is_empty() {
-                    OnConflict::Retry
-                } else {
-                    OnConflict::Fail
+                match (unpinned, allowed) {
+                    (true, true) => OnConflict::Retry,
+                    (true, false) => OnConflict::Refuse,
+                    (false, _) => OnConflict::Fail,
                 },
             ),
         )
@@ -514,6 +502,9 @@ impl Registry {
                 }
                 return Ok((self.create(namespace, new, options).await?, true));
             };
+            if on_conflict == OnConflict::Refuse {
+                return Err(self.version_required(name));
+            }
             let old = self.decode(&kv)?;
             let mut new = compute(Some(&old))?;
             if !new.is_object() {
@@ -640,6 +631,20 @@ impl Registry {
 }
 
 impl Registry {
+    /// Upstream's answer to an update without `resourceVersion` where one is required (the
+    /// missing version printed as Go's `%#v` of a uint64).
+    fn version_required(&self, name: &str) -> ApiError {
+        let info = self.strategy.info();
+        let errors = FieldErrors(vec![FieldError {
+            kind: capstan_machinery::field::ErrorType::Invalid,
+            field: "metadata.resourceVersion".into(),
+            value: "0x0".into(),
+            detail: "must be specified for an update".into(),
+        }]);
+        let resource = info.group_resource().to_string();
+        ApiError::invalid(info.group, &resource, name, &errors)
+    }
+
     /// The transaction that writes `object` under `key` when `guard` holds, with the
     /// strategy's allocation work (`extras`) in the same transaction.
     fn put(

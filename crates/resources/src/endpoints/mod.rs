@@ -16,6 +16,7 @@ pub static ENDPOINTS_INFO: ResourceInfo = ResourceInfo::of::<Endpoints>()
     .storage_version_hash("fWeeMqaN/OA=")
     .storage_prefix("services/endpoints")
     .create_on_update()
+    .unconditional_update()
     .openapi(
         "io.k8s.api.core.v1.Endpoints",
         "api/v1",

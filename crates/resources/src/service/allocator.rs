@@ -24,9 +24,11 @@ const RANGES: &str = "ranges/";
 /// Every allocation record in storage (cluster IPs and node ports).
 pub(super) async fn records(
     storage: &dyn Storage,
+    at_revision: Option<capstan_storage::Revision>,
 ) -> Result<capstan_storage::RangeResponse, ApiError> {
     let everything = RangeRequest {
         prefix: RANGES.into(),
+        at_revision,
         ..RangeRequest::default()
     };
     storage.range(everything).await.map_err(ApiError::internal)
@@ -169,7 +171,7 @@ impl ServiceAllocator {
 
     /// Rebuilds the in-memory view from the allocation keys in storage.
     async fn resync(&self, storage: &dyn Storage) -> Result<i64, ApiError> {
-        let response = records(storage).await?;
+        let response = records(storage, None).await?;
         let mut taken = self.lock();
         taken.ips.iter_mut().for_each(Bitmap::clear);
         taken.ports.clear();

@@ -32,6 +32,7 @@ pub static SERVICE_INFO: ResourceInfo = ResourceInfo::of::<Service>()
     .storage_version_hash("0/CO1lhkEBI=")
     .storage_prefix("services/specs")
     .create_on_update()
+    .unconditional_update()
     .delete_returns_object()
     .openapi(
         "io.k8s.api.core.v1.Service",

@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::allocator::{Allocations, ServiceAllocator};
 
-/// Every allocation key the stored Services hold, with the `namespace/name` holding it.
-async fn wanted(storage: &dyn Storage) -> Result<BTreeMap<String, String>, ApiError> {
+/// Every allocation key the stored Services hold: the `namespace/name` holding it, and that
+/// Service's storage key and revision; with the revision the Services were read at.
+async fn wanted(storage: &dyn Storage) -> Result<(Wanted, capstan_storage::Revision), ApiError> {
     let services = storage
         .range(RangeRequest {
             prefix: super::SERVICE_INFO.list_prefix(""),
@@ -18,7 +19,7 @@ async fn wanted(storage: &dyn Storage) -> Result<BTreeMap<String, String>, ApiEr
         })
         .await
         .map_err(ApiError::internal)?;
-    let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+    let mut wanted: Wanted = BTreeMap::new();
     for kv in &services.kvs {
         let Ok(service) = serde_json::from_slice::<Service>(&kv.value) else {
             // Only a hand edit gets here; what the record held counts as held by nobody.
@@ -27,24 +28,32 @@ async fn wanted(storage: &dyn Storage) -> Result<BTreeMap<String, String>, ApiEr
         };
         let owner = ServiceAllocator::owner(&service);
         for key in Allocations::of(&service).keys() {
-            if let Some(other) = wanted.insert(key.clone(), owner.clone())
+            let holder = (owner.clone(), kv.key.to_string(), kv.mod_revision);
+            if let Some((other, ..)) = wanted.insert(key.clone(), holder)
                 && other != owner
             {
                 tracing::warn!(%key, first = %other, second = %owner, "allocated to several services; please recreate one of them");
             }
         }
     }
-    Ok(wanted)
+    Ok((wanted, services.revision))
 }
 
+/// Allocation keys and who holds them: `namespace/name`, storage key, revision.
+type Wanted = BTreeMap<String, (String, String, capstan_storage::Revision)>;
+
 impl ServiceAllocator {
-    /// The repair check (upstream's repair loops, run once at start-up): every Service's
-    /// addresses and ports must be recorded as allocated to it, and nothing else may be.
-    /// Writes are transactional, so this finds nothing unless the data was edited by hand;
-    /// it reports and fixes what it finds. Returns the number of fixes.
+    /// The repair check (upstream's repair loops): every Service's addresses and ports must be
+    /// recorded as allocated to it, and nothing else may be. Writes are transactional, so this
+    /// finds nothing unless the data was edited by hand; it reports and fixes what it finds.
+    /// Returns the number of fixes.
+    ///
+    /// Other replicas may be writing meanwhile: the records are read at the revision the
+    /// Services were read at, and each fix holds only while what it was judged on is
+    /// unchanged (the record, or the Service holding it).
     pub async fn repair(&self, storage: &dyn Storage) -> Result<usize, ApiError> {
-        let wanted = wanted(storage).await?;
-        let recorded = super::allocator::records(storage).await?;
+        let (wanted, revision) = wanted(storage).await?;
+        let recorded = super::allocator::records(storage, Some(revision)).await?;
         let mut fixes = 0;
         for kv in &recorded.kvs {
             if !wanted.contains_key(kv.key.as_ref()) {
@@ -57,11 +66,12 @@ impl ServiceAllocator {
             }
         }
         let present: BTreeSet<&str> = recorded.kvs.iter().map(|kv| &*kv.key).collect();
-        for (key, owner) in &wanted {
+        for (key, (owner, service, at)) in &wanted {
             if !present.contains(&**key) {
                 tracing::warn!(%key, %owner, "service address or port not recorded as allocated; repairing");
                 let txn = capstan_storage::Txn::new()
                     .when(Compare::Absent(key.clone()))
+                    .when(Compare::ModRevision(service.clone(), *at))
                     .then(Op::Put(key.clone(), owner.clone().into()));
                 storage.txn(txn).await.map_err(ApiError::internal)?;
                 fixes += 1;

@@ -1,0 +1,204 @@
+//! Several replicas on one etcd: the controllers run on the replica holding the
+//! `kube-system/capstan-controllers` Lease and move to another when it dies (SIGKILL: once the
+//! lease expires; SIGTERM: at once, the lease released), reads on one replica see what another
+//! acknowledged, and allocation stays unique when replicas race.
+//!
+//! Needs the etcd engine and an etcd (`CAPSTAN_TEST_ETCD_ENDPOINTS`, which `.ci/run` sets).
+
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{Server, set_pod_status};
+
+/// Short election timings, so the test waits seconds, not the defaults' 15.
+const LEASE: Duration = Duration::from_secs(3);
+
+fn replica(endpoints: &str, prefix: &str) -> Server {
+    Server::start_with(&[
+        "--storage",
+        "etcd",
+        "--etcd-servers",
+        endpoints,
+        "--etcd-prefix",
+        prefix,
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ])
+}
+
+/// Waits until `server` sees the lease held by one of `replicas`; returns that replica's index.
+fn leader_among(server: &Server, replicas: &[&Server], within: Duration) -> Option<usize> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let holder = common::lease_holder(server);
+        if !holder.is_empty()
+            && let Some(i) = replicas.iter().position(|r| r.log().contains(&holder))
+        {
+            return Some(i);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+fn until(within: Duration, what: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if what() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+fn endpoint_ips(server: &Server, field: &str) -> String {
+    let path = format!("jsonpath={{.subsets[*].{field}[*].ip}}");
+    let out = server.kubectl(&["get", "endpoints", "web", "-o", &path]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn controllers_fail_over_between_replicas() {
+    let Some(endpoints) = common::etcd_endpoints() else {
+        return;
+    };
+    let prefix = format!("/capstan-replicas-{}/", std::process::id());
+    let mut servers = [replica(&endpoints, &prefix), replica(&endpoints, &prefix)];
+    let leader = {
+        let [a, b] = &servers;
+        leader_among(a, &[a, b], Duration::from_secs(10)).expect("one replica leads")
+    };
+    let follower = 1 - leader;
+
+    // What one replica acknowledges, the other reads at once.
+    servers[follower].ok(&["create", "service", "clusterip", "seen", "--tcp=80"]);
+    servers[leader].ok(&["get", "service", "seen"]);
+
+    // The leader's controllers keep Endpoints, whichever replica the pod is written on.
+    servers[follower].ok(&["create", "service", "clusterip", "web", "--tcp=80"]);
+    servers[follower].ok(&["set", "selector", "service", "web", "app=web"]);
+    servers[follower].ok(&["run", "web", "--image=x", "--labels=app=web"]);
+    set_pod_status(&servers[follower], "web", "10.244.3.1", true);
+    assert!(
+        until(Duration::from_secs(10), || endpoint_ips(
+            &servers[leader],
+            "addresses"
+        ) == "10.244.3.1"),
+        "endpoints follow the pod"
+    );
+
+    // The leader dies without a word: the other replica takes over once the lease expires.
+    servers[leader].kill();
+    let killed = Instant::now();
+    let survivor = &servers[follower];
+    let took_over = leader_among(survivor, &[survivor], LEASE * 4).is_some();
+    let failover = killed.elapsed();
+    assert!(
+        took_over,
+        "the survivor holds the lease: {}",
+        survivor.log()
+    );
+    assert!(
+        failover < LEASE + Duration::from_secs(3),
+        "took over within the lease duration and a retry: {failover:?}"
+    );
+    set_pod_status(survivor, "web", "10.244.3.1", false);
+    assert!(
+        until(Duration::from_secs(10), || endpoint_ips(
+            survivor,
+            "notReadyAddresses"
+        ) == "10.244.3.1"),
+        "the survivor's controllers keep the endpoints"
+    );
+
+    // The dead replica comes back as a candidate; the leader is stopped properly and
+    // releases the lease, so the other takes over without waiting for it to expire.
+    servers[leader].launch();
+    let back = &servers[leader];
+    assert!(
+        until(Duration::from_secs(5), || !common::lease_holder(back)
+            .is_empty()),
+        "the restarted replica reads the lease"
+    );
+    servers[follower].stop();
+    let stopped = Instant::now();
+    let back = &servers[leader];
+    assert!(
+        leader_among(back, &[back], LEASE * 4).is_some(),
+        "the restarted replica leads: {}",
+        back.log()
+    );
+    assert!(
+        stopped.elapsed() < LEASE,
+        "a released lease is taken at once: {:?}",
+        stopped.elapsed()
+    );
+    set_pod_status(back, "web", "10.244.3.1", true);
+    assert!(
+        until(Duration::from_secs(10), || endpoint_ips(back, "addresses")
+            == "10.244.3.1"),
+        "the new leader's controllers keep the endpoints"
+    );
+}
+
+#[test]
+fn racing_replicas_allocate_unique_cluster_ips() {
+    let Some(endpoints) = common::etcd_endpoints() else {
+        return;
+    };
+    let prefix = format!("/capstan-race-{}/", std::process::id());
+    // A /28 holds 14 addresses: 1 for `kubernetes`, 12 for the racers, 1 left.
+    let range = ["--service-cluster-ip-range", "10.97.0.0/28"];
+    let mut flags = vec!["--storage", "etcd", "--etcd-servers", &endpoints];
+    flags.extend(["--etcd-prefix", &prefix]);
+    flags.extend(range);
+    let (a, b) = (Server::start_with(&flags), Server::start_with(&flags));
+    std::thread::scope(|scope| {
+        for i in 0..6 {
+            for (server, side) in [(&a, "a"), (&b, "b")] {
+                scope.spawn(move || {
+                    let name = format!("{side}{i}");
+                    server.ok(&["create", "service", "clusterip", &name, "--tcp=80"]);
+                });
+            }
+        }
+    });
+    for server in [&a, &b] {
+        let ips = server.ok(&[
+            "get",
+            "services",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.clusterIP}{\"\\n\"}{end}",
+        ]);
+        let ips: Vec<&str> = ips.lines().collect();
+        let unique: BTreeSet<&str> = ips.iter().copied().collect();
+        assert_eq!(ips.len(), 13, "{ips:?}");
+        assert_eq!(unique.len(), ips.len(), "no address twice: {ips:?}");
+    }
+    // The last address goes to one of two racers; the other hears the range is full.
+    let (x, y) = std::thread::scope(|scope| {
+        let x = scope.spawn(|| a.kubectl(&["create", "service", "clusterip", "x", "--tcp=80"]));
+        let y = scope.spawn(|| b.kubectl(&["create", "service", "clusterip", "y", "--tcp=80"]));
+        (x.join().expect("x"), y.join().expect("y"))
+    });
+    assert_ne!(
+        x.status.success(),
+        y.status.success(),
+        "exactly one racer gets the last address"
+    );
+    let refused = if x.status.success() { &y } else { &x };
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("range is full") || message.contains("no more"),
+        "{message}"
+    );
+}
