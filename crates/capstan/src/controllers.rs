@@ -80,12 +80,13 @@ impl Controllers {
         let (allocator, store) = (self.services.allocator().clone(), self.store.clone());
         tokio::spawn(async move {
             loop {
+                // Each replica checked at its start; the leader checks again from time to time.
+                tokio::time::sleep(REPAIR_INTERVAL).await;
                 match allocator.repair(store.as_ref()).await {
                     Ok(0) => {}
                     Ok(fixed) => tracing::warn!(fixed, "allocation repair fixed mismatches"),
                     Err(error) => tracing::warn!(error = %error.message, "allocation repair"),
                 }
-                tokio::time::sleep(REPAIR_INTERVAL).await;
             }
         });
         capstan_controllers::GarbageCollector::new(registries.clone()).start();
@@ -118,8 +119,10 @@ impl Controllers {
         );
         if let Some(address) = self.advertise {
             keeper = keeper
-                .with_endpoints(endpoints, address, self.port)
-                .with_endpoint_slice(slices, address, self.port);
+                .with_endpoints((endpoints, slices), address, self.port)
+                .with_master_leases(capstan_controllers::masters::MasterLeases::new(
+                    self.store.clone(),
+                ));
         }
         if let Err(error) = keeper.reconcile().await {
             tracing::warn!(%error, "reconciling the kubernetes Service");

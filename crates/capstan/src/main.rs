@@ -304,24 +304,38 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let repaired = service_strategy
-        .allocator()
-        .repair(store.as_ref())
-        .await
-        .map_err(|e| anyhow::anyhow!("checking allocations: {}", e.message))?;
-    if repaired > 0 {
-        tracing::warn!(repaired, "allocation repair fixed mismatches");
+    // Every replica checks the allocations before it serves (upstream's repair post-start
+    // hook); the elected controllers repeat the check periodically. Other replicas may be
+    // writing meanwhile, which the check allows for.
+    match service_strategy.allocator().repair(store.as_ref()).await {
+        Ok(0) => {}
+        Ok(repaired) => tracing::warn!(repaired, "allocation repair fixed mismatches"),
+        Err(error) => tracing::warn!(error = %error.message, "checking allocations"),
     }
     service_strategy
         .allocator()
         .start(store.clone())
         .await
         .map_err(|e| anyhow::anyhow!("loading allocations: {}", e.message))?;
+    // This replica's record among the `kubernetes` Service's endpoints, kept until shutdown.
+    let (stop_electing, shutdown) = tokio::sync::watch::channel(false);
+    let masters = capstan_controllers::masters::MasterLeases::new(store.clone());
+    let mut recorded = None;
+    if let Some(address) = advertise_address(&args) {
+        masters
+            .renew(address)
+            .await
+            .context("recording this replica's address")?;
+        let (masters, shutdown) = (masters.clone(), shutdown.clone());
+        recorded = Some(tokio::spawn(async move {
+            masters.keep(address, shutdown).await
+        }));
+    }
     bootstrap(
         &registries,
         &service_strategy,
-        args.port,
-        advertise_address(&args),
+        (args.port, advertise_address(&args)),
+        &masters,
     )
     .await?;
     let proxy_client = match (&args.proxy_client_cert_file, &args.proxy_client_key_file) {
@@ -345,7 +359,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         port: args.port,
         advertise: advertise_address(&args),
     };
-    let (stop_electing, shutdown) = tokio::sync::watch::channel(false);
     let elected = elect(&args, &registries, controllers, shutdown)?;
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()
@@ -397,6 +410,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     {
         tracing::warn!("the controllers did not stop within 10s");
     }
+    // Its address leaves the `kubernetes` endpoints with it.
+    if let Some(recorded) = recorded {
+        let _ = tokio::time::timeout(Duration::from_secs(5), recorded).await;
+    }
     tracing::info!("shut down");
     Ok(())
 }
@@ -405,8 +422,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn bootstrap(
     registries: &[Arc<Registry>],
     services: &ServiceStrategy,
-    port: u16,
-    advertise: Option<std::net::IpAddr>,
+    (port, advertise): (u16, Option<std::net::IpAddr>),
+    masters: &capstan_controllers::masters::MasterLeases,
 ) -> anyhow::Result<()> {
     let options = WriteOptions {
         dry_run: false,
@@ -430,8 +447,15 @@ async fn bootstrap(
     );
     if let Some(address) = advertise {
         keeper = keeper
-            .with_endpoints(registry_for(registries, "endpoints")?, address, port)
-            .with_endpoint_slice(registry_for(registries, "endpointslices")?, address, port);
+            .with_endpoints(
+                (
+                    registry_for(registries, "endpoints")?,
+                    registry_for(registries, "endpointslices")?,
+                ),
+                address,
+                port,
+            )
+            .with_master_leases(masters.clone());
     }
     // Each replica makes sure the Service exists before it serves (upstream's bootstrap
     // post-start hook); the leader keeps it afterwards.

@@ -14,11 +14,24 @@ use std::time::{Duration, Instant};
 
 use common::{Server, set_pod_status};
 
+/// The etcd to use, and a key prefix of this test's own there.
+fn cluster(name: &str) -> Option<(String, String)> {
+    let endpoints = common::etcd_endpoints()?;
+    Some((
+        endpoints,
+        format!("/capstan-{name}-{}/", std::process::id()),
+    ))
+}
+
 /// Short election timings, so the test waits seconds, not the defaults' 15.
 const LEASE: Duration = Duration::from_secs(3);
 
 fn replica(endpoints: &str, prefix: &str) -> Server {
-    Server::start_with(&[
+    replica_with(endpoints, prefix, &[])
+}
+
+fn replica_with(endpoints: &str, prefix: &str, extra: &[&str]) -> Server {
+    let mut flags = vec![
         "--storage",
         "etcd",
         "--etcd-servers",
@@ -31,7 +44,9 @@ fn replica(endpoints: &str, prefix: &str) -> Server {
         "2s",
         "--leader-elect-retry-period",
         "500ms",
-    ])
+    ];
+    flags.extend(extra);
+    Server::start_with(&flags)
 }
 
 /// Waits until `server` sees the lease held by one of `replicas`; returns that replica's index.
@@ -60,18 +75,22 @@ fn until(within: Duration, what: impl Fn() -> bool) -> bool {
     false
 }
 
-fn endpoint_ips(server: &Server, field: &str) -> String {
+/// The addresses of an Endpoints' `field` (`addresses`, `notReadyAddresses`).
+fn ips_of(server: &Server, name: &str, field: &str) -> String {
     let path = format!("jsonpath={{.subsets[*].{field}[*].ip}}");
-    let out = server.kubectl(&["get", "endpoints", "web", "-o", &path]);
+    let out = server.kubectl(&["get", "endpoints", name, "-o", &path]);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn endpoint_ips(server: &Server, field: &str) -> String {
+    ips_of(server, "web", field)
 }
 
 #[test]
 fn controllers_fail_over_between_replicas() {
-    let Some(endpoints) = common::etcd_endpoints() else {
+    let Some((endpoints, prefix)) = cluster("replicas") else {
         return;
     };
-    let prefix = format!("/capstan-replicas-{}/", std::process::id());
     let mut servers = [replica(&endpoints, &prefix), replica(&endpoints, &prefix)];
     let leader = {
         let [a, b] = &servers;
@@ -152,16 +171,13 @@ fn controllers_fail_over_between_replicas() {
 
 #[test]
 fn racing_replicas_allocate_unique_cluster_ips() {
-    let Some(endpoints) = common::etcd_endpoints() else {
+    let Some((endpoints, prefix)) = cluster("race") else {
         return;
     };
-    let prefix = format!("/capstan-race-{}/", std::process::id());
     // A /28 holds 14 addresses: 1 for `kubernetes`, 12 for the racers, 1 left.
     let range = ["--service-cluster-ip-range", "10.97.0.0/28"];
-    let mut flags = vec!["--storage", "etcd", "--etcd-servers", &endpoints];
-    flags.extend(["--etcd-prefix", &prefix]);
-    flags.extend(range);
-    let (a, b) = (Server::start_with(&flags), Server::start_with(&flags));
+    let a = replica_with(&endpoints, &prefix, &range);
+    let b = replica_with(&endpoints, &prefix, &range);
     std::thread::scope(|scope| {
         for i in 0..6 {
             for (server, side) in [(&a, "a"), (&b, "b")] {
@@ -197,8 +213,51 @@ fn racing_replicas_allocate_unique_cluster_ips() {
     );
     let refused = if x.status.success() { &y } else { &x };
     let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("range is full"), "{message}");
+}
+
+#[test]
+fn the_kubernetes_service_lists_every_live_replica() {
+    let Some((endpoints, prefix)) = cluster("masters") else {
+        return;
+    };
+    let addresses = ["10.0.0.1", "10.0.0.2"];
+    let mut servers =
+        addresses.map(|a| replica_with(&endpoints, &prefix, &["--advertise-address", a]));
+    let published = |server: &Server| {
+        let out = server.kubectl(&[
+            "get",
+            "endpointslice",
+            "kubernetes",
+            "-o",
+            "jsonpath={.endpoints[*].addresses[0]}",
+        ]);
+        let slice = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (ips_of(server, "kubernetes", "addresses"), slice)
+    };
+    let both = (
+        "10.0.0.1 10.0.0.2".to_string(),
+        "10.0.0.1 10.0.0.2".to_string(),
+    );
     assert!(
-        message.contains("range is full") || message.contains("no more"),
-        "{message}"
+        until(Duration::from_secs(15), || published(&servers[0]) == both),
+        "both replicas are published: {:?}",
+        published(&servers[0])
+    );
+    // A replica that dies without a word drops out once its record lapses (15 s) and the
+    // leader next reconciles (every 10 s).
+    let leader = {
+        let [a, b] = &servers;
+        leader_among(a, &[a, b], Duration::from_secs(10)).expect("one replica leads")
+    };
+    let victim = 1 - leader;
+    servers[victim].kill();
+    let survivor = addresses[leader].to_string();
+    let alone = (survivor.clone(), survivor);
+    assert!(
+        until(Duration::from_secs(40), || published(&servers[leader])
+            == alone),
+        "the dead replica dropped out: {:?}",
+        published(&servers[leader])
     );
 }

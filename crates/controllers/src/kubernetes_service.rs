@@ -1,7 +1,8 @@
 //! Keeps the built-in `default/kubernetes` Service: created at start-up, re-created when
 //! deleted, its type and ports put back when edited (upstream's kube-apiserver controller);
 //! and, when the server has an address clients can reach (not loopback, which Endpoints may
-//! not hold), its Endpoints: that address and the secure port (upstream's endpoint reconciler).
+//! not hold), its Endpoints and EndpointSlice: the address of every live replica
+//! ([`crate::masters`], upstream's `lease` endpoint reconciler) and the secure port.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,8 +37,12 @@ pub struct ReconcileError {
 pub struct KubernetesServiceController {
     services: Arc<Registry>,
     wanted: Service,
-    endpoints: Option<(Arc<Registry>, Endpoints)>,
-    slice: Option<(Arc<Registry>, EndpointSlice)>,
+    /// This replica's address and secure port, published in the endpoints.
+    address: Option<(std::net::IpAddr, u16)>,
+    endpoints: Option<Arc<Registry>>,
+    slices: Option<Arc<Registry>>,
+    /// The other replicas' addresses (all of them live ones are published).
+    masters: Option<crate::masters::MasterLeases>,
 }
 
 impl KubernetesServiceController {
@@ -75,67 +80,51 @@ impl KubernetesServiceController {
         KubernetesServiceController {
             services,
             wanted,
+            address: None,
             endpoints: None,
-            slice: None,
+            slices: None,
+            masters: None,
         }
     }
 
-    /// Also keeps the `kubernetes` Endpoints: `address` and `port` (named `https`).
+    /// Also keeps the `kubernetes` Endpoints, and the EndpointSlice that goes with them
+    /// (upstream's endpoints adapter: named `kubernetes`, labelled only with the Service's
+    /// name, not owned and not managed by a controller, its endpoints only `ready`): this
+    /// replica's `address` and `port` (named `https`).
     pub fn with_endpoints(
         mut self,
-        endpoints: Arc<Registry>,
+        (endpoints, slices): (Arc<Registry>, Arc<Registry>),
         address: std::net::IpAddr,
         port: u16,
     ) -> Self {
-        let wanted = Endpoints {
-            metadata: metadata(("endpointslice.kubernetes.io/skip-mirror", "true")),
-            subsets: Some(vec![EndpointSubset {
-                addresses: Some(vec![EndpointAddress {
-                    ip: address.to_string(),
-                    ..EndpointAddress::default()
-                }]),
-                ports: Some(vec![EndpointPort {
-                    name: Some("https".into()),
-                    port: i32::from(port),
-                    protocol: Some("TCP".into()),
-                    ..EndpointPort::default()
-                }]),
-                not_ready_addresses: None,
-            }]),
-        };
-        self.endpoints = Some((endpoints, wanted));
+        self.endpoints = Some(endpoints);
+        self.slices = Some(slices);
+        self.address = Some((address, port));
         self
     }
 
-    /// Also keeps the `kubernetes` EndpointSlice that goes with the Endpoints (upstream's
-    /// endpoints adapter): named `kubernetes`, labelled only with the Service's name, not
-    /// owned and not managed by a controller; its one endpoint only `ready`.
-    pub fn with_endpoint_slice(
-        mut self,
-        slices: Arc<Registry>,
-        address: std::net::IpAddr,
-        port: u16,
-    ) -> Self {
-        let wanted = EndpointSlice {
-            metadata: metadata(("kubernetes.io/service-name", NAME)),
-            address_type: if address.is_ipv6() { "IPv6" } else { "IPv4" }.into(),
-            endpoints: Some(vec![Endpoint {
-                addresses: vec![address.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    ..EndpointConditions::default()
-                }),
-                ..Endpoint::default()
-            }]),
-            ports: Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
-                name: Some("https".into()),
-                port: Some(i32::from(port)),
-                protocol: Some("TCP".into()),
-                app_protocol: None,
-            }]),
-        };
-        self.slice = Some((slices, wanted));
+    /// Publishes every replica with a live record in `masters`, not only this one.
+    pub fn with_master_leases(mut self, masters: crate::masters::MasterLeases) -> Self {
+        self.masters = Some(masters);
         self
+    }
+
+    /// The addresses to publish: this replica's, and those of the other live replicas (of
+    /// the same family).
+    async fn addresses(&self, own: std::net::IpAddr) -> Vec<std::net::IpAddr> {
+        let mut addresses = match &self.masters {
+            Some(masters) => masters.live().await.unwrap_or_else(|error| {
+                tracing::warn!(%error, "reading the replicas' endpoint records");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        addresses.retain(|a| a.is_ipv6() == own.is_ipv6());
+        if !addresses.contains(&own) {
+            addresses.push(own);
+        }
+        addresses.sort();
+        addresses
     }
 
     fn options() -> WriteOptions {
@@ -162,15 +151,21 @@ impl KubernetesServiceController {
             },
         )
         .await?;
-        if let Some((endpoints, wanted)) = &self.endpoints {
-            keep(endpoints, wanted, "Endpoints", |current, wanted| {
+        let Some((own, port)) = self.address else {
+            return Ok(());
+        };
+        let addresses = self.addresses(own).await;
+        if let Some(endpoints) = &self.endpoints {
+            let wanted = wanted_endpoints(&addresses, port);
+            keep(endpoints, &wanted, "Endpoints", |current, wanted| {
                 let drifted = current.subsets != wanted.subsets;
                 current.subsets = wanted.subsets.clone();
                 drifted
             })
             .await?;
         }
-        if let Some((slices, wanted)) = &self.slice {
+        if let Some(slices) = &self.slices {
+            let wanted = &wanted_slice(&addresses, port);
             // A slice of the other address type is replaced (its type cannot change).
             if let Ok(current) = slices
                 .get_typed::<EndpointSlice>(NAMESPACE, NAME, ReadAt::Latest)
@@ -207,6 +202,59 @@ impl KubernetesServiceController {
                 }
             }
         });
+    }
+}
+
+/// The `kubernetes` Endpoints: `addresses` at `port` (named `https`).
+fn wanted_endpoints(addresses: &[std::net::IpAddr], port: u16) -> Endpoints {
+    Endpoints {
+        metadata: metadata(("endpointslice.kubernetes.io/skip-mirror", "true")),
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(
+                addresses
+                    .iter()
+                    .map(|a| EndpointAddress {
+                        ip: a.to_string(),
+                        ..EndpointAddress::default()
+                    })
+                    .collect(),
+            ),
+            ports: Some(vec![EndpointPort {
+                name: Some("https".into()),
+                port: i32::from(port),
+                protocol: Some("TCP".into()),
+                ..EndpointPort::default()
+            }]),
+            not_ready_addresses: None,
+        }]),
+    }
+}
+
+/// The `kubernetes` EndpointSlice: one ready endpoint per address.
+fn wanted_slice(addresses: &[std::net::IpAddr], port: u16) -> EndpointSlice {
+    let v6 = addresses.first().is_some_and(std::net::IpAddr::is_ipv6);
+    EndpointSlice {
+        metadata: metadata(("kubernetes.io/service-name", NAME)),
+        address_type: if v6 { "IPv6" } else { "IPv4" }.into(),
+        endpoints: Some(
+            addresses
+                .iter()
+                .map(|a| Endpoint {
+                    addresses: vec![a.to_string()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        ..EndpointConditions::default()
+                    }),
+                    ..Endpoint::default()
+                })
+                .collect(),
+        ),
+        ports: Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+            name: Some("https".into()),
+            port: Some(i32::from(port)),
+            protocol: Some("TCP".into()),
+            app_protocol: None,
+        }]),
     }
 }
 

@@ -135,10 +135,13 @@ impl Elector {
             .is_some_and(|(spec, _)| spec.holder_identity.as_deref() == Some(&self.identity))
     }
 
+    /// client-go's `isLeaseValid`: the observed record holds for the duration it names,
+    /// counted from when this replica observed it (a record without one has lapsed).
     fn lease_valid(&self) -> bool {
-        self.observed
-            .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() < self.timings.lease_duration)
+        self.observed.as_ref().is_some_and(|(spec, at)| {
+            let seconds = spec.lease_duration_seconds.unwrap_or(0).max(0);
+            at.elapsed() < Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+        })
     }
 
     /// The record this candidate writes: itself as holder, renewed now.
@@ -295,9 +298,29 @@ impl Elector {
             };
             if lost {
                 tracing::warn!(lease = %self.lease_path(), identity = %self.identity, "leaderelection lost; stopping the controllers");
-            }
-            group.stop().await;
-            if !lost {
+                let started = Instant::now();
+                group.stop().await;
+                // Another replica may take the lease once it has seen no renewal for the
+                // lease duration; the renew deadline and a retry of it have passed already.
+                let margin = self
+                    .timings
+                    .lease_duration
+                    .saturating_sub(self.timings.renew_deadline);
+                if started.elapsed() > margin.saturating_sub(self.timings.retry_period) {
+                    tracing::error!(took = ?started.elapsed(), "the controllers stopped late; another replica may have started them meanwhile");
+                }
+            } else {
+                // Shutting down: the lease is renewed while the controllers stop, then released.
+                let stopping = group.stop();
+                tokio::pin!(stopping);
+                loop {
+                    tokio::select! {
+                        () = &mut stopping => break,
+                        () = tokio::time::sleep(self.timings.retry_period) => {
+                            self.try_acquire_or_renew().await;
+                        }
+                    }
+                }
                 self.release().await;
                 return;
             }
@@ -337,17 +360,26 @@ impl Elector {
     /// client-go's `ReleaseOnCancel`: the holder gives the Lease up (no holder, a one-second
     /// duration) so another replica need not wait for it to expire.
     async fn release(&mut self) {
+        // The Lease is read again first, for its latest resourceVersion.
+        let current = self
+            .leases
+            .get_typed::<Lease>(&self.namespace, &self.name, ReadAt::Latest)
+            .await;
+        let Ok(current) = current else {
+            return;
+        };
+        let transitions = current.spec.as_ref().and_then(|s| s.lease_transitions);
+        self.lease = Some(current);
         if !self.is_leader() {
             return;
         }
-        let (_, transitions) = self.observed_times();
         let now = now();
         let spec = LeaseSpec {
-            holder_identity: None,
+            holder_identity: Some(String::new()),
             lease_duration_seconds: Some(1),
             acquire_time: Some(now.clone()),
             renew_time: Some(now),
-            lease_transitions: Some(transitions),
+            lease_transitions: Some(transitions.unwrap_or(0)),
             ..LeaseSpec::default()
         };
         if self.update(spec).await {

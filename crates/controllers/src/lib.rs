@@ -15,6 +15,7 @@ mod garbage_collector;
 mod group;
 mod kubernetes_service;
 pub mod leader;
+pub mod masters;
 mod mirroring;
 mod namespace;
 pub mod queue;

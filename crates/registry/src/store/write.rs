@@ -502,9 +502,6 @@ impl Registry {
                 }
                 return Ok((self.create(namespace, new, options).await?, true));
             };
-            if on_conflict == OnConflict::Refuse {
-                return Err(self.version_required(name));
-            }
             let old = self.decode(&kv)?;
             let mut new = compute(Some(&old))?;
             if !new.is_object() {
@@ -526,6 +523,10 @@ impl Registry {
                         "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {old_uid}"
                     ),
                 ));
+            }
+            // After the UID precondition, as upstream's GuaranteedUpdate checks it first.
+            if on_conflict == OnConflict::Refuse {
+                return Err(self.version_required(name));
             }
             if info.namespaced {
                 meta::set_meta_str(&mut new, "namespace", namespace);

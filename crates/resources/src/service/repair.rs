@@ -39,6 +39,12 @@ async fn wanted(storage: &dyn Storage) -> Result<(Wanted, capstan_storage::Revis
     Ok((wanted, services.revision))
 }
 
+/// Applies one fix: 1 when it held, 0 when what it was judged on changed meanwhile.
+async fn fixed(storage: &dyn Storage, txn: capstan_storage::Txn) -> Result<usize, ApiError> {
+    let outcome = storage.txn(txn).await.map_err(ApiError::internal)?;
+    Ok(usize::from(outcome.succeeded()))
+}
+
 /// Allocation keys and who holds them: `namespace/name`, storage key, revision.
 type Wanted = BTreeMap<String, (String, String, capstan_storage::Revision)>;
 
@@ -61,8 +67,7 @@ impl ServiceAllocator {
                 let txn = capstan_storage::Txn::new()
                     .when(Compare::ModRevision(kv.key.to_string(), kv.mod_revision))
                     .then(Op::Delete(kv.key.to_string()));
-                storage.txn(txn).await.map_err(ApiError::internal)?;
-                fixes += 1;
+                fixes += fixed(storage, txn).await?;
             }
         }
         let present: BTreeSet<&str> = recorded.kvs.iter().map(|kv| &*kv.key).collect();
@@ -73,8 +78,7 @@ impl ServiceAllocator {
                     .when(Compare::Absent(key.clone()))
                     .when(Compare::ModRevision(service.clone(), *at))
                     .then(Op::Put(key.clone(), owner.clone().into()));
-                storage.txn(txn).await.map_err(ApiError::internal)?;
-                fixes += 1;
+                fixes += fixed(storage, txn).await?;
             }
         }
         Ok(fixes)
