@@ -9,10 +9,9 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{Server, set_pod_status};
+use common::{Server, set_pod_status, until};
 
 /// The etcd to use, and a key prefix of this test's own there.
 fn cluster(name: &str) -> Option<(String, String)> {
@@ -62,17 +61,6 @@ fn leader_among(server: &Server, replicas: &[&Server], within: Duration) -> Opti
         std::thread::sleep(Duration::from_millis(100));
     }
     None
-}
-
-fn until(within: Duration, what: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if what() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
 }
 
 /// The addresses of an Endpoints' `field` (`addresses`, `notReadyAddresses`).
@@ -189,16 +177,9 @@ fn racing_replicas_allocate_unique_cluster_ips() {
         }
     });
     for server in [&a, &b] {
-        let ips = server.ok(&[
-            "get",
-            "services",
-            "-o",
-            "jsonpath={range .items[*]}{.spec.clusterIP}{\"\\n\"}{end}",
-        ]);
-        let ips: Vec<&str> = ips.lines().collect();
-        let unique: BTreeSet<&str> = ips.iter().copied().collect();
+        let (ips, distinct) = common::cluster_ips(server);
         assert_eq!(ips.len(), 13, "{ips:?}");
-        assert_eq!(unique.len(), ips.len(), "no address twice: {ips:?}");
+        assert!(distinct, "no address twice: {ips:?}");
     }
     // The last address goes to one of two racers; the other hears the range is full.
     let (x, y) = std::thread::scope(|scope| {

@@ -27,7 +27,7 @@ fn command_in(netns: Option<&str>, program: &str) -> Command {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -360,4 +360,26 @@ pub fn run_python(server: &Server, script: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Polls `what` every 100 ms until it holds (`true`) or `within` has passed (`false`).
+pub fn until(within: Duration, what: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if what() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The cluster IPs of every Service, as `server` lists them, and whether none is held twice.
+pub fn cluster_ips(server: &Server) -> (Vec<String>, bool) {
+    let each = "jsonpath={range .items[*]}{.spec.clusterIP}{\"\\n\"}{end}";
+    let listed = server.ok(&["get", "services", "-A", "-o", each]);
+    let ips: Vec<String> = listed.lines().map(str::to_string).collect();
+    let unique: std::collections::BTreeSet<&String> = ips.iter().collect();
+    let distinct = unique.len() == ips.len();
+    (ips, distinct)
 }

@@ -1,0 +1,297 @@
+//! Three Capstan replicas on a three-member etcd cluster (all on loopback), written to through
+//! all three while the replica holding the controllers' Lease, an etcd follower and the etcd
+//! leader are killed and restarted in turn. Afterwards every acknowledged write is there, no
+//! cluster IP is held twice, every replica lists the same objects at the same
+//! resourceVersion, and the controllers (on whichever replica leads) still keep Endpoints.
+//!
+//! Needs the etcd engine and an `etcd` binary (`.ci/run` installs it).
+
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Server, free_port, lease_holder, set_pod_status, until};
+
+/// One etcd member on loopback.
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn start(&mut self, cluster: &str, state: &str) {
+        let log = std::fs::File::create(self.dir.join(format!("{}.log", self.name))).expect("log");
+        let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let child = Command::new("etcd")
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(self.dir.join(&self.name))
+            .args(["--listen-client-urls", &url(self.client)])
+            .args(["--advertise-client-urls", &url(self.client)])
+            .args(["--listen-peer-urls", &url(self.peer)])
+            .args(["--initial-advertise-peer-urls", &url(self.peer)])
+            .args(["--initial-cluster", cluster])
+            .args(["--initial-cluster-state", state])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd starts");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether this member is the raft leader (etcd's JSON gateway, through curl).
+    fn is_leader(&self) -> Option<bool> {
+        let out = Command::new("curl")
+            .args(["-s", "-m", "2", "-X", "POST", "-d", "{}"])
+            .arg(format!(
+                "http://127.0.0.1:{}/v3/maintenance/status",
+                self.client
+            ))
+            .output()
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let leader = status["leader"].as_str()?;
+        Some(status["header"]["member_id"].as_str()? == leader)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The index of the replica holding the controllers' Lease, as `reader` sees it.
+fn leader_of(reader: &Server, replicas: &[Server]) -> Option<usize> {
+    let holder = lease_holder(reader);
+    (!holder.is_empty())
+        .then(|| replicas.iter().position(|r| r.log().contains(&holder)))
+        .flatten()
+}
+
+fn names(server: &Server, query: &str) -> Option<BTreeSet<String>> {
+    let path = format!("/api/v1/namespaces/default/services{query}");
+    let out = server.kubectl(&["get", "--raw", &path]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let items = list["items"].as_array()?;
+    Some(
+        items
+            .iter()
+            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+#[test]
+fn three_replicas_on_three_etcd_members_survive_kills() {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        eprintln!("no etcd binary; .ci/run installs etcd-server");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| Member {
+            name: format!("m{i}"),
+            client: free_port(),
+            peer: free_port(),
+            dir: dir.path().to_path_buf(),
+            child: None,
+        })
+        .collect();
+    let cluster = members
+        .iter()
+        .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+        .collect::<Vec<_>>()
+        .join(",");
+    for member in &mut members {
+        member.start(&cluster, "new");
+    }
+    assert!(
+        until(Duration::from_secs(20), || members
+            .iter()
+            .any(|m| m.is_leader() == Some(true))),
+        "the etcd cluster elects a leader"
+    );
+    let endpoints = members
+        .iter()
+        .map(|m| format!("http://127.0.0.1:{}", m.client))
+        .collect::<Vec<_>>()
+        .join(",");
+    let flags = [
+        "--storage",
+        "etcd",
+        "--etcd-servers",
+        &endpoints,
+        "--leader-elect-lease-duration",
+        "4s",
+        "--leader-elect-renew-deadline",
+        "3s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ];
+    let mut replicas: Vec<Server> = (0..3).map(|_| Server::start_with(&flags)).collect();
+    assert!(until(Duration::from_secs(10), || leader_of(
+        &replicas[0],
+        &replicas
+    )
+    .is_some()));
+
+    // A pod the controllers follow throughout.
+    replicas[0].ok(&["create", "service", "clusterip", "web", "--tcp=80"]);
+    replicas[0].ok(&["set", "selector", "service", "web", "app=web"]);
+    replicas[0].ok(&["run", "web", "--image=x", "--labels=app=web"]);
+    set_pod_status(&replicas[0], "web", "10.244.7.1", true);
+
+    // Writers: Services created through each replica in turn; what is acknowledged counts.
+    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    // When each refused create was sent (for the report by phase).
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let began = Instant::now();
+    let kubeconfigs: Vec<PathBuf> = replicas.iter().map(Server::kubeconfig).collect();
+    let writer = {
+        let (acknowledged, stop, sent) = (acknowledged.clone(), stop.clone(), sent.clone());
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let name = format!("w{i}");
+                let out = Command::new("kubectl")
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfigs[i % kubeconfigs.len()])
+                    .args(["create", "service", "clusterip", &name, "--tcp=80"])
+                    .args(["--request-timeout=5s"])
+                    .output();
+                sent.fetch_add(1, Ordering::SeqCst);
+                if out.is_ok_and(|o| o.status.success()) {
+                    acknowledged.lock().expect("set").insert(name);
+                } else {
+                    refused.lock().expect("list").push(began.elapsed());
+                }
+                i += 1;
+            }
+        })
+    };
+
+    let mut phases = vec![("start", began.elapsed())];
+    // (a) The replica holding the controllers' Lease dies.
+    let leader = leader_of(&replicas[0], &replicas).expect("a leader");
+    let reader = (leader + 1) % 3;
+    replicas[leader].kill();
+    let killed = Instant::now();
+    assert!(
+        until(Duration::from_secs(20), || leader_of(
+            &replicas[reader],
+            &replicas
+        )
+        .is_some_and(|l| l != leader)),
+        "another replica takes the controllers over"
+    );
+    eprintln!(
+        "controllers took over {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    replicas[leader].launch();
+    phases.push(("replica killed and restarted", began.elapsed()));
+
+    // (b) An etcd follower dies and comes back; (c) then the etcd leader.
+    for want_leader in [false, true] {
+        let victim = members
+            .iter()
+            .position(|m| m.is_leader() == Some(want_leader))
+            .expect("a member in that role");
+        members[victim].kill();
+        std::thread::sleep(Duration::from_secs(3));
+        members[victim].start(&cluster, "existing");
+        assert!(
+            until(Duration::from_secs(20), || members[victim]
+                .is_leader()
+                .is_some()),
+            "member {victim} rejoins"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let what = if want_leader {
+            "etcd leader"
+        } else {
+            "etcd follower"
+        };
+        phases.push((what, began.elapsed()));
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.join().expect("writer");
+    let acknowledged = acknowledged.lock().expect("set").clone();
+    eprintln!(
+        "{} creates sent, {} acknowledged",
+        sent.load(Ordering::SeqCst),
+        acknowledged.len()
+    );
+    let refused = refused.lock().expect("list").clone();
+    for pair in phases.windows(2) {
+        let (from, to) = (pair[0].1, pair[1].1);
+        let failed = refused.iter().filter(|t| **t >= from && **t < to).count();
+        eprintln!("{}: {failed} creates refused in {:?}", pair[1].0, to - from);
+    }
+    assert!(
+        acknowledged.len() > 10,
+        "writes went through: {}",
+        acknowledged.len()
+    );
+
+    // Every replica lists every acknowledged write, and the same objects at one revision.
+    let out = replicas[0].ok(&["get", "--raw", "/api/v1/namespaces/default/services"]);
+    let list: serde_json::Value = serde_json::from_str(&out).expect("a list");
+    let revision = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    let exact = format!("?resourceVersion={revision}&resourceVersionMatch=Exact");
+    let mut seen = Vec::new();
+    for replica in &replicas {
+        assert!(
+            until(Duration::from_secs(20), || names(replica, &exact).is_some()),
+            "replica lists at {revision}: {}",
+            replica.log()
+        );
+        let listed = names(replica, &exact).expect("a list");
+        let missing: Vec<&String> = acknowledged.difference(&listed).collect();
+        assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
+        seen.push(listed);
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "replicas list alike");
+
+    // No cluster IP twice.
+    let (ips, distinct) = common::cluster_ips(&replicas[1]);
+    assert!(distinct, "a cluster IP held twice: {ips:?}");
+
+    // The controllers, wherever they run now, still follow the pod.
+    set_pod_status(&replicas[2], "web", "10.244.7.1", false);
+    let path = "jsonpath={.subsets[*].notReadyAddresses[*].ip}";
+    assert!(
+        until(Duration::from_secs(20), || {
+            let out = replicas[1].kubectl(&["get", "endpoints", "web", "-o", path]);
+            String::from_utf8_lossy(&out.stdout).trim() == "10.244.7.1"
+        }),
+        "the endpoints follow the pod after the failovers"
+    );
+    for replica in &mut replicas {
+        replica.stop();
+    }
+}
