@@ -359,6 +359,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         port: args.port,
         advertise: advertise_address(&args),
     };
+    tokio::spawn(
+        capstan_controllers::identity::IdentityLease::new(registry_for(&registries, "leases")?)
+            .run(shutdown.clone()),
+    );
     let elected = elect(&args, &registries, controllers, shutdown)?;
     let host = if args.bind_address.is_unspecified() {
         "127.0.0.1".to_string()

@@ -48,6 +48,21 @@ fn kubectl_creates_lists_describes_and_deletes_leases() {
         lines[1].starts_with("node-a") && lines[1].contains("node-a "),
         "{table}"
     );
+    // The apiserver's identity Lease, as upstream 1.26+ keeps one per apiserver.
+    let identity = server.ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "lease",
+        "-l",
+        "apiserver.kubernetes.io/identity=kube-apiserver",
+        "-o",
+        "jsonpath={.items[0].metadata.name} {.items[0].spec.leaseDurationSeconds}",
+    ]);
+    assert!(
+        identity.starts_with("apiserver-") && identity.ends_with(" 3600"),
+        "{identity}"
+    );
     let all = server.ok(&["get", "leases", "-A"]);
     assert!(
         all.contains("kube-system") && all.contains("capstan-controllers"),

@@ -59,12 +59,7 @@ const JITTER: f64 = 1.2;
 
 /// The identity kube-controller-manager uses: the host name, `_`, a fresh UUID.
 pub fn identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "capstan".into());
-    format!("{host}_{}", uuid::Uuid::new_v4())
+    format!("{}_{}", crate::identity::hostname(), uuid::Uuid::new_v4())
 }
 
 /// One replica's candidacy for the controllers' Lease.

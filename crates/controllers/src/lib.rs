@@ -13,6 +13,7 @@ mod endpoints;
 mod endpointslice;
 mod garbage_collector;
 mod group;
+pub mod identity;
 mod kubernetes_service;
 pub mod leader;
 pub mod masters;
