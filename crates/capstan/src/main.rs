@@ -54,6 +54,15 @@ struct ServeArgs {
     /// etcd client URLs, comma separated (with --storage etcd).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_servers: Vec<String>,
+    /// The CA bundle etcd's serving certificates are checked against (`https://` servers).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// The client certificate Capstan presents to etcd (`--client-cert-auth`).
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// The key of --etcd-certfile.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
     /// Key prefix in etcd, so one etcd can host several Capstan clusters.
     #[arg(long, default_value = "/registry/")]
     etcd_prefix: String,
@@ -232,6 +241,14 @@ async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {
         StorageKind::Etcd => {
             let mut options = capstan_storage::EtcdOptions::new(args.etcd_servers.clone());
             options.prefix = args.etcd_prefix.clone();
+            options.request_timeout = args.request_timeout;
+            if args.etcd_cafile.is_some() || args.etcd_certfile.is_some() {
+                options.tls = Some(capstan_storage::EtcdTls {
+                    ca_file: args.etcd_cafile.clone(),
+                    cert_file: args.etcd_certfile.clone(),
+                    key_file: args.etcd_keyfile.clone(),
+                });
+            }
             let store = capstan_storage::EtcdStore::connect(options)
                 .await
                 .with_context(|| format!("connecting to etcd at {:?}", args.etcd_servers))?;

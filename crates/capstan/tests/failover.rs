@@ -4,6 +4,8 @@
 //! cluster IP is held twice, every replica lists the same objects at the same
 //! resourceVersion, and the controllers (on whichever replica leads) still keep Endpoints.
 //!
+//! Also: a replica talking to an etcd that serves TLS and asks for client certificates.
+//!
 //! Needs the etcd engine and an `etcd` binary (`.ci/run` installs it).
 
 #![cfg(feature = "etcd")]
@@ -30,18 +32,24 @@ struct Member {
 
 impl Member {
     fn start(&mut self, cluster: &str, state: &str) {
+        self.start_with(cluster, state, &[], "http");
+    }
+
+    fn start_with(&mut self, cluster: &str, state: &str, extra: &[&str], scheme: &str) {
         let log = std::fs::File::create(self.dir.join(format!("{}.log", self.name))).expect("log");
         let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let client = format!("{scheme}://127.0.0.1:{}", self.client);
         let child = Command::new("etcd")
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(self.dir.join(&self.name))
-            .args(["--listen-client-urls", &url(self.client)])
-            .args(["--advertise-client-urls", &url(self.client)])
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &url(self.peer)])
             .args(["--initial-advertise-peer-urls", &url(self.peer)])
             .args(["--initial-cluster", cluster])
             .args(["--initial-cluster-state", state])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -99,13 +107,20 @@ fn names(server: &Server, query: &str) -> Option<BTreeSet<String>> {
     )
 }
 
-#[test]
-fn three_replicas_on_three_etcd_members_survive_kills() {
+/// A directory for etcd members' data, when an `etcd` binary is there to run them.
+fn etcd_workspace() -> Option<tempfile::TempDir> {
     if Command::new("etcd").arg("--version").output().is_err() {
         eprintln!("no etcd binary; .ci/run installs etcd-server");
-        return;
+        return None;
     }
-    let dir = tempfile::tempdir().expect("temp dir");
+    Some(tempfile::tempdir().expect("temp dir"))
+}
+
+#[test]
+fn three_replicas_on_three_etcd_members_survive_kills() {
+    let Some(dir) = etcd_workspace() else {
+        return;
+    };
     let mut members: Vec<Member> = (0..3)
         .map(|i| Member {
             name: format!("m{i}"),
@@ -294,4 +309,81 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     for replica in &mut replicas {
         replica.stop();
     }
+}
+
+/// A certificate signed by `issuer` for `names`, written as `<stem>.crt` and `<stem>.key`.
+fn signed(
+    dir: &std::path::Path,
+    stem: &str,
+    names: &[&str],
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+) -> (PathBuf, PathBuf) {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let params = rcgen::CertificateParams::new(names).expect("params");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("certificate");
+    let (cert_path, key_path) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (cert_path, key_path)
+}
+
+#[test]
+fn a_replica_speaks_tls_to_etcd_with_a_client_certificate() {
+    let Some(dir) = etcd_workspace() else {
+        return;
+    };
+    let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let ca = params.self_signed(&ca_key).expect("CA");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, ca.pem()).expect("write CA");
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    let (server_cert, server_key) =
+        signed(dir.path(), "etcd", &["127.0.0.1", "localhost"], &issuer);
+    let (client_cert, client_key) = signed(dir.path(), "capstan", &["capstan"], &issuer);
+    let mut member = Member {
+        name: "tls".into(),
+        client: free_port(),
+        peer: free_port(),
+        dir: dir.path().to_path_buf(),
+        child: None,
+    };
+    let cluster = format!("tls=http://127.0.0.1:{}", member.peer);
+    let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let tls = [
+        "--cert-file".to_string(),
+        path(&server_cert),
+        "--key-file".into(),
+        path(&server_key),
+        "--client-cert-auth".into(),
+        "--trusted-ca-file".into(),
+        path(&ca_path),
+    ];
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    member.start_with(&cluster, "new", &tls, "https");
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", member.client)).is_ok();
+    assert!(until(Duration::from_secs(20), listening), "etcd listens");
+    let endpoint = format!("https://127.0.0.1:{}", member.client);
+    let (ca_path, client_cert, client_key) =
+        (path(&ca_path), path(&client_cert), path(&client_key));
+    let server = Server::start_with(&[
+        "--storage",
+        "etcd",
+        "--etcd-servers",
+        &endpoint,
+        "--etcd-cafile",
+        &ca_path,
+        "--etcd-certfile",
+        &client_cert,
+        "--etcd-keyfile",
+        &client_key,
+    ]);
+    server.ok(&["create", "service", "clusterip", "secure", "--tcp=80"]);
+    let listed = server.ok(&["get", "service", "secure", "-o", "name"]);
+    assert_eq!(listed.trim(), "service/secure");
 }

@@ -35,6 +35,47 @@ pub struct EtcdOptions {
     pub lag_grace: Duration,
     /// Timeout for establishing a connection.
     pub connect_timeout: Duration,
+    /// Deadline of each request (kube-apiserver bounds storage calls by `--request-timeout`).
+    pub request_timeout: Duration,
+    /// TLS: the CA that signed etcd's serving certificates (`--etcd-cafile`), and this
+    /// client's certificate and key (`--etcd-certfile`, `--etcd-keyfile`), PEM files.
+    pub tls: Option<EtcdTls>,
+}
+
+/// The files of an etcd TLS connection.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdTls {
+    /// The CA bundle etcd's certificates are checked against.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The client certificate, for etcd's `--client-cert-auth`.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The client certificate's key.
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl EtcdTls {
+    fn options(&self) -> Result<etcd::TlsOptions> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| StorageError::Etcd(format!("reading {}: {e}", path.display())))
+        };
+        let mut tls = etcd::TlsOptions::new();
+        if let Some(ca) = &self.ca_file {
+            tls = tls.ca_certificate(etcd::Certificate::from_pem(read(ca)?));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(etcd::Identity::from_pem(read(cert)?, read(key)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(StorageError::Etcd(
+                    "an etcd client certificate needs both its certificate and key file".into(),
+                ));
+            }
+        }
+        Ok(tls)
+    }
 }
 
 impl EtcdOptions {
@@ -46,6 +87,8 @@ impl EtcdOptions {
             watch_buffer: 10_000,
             lag_grace: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -92,9 +135,16 @@ fn other(error: etcd::Error) -> StorageError {
 impl EtcdStore {
     /// Connects to etcd. Fails when no endpoint answers within the connect timeout.
     pub async fn connect(options: EtcdOptions) -> Result<Self> {
-        let connect = etcd::ConnectOptions::new()
+        let mut connect = etcd::ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_timeout(options.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A watch on a member cut off from the others fails instead of going quiet (as
+            // kube-apiserver watches with clientv3.WithRequireLeader).
+            .with_require_leader(true);
+        if let Some(tls) = &options.tls {
+            connect = connect.with_tls(tls.options()?);
+        }
         let client = etcd::Client::connect(&options.endpoints, Some(connect))
             .await
             .map_err(other)?;

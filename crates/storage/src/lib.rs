@@ -34,7 +34,7 @@ use bytes::Bytes;
 pub use compactor::Compactor;
 pub use embedded::{EmbeddedOptions, EmbeddedStats, EmbeddedStore};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdOptions, EtcdStore};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 pub use watch::WatchStream;
 
 /// The global, strictly increasing revision of the store. `0` is the revision of an empty store;
