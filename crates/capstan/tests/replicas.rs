@@ -242,3 +242,44 @@ fn the_kubernetes_service_lists_every_live_replica() {
         published(&servers[leader])
     );
 }
+
+#[test]
+fn a_watch_resumes_on_another_replica_without_gaps_or_repeats() {
+    let Some((endpoints, prefix)) = cluster("resume") else {
+        return;
+    };
+    let (a, b) = (replica(&endpoints, &prefix), replica(&endpoints, &prefix));
+    a.ok(&["create", "service", "clusterip", "first", "--tcp=80"]);
+    let seen = a.ok(&[
+        "get",
+        "svc",
+        "first",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    for name in ["second", "third"] {
+        a.ok(&["create", "service", "clusterip", name, "--tcp=80"]);
+    }
+    a.ok(&["delete", "service", "first"]);
+    // The watcher saw `first` on A; it goes on from there on B.
+    let path = format!(
+        "/api/v1/namespaces/default/services?watch=1&resourceVersion={seen}&timeoutSeconds=2"
+    );
+    let stream = b.ok(&["get", "--raw", &path]);
+    let events: Vec<String> = stream
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["type"].as_str().unwrap_or_default(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        ["ADDED second", "ADDED third", "DELETED first"],
+        "{stream}"
+    );
+}
