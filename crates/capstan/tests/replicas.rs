@@ -249,17 +249,16 @@ fn a_watch_resumes_on_another_replica_without_gaps_or_repeats() {
         return;
     };
     let (a, b) = (replica(&endpoints, &prefix), replica(&endpoints, &prefix));
-    a.ok(&["create", "service", "clusterip", "first", "--tcp=80"]);
+    for name in ["first", "second", "third"] {
+        a.ok(&["create", "service", "clusterip", name, "--tcp=80"]);
+    }
+    // What a watcher on A saw last: the first create.
     let seen = a.ok(&[
         "get",
         "svc",
-        "first",
         "-o",
-        "jsonpath={.metadata.resourceVersion}",
+        "jsonpath={.items[0].metadata.resourceVersion}",
     ]);
-    for name in ["second", "third"] {
-        a.ok(&["create", "service", "clusterip", name, "--tcp=80"]);
-    }
     a.ok(&["delete", "service", "first"]);
     // The watcher saw `first` on A; it goes on from there on B.
     let path = format!(
