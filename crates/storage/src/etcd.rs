@@ -128,6 +128,40 @@ fn classify(error: &etcd::Error) -> Failure {
     }
 }
 
+/// How many times a request that may be sent again is retried, and the first pause.
+const RETRIES: usize = 3;
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a failed request may be sent again: one that never reached a member (its
+/// connection could not be made), or any read a member could not serve. The client picks a
+/// member per request, so a retry goes to another one when a member is down.
+fn may_retry(error: &etcd::Error, idempotent: bool) -> bool {
+    let text = error.to_string();
+    text.contains("tcp connect error")
+        || (idempotent && text.contains("The service is currently unavailable"))
+}
+
+/// Runs `call` until it succeeds, fails in a way that must not be retried, or has been
+/// retried [`RETRIES`] times (pausing 50 ms, then twice as long each time).
+async fn retried<T, F, Fut>(idempotent: bool, mut call: F) -> std::result::Result<T, etcd::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd::Error>>,
+{
+    let mut pause = FIRST_PAUSE;
+    for _ in 0..RETRIES {
+        match call().await {
+            Err(error) if may_retry(&error, idempotent) => {
+                tracing::debug!(%error, "etcd request failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            done => return done,
+        }
+    }
+    call().await
+}
+
 fn other(error: etcd::Error) -> StorageError {
     StorageError::Etcd(error.to_string())
 }
@@ -228,7 +262,11 @@ impl EtcdStore {
         if let Some(r) = at {
             options = options.with_revision(r);
         }
-        let response = match self.kv().get(key, Some(options)).await {
+        let get = || {
+            let (mut kv, key, options) = (self.kv(), key.clone(), options.clone());
+            async move { kv.get(key, Some(options)).await }
+        };
+        let response = match retried(true, get).await {
             Ok(response) => response,
             Err(e) => return Err(self.read_failure(e, at.unwrap_or(0)).await),
         };
@@ -333,8 +371,12 @@ impl Storage for EtcdStore {
             .map(|c| etcd::TxnOp::get(self.full_key(c.key()), None))
             .collect();
         let request = etcd::Txn::new().when(compares).and_then(ops).or_else(reads);
-        let mut kv = self.kv();
-        let response = kv.txn(request).await.map_err(other)?;
+        let send = || {
+            let (mut kv, request) = (self.kv(), request.clone());
+            async move { kv.txn(request).await }
+        };
+        // A transaction is sent again only when it never reached a member.
+        let response = retried(false, send).await.map_err(other)?;
         let revision = Self::revision_of(response.header())?;
         let responses = response.op_responses();
         if response.succeeded() {
@@ -402,14 +444,14 @@ impl Storage for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        let mut kv = self.kv();
-        let response = kv
-            .get(
-                self.prefix.as_bytes().to_vec(),
-                Some(etcd::GetOptions::new().with_count_only()),
-            )
-            .await
-            .map_err(other)?;
+        let count = || {
+            let (mut kv, prefix) = (self.kv(), self.prefix.as_bytes().to_vec());
+            async move {
+                let options = etcd::GetOptions::new().with_count_only();
+                kv.get(prefix, Some(options)).await
+            }
+        };
+        let response = retried(true, count).await.map_err(other)?;
         Self::revision_of(response.header())
     }
 
