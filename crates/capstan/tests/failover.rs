@@ -2,7 +2,9 @@
 //! all three while the replica holding the controllers' Lease, an etcd follower and the etcd
 //! leader are killed and restarted in turn. Afterwards every acknowledged write is there, no
 //! cluster IP is held twice, every replica lists the same objects at the same
-//! resourceVersion, and the controllers (on whichever replica leads) still keep Endpoints.
+//! resourceVersion, a watcher that moved to another replica whenever its own failed saw every
+//! acknowledged create once and in order, and the controllers (on whichever replica leads)
+//! still keep Endpoints.
 //!
 //! Also: a replica talking to an etcd that serves TLS and asks for client certificates.
 //!
@@ -107,6 +109,70 @@ fn names(server: &Server, query: &str) -> Option<BTreeSet<String>> {
     )
 }
 
+/// Watches Services from `from` through the replicas' kubeconfigs, starting with `start`,
+/// in 2 s watches each resumed from the last resourceVersion seen, moving to the next replica
+/// when one fails; until `stop`. Returns every event (type, name, revision) and how many
+/// watches it opened.
+fn follow(
+    kubeconfigs: &[PathBuf],
+    start: usize,
+    from: &str,
+    stop: &AtomicBool,
+) -> (Vec<(String, String, i64)>, usize) {
+    let (mut replica, mut revision, mut events, mut watches) =
+        (start, from.to_string(), Vec::new(), 0);
+    // One more watch after the writes stop, to take in the last of them.
+    let (mut last, mut failed_after) = (false, 0);
+    loop {
+        last |= stop.load(Ordering::SeqCst);
+        watches += 1;
+        let path = format!(
+            "/api/v1/namespaces/default/services?watch=1&resourceVersion={revision}&timeoutSeconds=2"
+        );
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfigs[replica])
+            .args(["get", "--raw", &path, "--request-timeout=10s"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success());
+        let Some(out) = out else {
+            replica = (replica + 1) % kubeconfigs.len();
+            std::thread::sleep(Duration::from_millis(200));
+            // After the writes, a few tries on each replica at most.
+            failed_after += usize::from(last);
+            if failed_after > 3 * kubeconfigs.len() {
+                return (events, watches);
+            }
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if event["type"] == "ERROR" {
+                // This replica's history does not reach back that far (it has just started):
+                // another's does.
+                replica = (replica + 1) % kubeconfigs.len();
+                break;
+            }
+            let meta = &event["object"]["metadata"];
+            let (Some(kind), Some(name), Some(at)) = (
+                event["type"].as_str(),
+                meta["name"].as_str(),
+                meta["resourceVersion"].as_str(),
+            ) else {
+                continue;
+            };
+            revision = at.to_string();
+            events.push((kind.to_string(), name.to_string(), at.parse().unwrap_or(0)));
+        }
+        if last {
+            return (events, watches);
+        }
+    }
+}
+
 /// A directory for etcd members' data, when an `etcd` binary is there to run them.
 fn etcd_workspace() -> Option<tempfile::TempDir> {
     if Command::new("etcd").arg("--version").output().is_err() {
@@ -182,6 +248,20 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     let refused = Arc::new(Mutex::new(Vec::new()));
     let began = Instant::now();
     let kubeconfigs: Vec<PathBuf> = replicas.iter().map(Server::kubeconfig).collect();
+    // A watcher that starts on the replica about to be killed and, whenever its replica
+    // fails it, watches again on the next from the last resourceVersion it saw.
+    let first = leader_of(&replicas[0], &replicas).expect("a leader");
+    let from = replicas[0].ok(&[
+        "get",
+        "svc",
+        "web",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    let watcher = {
+        let (stop, kubeconfigs) = (stop.clone(), kubeconfigs.clone());
+        std::thread::spawn(move || follow(&kubeconfigs, first, &from, &stop))
+    };
     let writer = {
         let (acknowledged, stop, sent) = (acknowledged.clone(), stop.clone(), sent.clone());
         let refused = refused.clone();
@@ -253,6 +333,30 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     stop.store(true, Ordering::SeqCst);
     writer.join().expect("writer");
     let acknowledged = acknowledged.lock().expect("set").clone();
+    let (events, rewatches) = watcher.join().expect("watcher");
+    eprintln!(
+        "the watcher watched {rewatches} times and saw {} events",
+        events.len()
+    );
+    let added: Vec<&str> = events
+        .iter()
+        .filter(|(kind, ..)| kind == "ADDED")
+        .map(|(_, name, _)| name.as_str())
+        .collect();
+    let unique: BTreeSet<&str> = added.iter().copied().collect();
+    assert_eq!(unique.len(), added.len(), "an event seen twice: {added:?}");
+    assert!(
+        events.windows(2).all(|w| w[0].2 < w[1].2),
+        "events out of order"
+    );
+    let unseen: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !unique.contains(n.as_str()))
+        .collect();
+    assert!(
+        unseen.is_empty(),
+        "acknowledged creates the watcher missed: {unseen:?}"
+    );
     eprintln!(
         "{} creates sent, {} acknowledged",
         sent.load(Ordering::SeqCst),
