@@ -1,10 +1,11 @@
-//! Three Capstan replicas on a three-member etcd cluster (all on loopback), written to through
-//! all three while the replica holding the controllers' Lease, an etcd follower and the etcd
-//! leader are killed and restarted in turn. Afterwards every acknowledged write is there, no
+//! Three Capstan replicas on a three-member etcd cluster (all on loopback): Service creates,
+//! updates and deletes and pod readiness flips go through all three while the replica holding
+//! the controllers' Lease, an etcd follower and the etcd leader are killed and restarted in
+//! turn. Afterwards every acknowledged write is there (and every acknowledged delete gone), no
 //! cluster IP is held twice, every replica lists the same objects at the same
 //! resourceVersion, a watcher that moved to another replica whenever its own failed saw every
-//! acknowledged create once and in order, and the controllers (on whichever replica leads)
-//! still keep Endpoints.
+//! change once and in order, and the controllers (on whichever replica leads) keep the
+//! Endpoints equal to the pods.
 //!
 //! Also: a replica talking to an etcd that serves TLS and asks for client certificates.
 //!
@@ -17,7 +18,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -173,6 +174,87 @@ fn follow(
     }
 }
 
+/// Pods behind the `web` Service.
+const PODS: usize = 5;
+
+fn pod_ip(pod: usize) -> String {
+    format!("10.244.7.{}", pod + 1)
+}
+
+/// What the writer sent and what was acknowledged.
+#[derive(Default, Clone)]
+struct Log {
+    sent: usize,
+    /// When each refused write was sent (for the report by phase).
+    refused: Vec<Duration>,
+    created: BTreeSet<String>,
+    /// Deletes sent (acknowledged or not: one may have been applied unanswered).
+    delete_sent: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+}
+
+/// Writes through the replicas in turn until `stop`: each round creates a Service, every
+/// fourth labels the one before, every fourth deletes one three back, and each flips a pod's
+/// readiness.
+fn write_through(kubeconfigs: &[PathBuf], stop: &AtomicBool, log: &Mutex<Log>, began: Instant) {
+    let mut i = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        let kubectl = |args: &[&str]| {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&kubeconfigs[i % kubeconfigs.len()])
+                .args(args)
+                .arg("--request-timeout=5s")
+                .output();
+            let done = out.is_ok_and(|o| o.status.success());
+            let mut log = log.lock().expect("log");
+            log.sent += 1;
+            if !done {
+                log.refused.push(began.elapsed());
+            }
+            done
+        };
+        let name = format!("w{i}");
+        if kubectl(&["create", "service", "clusterip", &name, "--tcp=80"]) {
+            log.lock().expect("log").created.insert(name);
+        }
+        if i % 4 == 3 {
+            let label = format!("round={i}");
+            kubectl(&[
+                "label",
+                "service",
+                &format!("w{}", i - 1),
+                &label,
+                "--overwrite",
+            ]);
+        }
+        if i.is_multiple_of(4) && i >= 4 {
+            let gone = format!("w{}", i - 3);
+            log.lock().expect("log").delete_sent.insert(gone.clone());
+            if kubectl(&["delete", "service", &gone]) {
+                log.lock().expect("log").deleted.insert(gone);
+            }
+        }
+        let (pod, up) = (i % PODS, (i / PODS) % 2 == 1);
+        let ready = if up { "True" } else { "False" };
+        let ip = pod_ip(pod);
+        let status = format!(
+            r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
+        );
+        let pod = format!("web-{pod}");
+        kubectl(&[
+            "patch",
+            "pod",
+            &pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status,
+        ]);
+        i += 1;
+    }
+}
+
 /// A directory for etcd members' data, when an `etcd` binary is there to run them.
 fn etcd_workspace() -> Option<tempfile::TempDir> {
     if Command::new("etcd").arg("--version").output().is_err() {
@@ -234,58 +316,38 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     )
     .is_some()));
 
-    // A pod the controllers follow throughout.
+    // Pods the controllers follow throughout; the writer flips their readiness.
     replicas[0].ok(&["create", "service", "clusterip", "web", "--tcp=80"]);
     replicas[0].ok(&["set", "selector", "service", "web", "app=web"]);
-    replicas[0].ok(&["run", "web", "--image=x", "--labels=app=web"]);
-    set_pod_status(&replicas[0], "web", "10.244.7.1", true);
+    for pod in 0..PODS {
+        replicas[0].ok(&[
+            "run",
+            &format!("web-{pod}"),
+            "--image=x",
+            "--labels=app=web",
+        ]);
+        set_pod_status(&replicas[0], &format!("web-{pod}"), &pod_ip(pod), true);
+    }
 
-    // Writers: Services created through each replica in turn; what is acknowledged counts.
-    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    // The writer: through each replica in turn, creates, updates, deletes and pod readiness
+    // flips; what was acknowledged counts.
+    let log = Arc::new(Mutex::new(Log::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicUsize::new(0));
-    // When each refused create was sent (for the report by phase).
-    let refused = Arc::new(Mutex::new(Vec::new()));
     let began = Instant::now();
     let kubeconfigs: Vec<PathBuf> = replicas.iter().map(Server::kubeconfig).collect();
     // A watcher that starts on the replica about to be killed and, whenever its replica
     // fails it, watches again on the next from the last resourceVersion it saw.
     let first = leader_of(&replicas[0], &replicas).expect("a leader");
-    let from = replicas[0].ok(&[
-        "get",
-        "svc",
-        "web",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
+    let rv = "jsonpath={.metadata.resourceVersion}";
+    let from = replicas[0].ok(&["get", "svc", "web", "-o", rv]);
     let watcher = {
         let (stop, kubeconfigs) = (stop.clone(), kubeconfigs.clone());
         std::thread::spawn(move || follow(&kubeconfigs, first, &from, &stop))
     };
     let writer = {
-        let (acknowledged, stop, sent) = (acknowledged.clone(), stop.clone(), sent.clone());
-        let refused = refused.clone();
-        std::thread::spawn(move || {
-            let mut i = 0usize;
-            while !stop.load(Ordering::SeqCst) {
-                let name = format!("w{i}");
-                let out = Command::new("kubectl")
-                    .arg("--kubeconfig")
-                    .arg(&kubeconfigs[i % kubeconfigs.len()])
-                    .args(["create", "service", "clusterip", &name, "--tcp=80"])
-                    .args(["--request-timeout=5s"])
-                    .output();
-                sent.fetch_add(1, Ordering::SeqCst);
-                if out.is_ok_and(|o| o.status.success()) {
-                    acknowledged.lock().expect("set").insert(name);
-                } else {
-                    refused.lock().expect("list").push(began.elapsed());
-                }
-                i += 1;
-            }
-        })
+        let (log, stop, kubeconfigs) = (log.clone(), stop.clone(), kubeconfigs.clone());
+        std::thread::spawn(move || write_through(&kubeconfigs, &stop, &log, began))
     };
-
     let mut phases = vec![("start", began.elapsed())];
     // (a) The replica holding the controllers' Lease dies.
     let leader = leader_of(&replicas[0], &replicas).expect("a leader");
@@ -332,47 +394,51 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     }
     stop.store(true, Ordering::SeqCst);
     writer.join().expect("writer");
-    let acknowledged = acknowledged.lock().expect("set").clone();
+    let log = log.lock().expect("log").clone();
     let (events, rewatches) = watcher.join().expect("watcher");
     eprintln!(
-        "the watcher watched {rewatches} times and saw {} events",
+        "{} writes sent, {} creates and {} deletes acknowledged; the watcher watched {rewatches} times and saw {} events",
+        log.sent,
+        log.created.len(),
+        log.deleted.len(),
         events.len()
     );
-    let added: Vec<&str> = events
+    for pair in phases.windows(2) {
+        let (from, to) = (pair[0].1, pair[1].1);
+        let failed = log
+            .refused
+            .iter()
+            .filter(|t| **t >= from && **t < to)
+            .count();
+        eprintln!("{}: {failed} writes refused in {:?}", pair[1].0, to - from);
+    }
+    assert!(
+        log.created.len() > 10,
+        "writes went through: {}",
+        log.created.len()
+    );
+    // The watcher saw each change once, in order, and every acknowledged create and delete.
+    let keys: BTreeSet<(&str, &str, i64)> = events
         .iter()
-        .filter(|(kind, ..)| kind == "ADDED")
-        .map(|(_, name, _)| name.as_str())
+        .map(|(k, n, r)| (k.as_str(), n.as_str(), *r))
         .collect();
-    let unique: BTreeSet<&str> = added.iter().copied().collect();
-    assert_eq!(unique.len(), added.len(), "an event seen twice: {added:?}");
+    assert_eq!(keys.len(), events.len(), "an event seen twice");
     assert!(
         events.windows(2).all(|w| w[0].2 < w[1].2),
         "events out of order"
     );
-    let unseen: Vec<&String> = acknowledged
-        .iter()
-        .filter(|n| !unique.contains(n.as_str()))
-        .collect();
-    assert!(
-        unseen.is_empty(),
-        "acknowledged creates the watcher missed: {unseen:?}"
-    );
-    eprintln!(
-        "{} creates sent, {} acknowledged",
-        sent.load(Ordering::SeqCst),
-        acknowledged.len()
-    );
-    let refused = refused.lock().expect("list").clone();
-    for pair in phases.windows(2) {
-        let (from, to) = (pair[0].1, pair[1].1);
-        let failed = refused.iter().filter(|t| **t >= from && **t < to).count();
-        eprintln!("{}: {failed} creates refused in {:?}", pair[1].0, to - from);
-    }
-    assert!(
-        acknowledged.len() > 10,
-        "writes went through: {}",
-        acknowledged.len()
-    );
+    let seen = |kind: &str| -> BTreeSet<String> {
+        events
+            .iter()
+            .filter(|e| e.0 == kind)
+            .map(|e| e.1.clone())
+            .collect()
+    };
+    let (added, deleted) = (seen("ADDED"), seen("DELETED"));
+    let missed: Vec<&String> = log.created.difference(&added).collect();
+    assert!(missed.is_empty(), "creates the watcher missed: {missed:?}");
+    let missed: Vec<&String> = log.deleted.difference(&deleted).collect();
+    assert!(missed.is_empty(), "deletes the watcher missed: {missed:?}");
 
     // Every replica lists every acknowledged write, and the same objects at one revision.
     let out = replicas[0].ok(&["get", "--raw", "/api/v1/namespaces/default/services"]);
@@ -390,8 +456,11 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
             replica.log()
         );
         let listed = names(replica, &exact).expect("a list");
-        let missing: Vec<&String> = acknowledged.difference(&listed).collect();
+        let kept: BTreeSet<String> = log.created.difference(&log.delete_sent).cloned().collect();
+        let missing: Vec<&String> = kept.difference(&listed).collect();
         assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
+        let back: Vec<&String> = log.deleted.intersection(&listed).collect();
+        assert!(back.is_empty(), "deleted but listed: {back:?}");
         seen.push(listed);
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "replicas list alike");
@@ -400,15 +469,34 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
     let (ips, distinct) = common::cluster_ips(&replicas[1]);
     assert!(distinct, "a cluster IP held twice: {ips:?}");
 
-    // The controllers, wherever they run now, still follow the pod.
-    set_pod_status(&replicas[2], "web", "10.244.7.1", false);
-    let path = "jsonpath={.subsets[*].notReadyAddresses[*].ip}";
+    // The controllers, wherever they run now, keep the Endpoints equal to the pods: each
+    // pod's readiness is set once more (acknowledged), then read back.
+    let (mut ready, mut not_ready) = (Vec::new(), Vec::new());
+    for pod in 0..PODS {
+        let up = pod.is_multiple_of(2);
+        set_pod_status(&replicas[pod % 3], &format!("web-{pod}"), &pod_ip(pod), up);
+        if up {
+            ready.push(pod_ip(pod))
+        } else {
+            not_ready.push(pod_ip(pod))
+        }
+    }
+    let read = |field: &str| {
+        let path = format!("jsonpath={{.subsets[*].{field}[*].ip}}");
+        let out = replicas[1].kubectl(&["get", "endpoints", "web", "-o", &path]);
+        let mut ips: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        ips.sort();
+        ips
+    };
     assert!(
-        until(Duration::from_secs(20), || {
-            let out = replicas[1].kubectl(&["get", "endpoints", "web", "-o", path]);
-            String::from_utf8_lossy(&out.stdout).trim() == "10.244.7.1"
-        }),
-        "the endpoints follow the pod after the failovers"
+        until(Duration::from_secs(20), || read("addresses") == ready
+            && read("notReadyAddresses") == not_ready),
+        "the endpoints follow the pods after the failovers: {:?} / {:?}",
+        read("addresses"),
+        read("notReadyAddresses")
     );
     for replica in &mut replicas {
         replica.stop();
