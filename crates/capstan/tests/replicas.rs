@@ -104,9 +104,12 @@ fn controllers_fail_over_between_replicas() {
     );
 
     // The leader dies without a word: the other replica takes over once the lease expires.
+    // The leader dies without a word, right after a pod changed: the other replica takes
+    // over once the lease expires, and its controllers write the change.
     servers[leader].kill();
     let killed = Instant::now();
     let survivor = &servers[follower];
+    set_pod_status(survivor, "web", "10.244.3.1", false);
     let took_over = leader_among(survivor, &[survivor], LEASE * 4).is_some();
     let failover = killed.elapsed();
     assert!(
@@ -118,13 +121,13 @@ fn controllers_fail_over_between_replicas() {
         failover < LEASE + Duration::from_secs(3),
         "took over within the lease duration and a retry: {failover:?}"
     );
-    set_pod_status(survivor, "web", "10.244.3.1", false);
-    assert!(
-        until(Duration::from_secs(10), || endpoint_ips(
-            survivor,
-            "notReadyAddresses"
-        ) == "10.244.3.1"),
-        "the survivor's controllers keep the endpoints"
+    let updated = until(Duration::from_secs(10), || {
+        endpoint_ips(survivor, "notReadyAddresses") == "10.244.3.1"
+    });
+    assert!(updated, "the survivor's controllers keep the endpoints");
+    eprintln!(
+        "lease taken {failover:?} and the Endpoints updated {:?} after the leader was killed",
+        killed.elapsed()
     );
 
     // The dead replica comes back as a candidate; the leader is stopped properly and
