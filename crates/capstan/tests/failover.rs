@@ -147,14 +147,16 @@ fn follow(
             }
             continue;
         };
+        let mut clean = true;
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
             };
             if event["type"] == "ERROR" {
-                // This replica's history does not reach back that far (it has just started):
-                // another's does.
+                // This replica's history does not reach back that far (it has just started),
+                // or its cache is still catching up: another replica, or a later try.
                 replica = (replica + 1) % kubeconfigs.len();
+                clean = false;
                 break;
             }
             let meta = &event["object"]["metadata"];
@@ -168,8 +170,15 @@ fn follow(
             revision = at.to_string();
             events.push((kind.to_string(), name.to_string(), at.parse().unwrap_or(0)));
         }
-        if last {
+        if last && clean {
             return (events, watches);
+        }
+        failed_after += usize::from(last);
+        if failed_after > 3 * kubeconfigs.len() {
+            return (events, watches);
+        }
+        if !clean {
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 }
@@ -191,6 +200,8 @@ struct Log {
     /// Deletes sent (acknowledged or not: one may have been applied unanswered).
     delete_sent: BTreeSet<String>,
     deleted: BTreeSet<String>,
+    /// Acknowledged label updates: Service, and its `round` label's value.
+    labelled: Vec<(String, String)>,
 }
 
 /// Writes through the replicas in turn until `stop`: each round creates a Service, every
@@ -219,14 +230,13 @@ fn write_through(kubeconfigs: &[PathBuf], stop: &AtomicBool, log: &Mutex<Log>, b
             log.lock().expect("log").created.insert(name);
         }
         if i % 4 == 3 {
-            let label = format!("round={i}");
-            kubectl(&[
-                "label",
-                "service",
-                &format!("w{}", i - 1),
-                &label,
-                "--overwrite",
-            ]);
+            let (target, label) = (format!("w{}", i - 1), format!("round={i}"));
+            if kubectl(&["label", "service", &target, &label, "--overwrite"]) {
+                log.lock()
+                    .expect("log")
+                    .labelled
+                    .push((target, i.to_string()));
+            }
         }
         if i.is_multiple_of(4) && i >= 4 {
             let gone = format!("w{}", i - 3);
@@ -461,6 +471,12 @@ fn three_replicas_on_three_etcd_members_survive_kills() {
         assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
         let back: Vec<&String> = log.deleted.intersection(&listed).collect();
         assert!(back.is_empty(), "deleted but listed: {back:?}");
+        // Each acknowledged update is there (no Service is labelled twice or deleted).
+        for (service, round) in &log.labelled {
+            let path = "jsonpath={.metadata.labels.round}";
+            let have = replica.ok(&["get", "service", service, "-o", path]);
+            assert_eq!(&have, round, "the label update of {service}");
+        }
         seen.push(listed);
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "replicas list alike");

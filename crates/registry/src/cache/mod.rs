@@ -481,20 +481,36 @@ impl CacheSet {
         let revision = self.load().await?;
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut revision = revision;
+            // Where the watch resumes: after the last revision whose changes were all applied,
+            // skipping those of the next one already applied (a break can fall inside one
+            // transaction's changes, which storage sends again in the same order).
+            let mut resume = Resume {
+                complete: revision,
+                partial: (revision, 0),
+            };
             loop {
                 let Some(set) = weak.upgrade() else { return };
-                match set.follow(revision).await {
+                let error = match set.follow(&mut resume).await {
                     Ok(()) => return,
-                    Err(error) => {
-                        tracing::warn!(%error, "storage watch ended; reloading the watch cache");
-                    }
+                    Err(error) => error,
+                };
+                // A broken watch (a storage member gone, say) is resumed where it stopped, so
+                // the caches keep their history and watchers resuming from a resourceVersion
+                // miss nothing; only history storage no longer has forces a reload.
+                if !matches!(error, StorageError::Compacted { .. }) {
+                    tracing::warn!(%error, "storage watch ended; resuming it");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
+                tracing::warn!(%error, "storage watch ended; reloading the watch cache");
                 loop {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     match set.load().await {
                         Ok(r) => {
-                            revision = r;
+                            resume = Resume {
+                                complete: r,
+                                partial: (r, 0),
+                            };
                             break;
                         }
                         Err(error) => tracing::warn!(%error, "reloading the watch cache failed"),
@@ -505,8 +521,13 @@ impl CacheSet {
         Ok(())
     }
 
-    async fn follow(self: &Arc<Self>, after: Revision) -> Result<(), StorageError> {
-        let mut stream = self.storage.watch("", after).await?;
+    async fn follow(self: &Arc<Self>, resume: &mut Resume) -> Result<(), StorageError> {
+        let mut stream = self.storage.watch("", resume.complete).await?;
+        let mut skip = if resume.partial.0 > resume.complete {
+            resume.partial.1
+        } else {
+            0
+        };
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut routes: HashMap<Arc<str>, usize> = HashMap::new();
         loop {
@@ -515,6 +536,16 @@ impl CacheSet {
                     let Some(event) = event else { return Err(StorageError::Closed) };
                     let event = event?;
                     let revision = event.revision();
+                    if revision == resume.partial.0 && skip > 0 {
+                        // Applied before the watch broke.
+                        skip -= 1;
+                        continue;
+                    }
+                    if revision > resume.partial.0 {
+                        resume.complete = resume.partial.0;
+                        resume.partial = (revision, 0);
+                    }
+                    resume.partial.1 += 1;
                     let index = match routes.get(&event.kv.key) {
                         Some(i) => Some(*i),
                         None => {
@@ -540,6 +571,14 @@ impl CacheSet {
             }
         }
     }
+}
+
+/// Where a broken storage watch resumes.
+struct Resume {
+    /// The last revision whose changes were all applied.
+    complete: Revision,
+    /// The revision being applied, and how many of its changes were.
+    partial: (Revision, usize),
 }
 
 #[cfg(test)]
