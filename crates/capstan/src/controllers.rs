@@ -32,6 +32,8 @@ pub(crate) struct Controllers {
     /// The port, and the address (if any) the `kubernetes` Service's endpoints publish.
     pub port: u16,
     pub advertise: Option<std::net::IpAddr>,
+    /// The replicas' address records the `kubernetes` Service publishes.
+    pub masters: capstan_controllers::masters::MasterLeases,
 }
 
 impl Controllers {
@@ -120,9 +122,7 @@ impl Controllers {
         if let Some(address) = self.advertise {
             keeper = keeper
                 .with_endpoints((endpoints, slices), address, self.port)
-                .with_master_leases(capstan_controllers::masters::MasterLeases::new(
-                    self.store.clone(),
-                ));
+                .with_master_leases(self.masters.clone());
         }
         if let Err(error) = keeper.reconcile().await {
             tracing::warn!(%error, "reconciling the kubernetes Service");

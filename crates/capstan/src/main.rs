@@ -375,6 +375,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         proxy_client: proxy_client.clone(),
         port: args.port,
         advertise: advertise_address(&args),
+        masters: masters.clone(),
     };
     tokio::spawn(
         capstan_controllers::identity::IdentityLease::new(registry_for(&registries, "leases")?)

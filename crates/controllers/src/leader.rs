@@ -119,11 +119,6 @@ impl Elector {
         self
     }
 
-    /// This candidate's identity (the Lease's `holderIdentity` while it leads).
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     fn is_leader(&self) -> bool {
         self.observed
             .as_ref()
