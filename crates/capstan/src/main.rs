@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use capstan_apiserver::ApiServer;
+use capstan_registry::Registry;
 use capstan_registry::cache::CacheSet;
-use capstan_registry::{Registry, Subresource, WriteOptions};
 use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{Compactor, EmbeddedOptions, EmbeddedStore, Storage};
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bootstrap;
 mod controllers;
 
 /// mimalloc returns freed memory to the system and fragments less than glibc's malloc under
@@ -32,7 +33,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start Capstan.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Run the node agent that makes Services carry traffic (nftables), against any API server.
+    Proxy(capstan_proxy::ProxyArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -90,6 +93,10 @@ struct ServeArgs {
     /// left entirely to clients).
     #[arg(long)]
     disable_endpoints_controller: bool,
+    /// Also run `capstan proxy` in this process (its defaults; node name: the host name), so
+    /// that this machine's Services carry traffic.
+    #[arg(long)]
+    proxy: bool,
     /// The most endpoints the EndpointSlice controller puts in one slice (1–1000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_endpoints_per_slice: u16,
@@ -348,7 +355,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             masters.keep(address, shutdown).await
         }));
     }
-    bootstrap(
+    bootstrap::bootstrap(
         &registries,
         &service_strategy,
         (args.port, advertise_address(&args)),
@@ -413,6 +420,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "Capstan is serving on {server_url}. Use it with: kubectl --kubeconfig {} get services",
         credentials.kubeconfig.display()
     );
+    if args.proxy {
+        let proxy = capstan_proxy::ProxyArgs::in_process(credentials.kubeconfig.clone());
+        tokio::spawn(async move {
+            if let Err(err) = capstan_proxy::run(proxy).await {
+                tracing::error!(%err, "the in-process proxy stopped");
+            }
+        });
+    }
     let stopping = async move {
         shutdown_signal().await;
         stop_electing.send_replace(true);
@@ -437,51 +452,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), recorded).await;
     }
     tracing::info!("shut down");
-    Ok(())
-}
-
-/// Creates what every cluster has: the built-in namespaces and the `kubernetes` Service.
-async fn bootstrap(
-    registries: &[Arc<Registry>],
-    services: &ServiceStrategy,
-    (port, advertise): (u16, Option<std::net::IpAddr>),
-    masters: &capstan_controllers::masters::MasterLeases,
-) -> anyhow::Result<()> {
-    let options = WriteOptions {
-        dry_run: false,
-        field_manager: "kube-apiserver".into(),
-        applied: false,
-    };
-    let namespaces = registry_for(registries, "namespaces")?;
-    for name in capstan_resources::namespace::BUILT_IN {
-        let object = serde_json::json!({"metadata": {"name": name}});
-        match namespaces.create("", object, &options).await {
-            Ok(_) => {}
-            Err(e) if e.is_conflict() => {}
-            Err(e) => anyhow::bail!("creating namespace {name}: {}", e.message),
-        }
-    }
-    register_local_apiservices(registries, &options).await?;
-    let mut keeper = capstan_controllers::KubernetesServiceController::new(
-        registry_for(registries, "services")?,
-        &services.allocator().primary().first_host(),
-        port,
-    );
-    if let Some(address) = advertise {
-        keeper = keeper
-            .with_endpoints(
-                (
-                    registry_for(registries, "endpoints")?,
-                    registry_for(registries, "endpointslices")?,
-                ),
-                address,
-                port,
-            )
-            .with_master_leases(masters.clone());
-    }
-    // Each replica makes sure the Service exists before it serves (upstream's bootstrap
-    // post-start hook); the leader keeps it afterwards.
-    keeper.reconcile().await?;
     Ok(())
 }
 
@@ -542,86 +512,6 @@ fn advertise_address(args: &ServeArgs) -> Option<std::net::IpAddr> {
     (!address.is_loopback() && !address.is_unspecified()).then_some(address)
 }
 
-/// The local APIServices of the groups Capstan serves itself (`v1.`, `v1.discovery.k8s.io`,
-/// …; the aggregator's own group is not registered, as upstream), with the priorities
-/// discovery gives them. Created when missing; the spec reset at start while it carries the
-/// `onstart` label; left alone without it.
-async fn register_local_apiservices(
-    registries: &[Arc<Registry>],
-    options: &WriteOptions,
-) -> anyhow::Result<()> {
-    let mut groups: Vec<(&str, &str, (i64, i64))> = Vec::new();
-    for registry in registries {
-        let info = registry.strategy().info();
-        let priority = if info.group.is_empty() {
-            (18000, 1)
-        } else {
-            info.priority
-        };
-        let entry = (info.group, info.version, priority);
-        if info.group != "apiregistration.k8s.io" && !groups.contains(&entry) {
-            groups.push(entry);
-        }
-    }
-    let apiservices = registry_for(registries, "apiservices")?;
-    for (group, version, (group_priority, version_priority)) in groups {
-        let mut spec = serde_json::json!({"version": version,
-            "groupPriorityMinimum": group_priority, "versionPriority": version_priority});
-        if !group.is_empty() {
-            spec["group"] = group.into();
-        }
-        register_local_apiservice(&apiservices, &format!("{version}.{group}"), spec, options)
-            .await?;
-    }
-    Ok(())
-}
-
-async fn register_local_apiservice(
-    apiservices: &Registry,
-    name: &str,
-    spec: serde_json::Value,
-    options: &WriteOptions,
-) -> anyhow::Result<()> {
-    use capstan_resources::apiservice::AUTOMANAGED;
-    match apiservices
-        .get("", name, capstan_registry::ReadAt::Latest)
-        .await
-    {
-        Ok(mut existing) => {
-            let managed = existing
-                .pointer("/metadata/labels")
-                .and_then(|l| l.get(AUTOMANAGED))
-                .and_then(serde_json::Value::as_str)
-                == Some("onstart");
-            if managed && existing.is_object() && existing.get("spec") != Some(&spec) {
-                existing["spec"] = spec;
-                // In its type's form (field order included), as an update's object must be.
-                let existing = apiservices
-                    .strategy()
-                    .decode(existing)
-                    .map_err(|e| anyhow::anyhow!("resetting APIService {name}: {e}"))?;
-                apiservices
-                    .update("", name, existing, options, Subresource::Main)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("resetting APIService {name}: {}", e.message))?;
-            }
-        }
-        Err(e) if e.is_not_found() => {
-            let object = serde_json::json!({
-                "metadata": {"name": name, "labels": {AUTOMANAGED: "onstart"}},
-                "spec": spec,
-            });
-            match apiservices.create("", object, options).await {
-                Ok(_) => {}
-                Err(e) if e.is_conflict() => {}
-                Err(e) => anyhow::bail!("registering APIService {name}: {}", e.message),
-            }
-        }
-        Err(e) => anyhow::bail!("reading APIService {name}: {}", e.message),
-    }
-    Ok(())
-}
-
 /// The registry of a kind, by plural resource name.
 pub(crate) fn registry_for(
     registries: &[Arc<Registry>],
@@ -675,7 +565,8 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Proxy(args) => runtime.block_on(capstan_proxy::run(args)),
     }
 }
 

@@ -1,0 +1,429 @@
+//! `capstan proxy`: the node agent that makes cluster IPs, node ports, external IPs and load
+//! balancer IPs carry traffic to a Service's endpoints, as kube-proxy's nftables mode does.
+//!
+//! It is a client of the Kubernetes API like any other (Services, EndpointSlices and its own
+//! Node, through kube-rs watchers), so it runs against Capstan or any kube-apiserver, and it
+//! programs one nftables table per address family (`ip capstan-proxy`, `ip6 capstan-proxy`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+pub mod conntrack;
+pub mod health;
+pub mod metrics;
+pub mod nft;
+pub mod rules;
+pub mod ruleset;
+pub mod state;
+pub mod sync;
+
+use health::{HealthChecks, ProxyHealth};
+use metrics::Metrics;
+use state::{Family, SERVICE_NAME_LABEL};
+use sync::{Shared, SyncConfig, Syncer, lock};
+
+/// The table the proxy owns, in the `ip` and `ip6` families.
+pub const TABLE: &str = "capstan-proxy";
+
+/// What the Service and EndpointSlice watches select (upstream's informer selector): objects
+/// meant for another proxy, and headless Services' slices, are not this proxy's.
+const SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// `capstan proxy`'s flags, named as kube-proxy's.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ProxyArgs {
+    /// The kubeconfig of the API server to read (default: $KUBECONFIG, ~/.kube/config, or the
+    /// in-cluster service account).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, as its Node object and EndpointSlices' `nodeName` spell it
+    /// (default: the host name).
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// The pods' CIDR ranges, comma separated: traffic from outside them to a cluster IP is
+    /// masqueraded, and `externalTrafficPolicy: Local` lets pods reach every endpoint.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_cidr: Vec<IpNet>,
+    /// Which local addresses answer on node ports: CIDRs, comma separated, or `primary` (the
+    /// node's own addresses from its Node object; the default).
+    #[arg(long, value_delimiter = ',', default_value = "primary")]
+    pub nodeport_addresses: Vec<String>,
+    /// Masquerade every connection to a cluster IP.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// Where `/metrics` is served (empty: nowhere).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+    /// Where `/healthz` and `/livez` are served (empty: nowhere).
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+    /// The shortest time between two syncs of the rules.
+    #[arg(long, alias = "iptables-min-sync-period", default_value = "1s", value_parser = duration)]
+    pub min_sync_period: Duration,
+    /// How long after a failed sync the next is tried; twice this without a sync makes
+    /// `/healthz` fail.
+    #[arg(long, alias = "iptables-sync-period", default_value = "30s", value_parser = duration)]
+    pub sync_period: Duration,
+    /// Only `nftables` is implemented.
+    #[arg(long, default_value = "nftables")]
+    pub proxy_mode: String,
+    /// Delete the proxy's nftables tables and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    capstan_machinery::duration::parse_flag_duration(text)
+}
+
+impl ProxyArgs {
+    /// The flags' defaults, for `capstan serve --proxy`.
+    pub fn in_process(kubeconfig: PathBuf) -> ProxyArgs {
+        ProxyArgs {
+            kubeconfig: Some(kubeconfig),
+            hostname_override: None,
+            cluster_cidr: Vec::new(),
+            nodeport_addresses: vec!["primary".to_owned()],
+            masquerade_all: false,
+            metrics_bind_address: "127.0.0.1:10249".to_owned(),
+            healthz_bind_address: "0.0.0.0:10256".to_owned(),
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+            proxy_mode: "nftables".to_owned(),
+            cleanup: false,
+        }
+    }
+}
+
+/// The host's name, as kube-proxy defaults its node name (lower-cased).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+/// The host's addresses (from `ip -j addr`), for `--nodeport-addresses` CIDRs.
+pub fn local_addresses() -> Vec<IpAddr> {
+    let Ok(out) = std::process::Command::new("ip")
+        .args(["-j", "addr", "show"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let Ok(links) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return Vec::new();
+    };
+    links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| {
+            l.get("addr_info")
+                .and_then(|a| a.as_array())
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|a| a.get("local")?.as_str()?.parse().ok())
+        .collect()
+}
+
+async fn client(args: &ProxyArgs) -> anyhow::Result<Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Runs the proxy until the process ends.
+pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.proxy_mode == "nftables",
+        "--proxy-mode {}: only nftables is implemented",
+        args.proxy_mode
+    );
+    let families = [Family::V4, Family::V6];
+    if args.cleanup {
+        for family in families {
+            nft::Nft::new().delete_table(family, TABLE).await?;
+        }
+        return Ok(());
+    }
+    let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
+    let mut nodeport_cidrs = Vec::new();
+    for value in &args.nodeport_addresses {
+        if value == "primary" || value.is_empty() {
+            continue;
+        }
+        nodeport_cidrs.push(
+            value
+                .parse::<IpNet>()
+                .with_context(|| format!("--nodeport-addresses {value}"))?,
+        );
+    }
+    let client = client(&args).await?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(ProxyHealth::new(
+        &families,
+        args.sync_period,
+        metrics.clone(),
+    ));
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let notify = Arc::new(Notify::new());
+    if !args.healthz_bind_address.is_empty() {
+        let addr: SocketAddr = args
+            .healthz_bind_address
+            .parse()
+            .context("--healthz-bind-address")?;
+        let health = health.clone();
+        tokio::spawn(async move {
+            if let Err(err) = health::serve_proxy_health(addr, health).await {
+                tracing::error!(%err, %addr, "serving /healthz");
+            }
+        });
+    }
+    if !args.metrics_bind_address.is_empty() {
+        let addr: SocketAddr = args
+            .metrics_bind_address
+            .parse()
+            .context("--metrics-bind-address")?;
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(err) = health::serve_metrics(addr, metrics).await {
+                tracing::error!(%err, %addr, "serving /metrics");
+            }
+        });
+    }
+    let check_addresses = if nodeport_cidrs.is_empty() {
+        Vec::new()
+    } else {
+        local_addresses()
+            .into_iter()
+            .filter(|ip| nodeport_cidrs.iter().any(|c| c.contains(ip)))
+            .collect()
+    };
+    let config = SyncConfig {
+        table: TABLE.to_owned(),
+        families: families.to_vec(),
+        node_name: node_name.clone(),
+        cluster_cidrs: args.cluster_cidr.clone(),
+        masquerade_all: args.masquerade_all,
+        nodeport_cidrs,
+        min_sync_period: args.min_sync_period,
+        sync_period: args.sync_period,
+    };
+    tracing::info!(node = %node_name, table = TABLE, "capstan proxy starting (nftables)");
+    let checks = HealthChecks::new(check_addresses, health.clone());
+    let syncer = Syncer::new(
+        config,
+        shared.clone(),
+        notify.clone(),
+        metrics.clone(),
+        health.clone(),
+        checks,
+    );
+    let watches = Watches {
+        shared,
+        notify,
+        metrics,
+        health,
+    };
+    let services = tokio::spawn(watches.clone().services(Api::all(client.clone())));
+    let slices = tokio::spawn(watches.clone().slices(Api::all(client.clone())));
+    let node = tokio::spawn(watches.node(Api::all(client), node_name));
+    tokio::select! {
+        _ = syncer.run() => {}
+        r = services => r.context("the Service watch")?,
+        r = slices => r.context("the EndpointSlice watch")?,
+        r = node => r.context("the Node watch")?,
+    }
+    Ok(())
+}
+
+/// The watches, each feeding the shared state and waking the sync loop.
+#[derive(Clone)]
+struct Watches {
+    shared: Arc<Mutex<Shared>>,
+    notify: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    health: Arc<ProxyHealth>,
+}
+
+impl Watches {
+    fn changed(&self, shared: &mut Shared) {
+        shared
+            .queued_since
+            .get_or_insert_with(std::time::Instant::now);
+        self.health.queued();
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        for family in [Family::V4, Family::V6] {
+            self.metrics
+                .last_queued
+                .get_or_create(&metrics::family_label(family))
+                .set(epoch);
+        }
+        self.notify.notify_one();
+    }
+
+    async fn services(self, api: Api<Service>) {
+        let config = watcher::Config::default().labels(SELECTOR);
+        let mut stream = watcher::watcher(api, config).boxed();
+        let mut buffer = Vec::new();
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(err) => {
+                    tracing::warn!(%err, "watching Services");
+                    continue;
+                }
+            };
+            let mut shared = lock(&self.shared);
+            match event {
+                Event::Init => buffer.clear(),
+                Event::InitApply(service) => buffer.push(service),
+                Event::InitDone => {
+                    shared.state.replace_services(std::mem::take(&mut buffer));
+                    shared.services_synced = true;
+                    shared.need_full = true;
+                }
+                Event::Apply(service) => {
+                    let name = shared.state.put_service(service);
+                    shared.dirty.insert(name);
+                    self.metrics.service_changes.inc();
+                    self.metrics.service_changes_pending.inc();
+                }
+                Event::Delete(service) => {
+                    let name = shared.state.remove_service(&service);
+                    shared.dirty.insert(name);
+                    self.metrics.service_changes.inc();
+                    self.metrics.service_changes_pending.inc();
+                }
+            }
+            self.changed(&mut shared);
+        }
+    }
+
+    async fn slices(self, api: Api<EndpointSlice>) {
+        let config = watcher::Config::default().labels(&format!("{SELECTOR},{SERVICE_NAME_LABEL}"));
+        let mut stream = watcher::watcher(api, config).boxed();
+        let mut buffer = Vec::new();
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(err) => {
+                    tracing::warn!(%err, "watching EndpointSlices");
+                    continue;
+                }
+            };
+            let mut shared = lock(&self.shared);
+            let touched = match event {
+                Event::Init => {
+                    buffer.clear();
+                    continue;
+                }
+                Event::InitApply(slice) => {
+                    buffer.push(slice);
+                    continue;
+                }
+                Event::InitDone => {
+                    shared.state.replace_slices(std::mem::take(&mut buffer));
+                    shared.slices_synced = true;
+                    shared.need_full = true;
+                    let all: Vec<_> = shared.state.service_names().into_iter().collect();
+                    shared.endpoints_changed.extend(all);
+                    self.changed(&mut shared);
+                    continue;
+                }
+                Event::Apply(slice) => {
+                    let trigger = trigger_time(&slice);
+                    let touched = shared.state.put_slice(slice);
+                    if let (Some(t), Some(name)) = (trigger, touched.last()) {
+                        shared
+                            .trigger_times
+                            .entry(name.clone())
+                            .or_default()
+                            .push(t);
+                    }
+                    touched
+                }
+                Event::Delete(slice) => shared.state.remove_slice(&slice),
+            };
+            self.metrics.endpoint_changes.inc();
+            self.metrics.endpoint_changes_pending.inc();
+            for name in touched {
+                shared.dirty.insert(name.clone());
+                shared.endpoints_changed.insert(name);
+            }
+            self.changed(&mut shared);
+        }
+    }
+
+    async fn node(self, api: Api<Node>, name: String) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut stream = watcher::watcher(api, config).boxed();
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(err) => {
+                    tracing::warn!(%err, "watching this node");
+                    continue;
+                }
+            };
+            let mut shared = lock(&self.shared);
+            match event {
+                Event::Init | Event::InitDone => {}
+                Event::InitApply(node) | Event::Apply(node) => {
+                    self.health.set_node_eligible(eligible(&node));
+                    shared.state.node = Some(node);
+                }
+                Event::Delete(_) => {
+                    self.health.set_node_eligible(false);
+                    shared.state.node = None;
+                }
+            }
+            // The node's addresses and zone change the fixed rules or every Service's: the
+            // sync loop compares them and syncs in full when they moved.
+            self.notify.notify_one();
+        }
+    }
+}
+
+/// upstream's `NodeEligibleHandler`: not being deleted, not marked for deletion by the cluster
+/// autoscaler.
+fn eligible(node: &Node) -> bool {
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+    node.metadata.deletion_timestamp.is_none() && !tainted
+}
+
+/// The slice's `endpoints.kubernetes.io/last-change-trigger-time`.
+fn trigger_time(slice: &EndpointSlice) -> Option<std::time::SystemTime> {
+    let value = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get("endpoints.kubernetes.io/last-change-trigger-time")?;
+    let ts: jiff::Timestamp = value.parse().ok()?;
+    Some(std::time::SystemTime::from(ts))
+}

@@ -1,0 +1,268 @@
+//! What one owner (the table's fixed part, or one Service) puts in a table, and the nftables
+//! transaction that turns what is there into what should be: all of it (a full sync), or only
+//! the owners that changed (a partial sync, upstream's `syncProxyRules` with `tryPartialSync`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+/// How many owners hold each (set, element): two Services can need the same element (a
+/// hairpin entry for an endpoint they share), and it goes only when the last one lets go.
+pub type ElementRefs = HashMap<(String, String), u32>;
+
+/// A chain and its rules.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// For a base chain, its spec: `type nat hook prerouting priority dstnat`.
+    pub hook: Option<String>,
+    /// The rules, in order, in nft syntax without the `add rule <family> <table> <chain>` prefix.
+    pub rules: Vec<String>,
+}
+
+/// Everything one owner contributes to a table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Chains by name.
+    pub chains: BTreeMap<String, Chain>,
+    /// Sets and maps by name, with their declaration body (`type ipv4_addr ; flags timeout ;`).
+    /// A set's elements outlive syncs (session affinity entries); a map's do not.
+    pub sets: BTreeMap<String, String>,
+    /// Elements this owner adds to sets and maps declared by any owner: (set, element).
+    pub elements: BTreeSet<(String, String)>,
+}
+
+impl Rules {
+    /// Adds a chain with its rules.
+    pub fn chain(&mut self, name: impl Into<String>, rules: Vec<String>) {
+        self.chains.insert(name.into(), Chain { hook: None, rules });
+    }
+
+    /// Adds an element to a set or map.
+    pub fn element(&mut self, set: &str, element: impl Into<String>) {
+        self.elements.insert((set.to_owned(), element.into()));
+    }
+
+    /// How many rules, chains and set elements this owner has (for the metrics).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let rules = self.chains.values().map(|c| c.rules.len()).sum();
+        (rules, self.chains.len(), self.elements.len())
+    }
+}
+
+/// Builds one nftables transaction for a table.
+pub struct Transaction<'a> {
+    prefix: String,
+    out: String,
+    deletes: String,
+    table: &'a str,
+}
+
+impl<'a> Transaction<'a> {
+    /// A transaction on `table` in `family` (`ip` or `ip6`).
+    pub fn new(family: &str, table: &'a str) -> Transaction<'a> {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "add table {family} {table} {{ comment \"rules for capstan proxy\" ; }}"
+        );
+        Transaction {
+            prefix: format!("{family} {table}"),
+            out,
+            deletes: String::new(),
+            table,
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        self.table
+    }
+
+    /// Declares a chain (a rule may jump to a chain only once it is declared).
+    fn declare_chain(&mut self, name: &str, chain: &Chain) {
+        let p = &self.prefix;
+        match &chain.hook {
+            Some(hook) => {
+                let _ = writeln!(self.out, "add chain {p} {name} {{ {hook} ; }}");
+            }
+            None => {
+                let _ = writeln!(self.out, "add chain {p} {name}");
+            }
+        }
+    }
+
+    /// Empties a declared chain and writes its rules.
+    fn fill_chain(&mut self, name: &str, chain: &Chain) {
+        let p = &self.prefix;
+        let _ = writeln!(self.out, "flush chain {p} {name}");
+        for rule in &chain.rules {
+            let _ = writeln!(self.out, "add rule {p} {name} {rule}");
+        }
+    }
+
+    fn declare_set(&mut self, name: &str, body: &str) {
+        let kind = if body.contains(" : ") { "map" } else { "set" };
+        let _ = writeln!(self.out, "add {kind} {} {name} {{ {body} }}", self.prefix);
+    }
+
+    /// Writes every owner in full: each chain flushed and refilled, each map and plain set
+    /// emptied and refilled (affinity sets keep their entries), sets `existing` has beyond them
+    /// deleted, and chains beyond them emptied and returned (to delete later, as `partial`).
+    pub fn full<'r>(
+        &mut self,
+        owners: impl IntoIterator<Item = &'r Rules> + Clone,
+        existing_chains: &BTreeSet<String>,
+        existing_sets: &BTreeSet<String>,
+        refs: &mut ElementRefs,
+        recreate_hooks: bool,
+    ) -> Vec<String> {
+        let mut wanted_chains = BTreeSet::new();
+        let mut wanted_sets = BTreeSet::new();
+        for rules in owners.clone() {
+            for (name, body) in &rules.sets {
+                self.declare_set(name, body);
+                wanted_sets.insert(name.clone());
+                if body.contains(" : ") || !body.contains("timeout") {
+                    let kind = if body.contains(" : ") { "map" } else { "set" };
+                    let _ = writeln!(self.out, "flush {kind} {} {name}", self.prefix);
+                }
+            }
+        }
+        for rules in owners.clone() {
+            for (name, chain) in &rules.chains {
+                if let (true, Some(hook)) = (recreate_hooks, &chain.hook) {
+                    // A base chain made again takes a changed hook or priority.
+                    let p = &self.prefix;
+                    let _ = writeln!(self.out, "add chain {p} {name} {{ {hook} ; }}");
+                    let _ = writeln!(self.out, "flush chain {p} {name}");
+                    let _ = writeln!(self.out, "delete chain {p} {name}");
+                }
+                self.declare_chain(name, chain);
+                wanted_chains.insert(name.clone());
+            }
+        }
+        for rules in owners.clone() {
+            for (name, chain) in &rules.chains {
+                self.fill_chain(name, chain);
+            }
+        }
+        refs.clear();
+        for rules in owners {
+            for pair in &rules.elements {
+                let count = refs.entry(pair.clone()).or_insert(0);
+                *count += 1;
+                if *count == 1 {
+                    let (set, element) = pair;
+                    let _ = writeln!(
+                        self.out,
+                        "add element {} {set} {{ {element} }}",
+                        self.prefix
+                    );
+                }
+            }
+        }
+        let mut stale = Vec::new();
+        for name in existing_chains.difference(&wanted_chains) {
+            let _ = writeln!(self.out, "flush chain {} {name}", self.prefix);
+            stale.push(name.clone());
+        }
+        for name in existing_sets.difference(&wanted_sets) {
+            let _ = writeln!(self.deletes, "delete set {} {name}", self.prefix);
+        }
+        stale
+    }
+
+    /// Writes what changed from `old` to `new` for one owner. Chains the owner no longer has
+    /// are emptied and returned: they are deleted by a later transaction, once nothing points
+    /// at them (kernels before 6.2 see a chain unreferenced only a moment after its map
+    /// element goes).
+    pub fn partial(&mut self, old: &Rules, new: &Rules, refs: &mut ElementRefs) -> Vec<String> {
+        let mut rewrite_all = false;
+        for (name, body) in &new.sets {
+            if old.sets.get(name) == Some(body) {
+                continue;
+            }
+            if old.sets.contains_key(name) {
+                // A changed declaration (a new affinity timeout) needs the set made again, and
+                // nothing may point at it while it goes: only this owner's chains do.
+                for chain in old.chains.keys() {
+                    let _ = writeln!(self.out, "flush chain {} {chain}", self.prefix);
+                }
+                let _ = writeln!(self.out, "delete set {} {name}", self.prefix);
+                rewrite_all = true;
+            }
+            self.declare_set(name, body);
+        }
+        let changed: Vec<(&String, &Chain)> = new
+            .chains
+            .iter()
+            .filter(|(name, chain)| rewrite_all || old.chains.get(*name) != Some(*chain))
+            .collect();
+        for (name, chain) in &changed {
+            self.declare_chain(name, chain);
+        }
+        for (name, chain) in changed {
+            self.fill_chain(name, chain);
+        }
+        for pair in old.elements.difference(&new.elements) {
+            let gone = match refs.get_mut(pair) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    false
+                }
+                _ => {
+                    refs.remove(pair);
+                    true
+                }
+            };
+            if gone {
+                let (set, element) = pair;
+                let _ = writeln!(
+                    self.out,
+                    "delete element {} {set} {{ {element} }}",
+                    self.prefix
+                );
+            }
+        }
+        for pair in new.elements.difference(&old.elements) {
+            let count = refs.entry(pair.clone()).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                let (set, element) = pair;
+                let _ = writeln!(
+                    self.out,
+                    "add element {} {set} {{ {element} }}",
+                    self.prefix
+                );
+            }
+        }
+        let mut stale = Vec::new();
+        for name in old.chains.keys().filter(|n| !new.chains.contains_key(*n)) {
+            let _ = writeln!(self.out, "flush chain {} {name}", self.prefix);
+            stale.push(name.clone());
+        }
+        for name in old.sets.keys().filter(|n| !new.sets.contains_key(*n)) {
+            let _ = writeln!(self.deletes, "delete set {} {name}", self.prefix);
+        }
+        stale
+    }
+
+    /// Deletes chains emptied by an earlier transaction.
+    pub fn delete_chains<'n>(&mut self, names: impl IntoIterator<Item = &'n String>) {
+        for name in names {
+            let _ = writeln!(self.out, "delete chain {} {name}", self.prefix);
+        }
+    }
+
+    /// Whether the transaction changes anything beyond making sure the table exists.
+    pub fn is_empty(&self) -> bool {
+        self.deletes.is_empty() && self.out.lines().count() <= 1
+    }
+
+    /// The transaction's text: additions and rewrites first, then what goes (so nothing is
+    /// deleted while a rule or map element still points at it).
+    pub fn finish(self) -> String {
+        let mut out = self.out;
+        out.push_str(&self.deletes);
+        out
+    }
+}

@@ -1,0 +1,564 @@
+//! The sync loop: upstream's `BoundedFrequencyRunner` around `syncProxyRules`. A change runs a
+//! sync at once if the last was at least `--min-sync-period` ago, else when it is; a full sync
+//! at start, after a failure, when the node's addresses or zone change, and hourly; a failed
+//! sync is retried after `--sync-period`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use ipnet::IpNet;
+use tokio::sync::Notify;
+
+use crate::conntrack;
+use crate::health::{HealthChecks, ProxyHealth};
+use crate::metrics::{Metrics, PolicyFamily, TableSize, family_label};
+use crate::nft::Nft;
+use crate::rules::{self, BaseConfig, Detector};
+use crate::ruleset::{ElementRefs, Rules, Transaction};
+use crate::state::{ClusterState, Family, Protocol, ServiceName, ServicePort, categorize};
+
+/// How often a full sync runs with nothing else asking for one (upstream's `FullSyncPeriod`).
+const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+/// How long an emptied chain waits before it is deleted.
+const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
+
+/// What the watchers share with the sync loop.
+#[derive(Default)]
+pub struct Shared {
+    /// The cluster as last reported.
+    pub state: ClusterState,
+    /// Services whose rules may have changed since the last sync.
+    pub dirty: BTreeSet<ServiceName>,
+    /// Services whose endpoints changed (for conntrack cleanup), since the last sync.
+    pub endpoints_changed: BTreeSet<ServiceName>,
+    /// When the slices of a Service last changed, by their trigger-time annotation.
+    pub trigger_times: BTreeMap<ServiceName, Vec<SystemTime>>,
+    /// Whether the next sync must be full.
+    pub need_full: bool,
+    /// Whether Services and EndpointSlices have each been listed once.
+    pub services_synced: bool,
+    /// See `services_synced`.
+    pub slices_synced: bool,
+    /// When a change was first queued and not yet synced.
+    pub queued_since: Option<Instant>,
+}
+
+/// The proxy's configuration that rules depend on.
+#[derive(Clone, Debug)]
+pub struct SyncConfig {
+    /// The nftables table's name (in `ip` and `ip6`).
+    pub table: String,
+    /// The families to program.
+    pub families: Vec<Family>,
+    /// This node's name.
+    pub node_name: String,
+    /// `--cluster-cidr`.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--nodeport-addresses`: CIDRs; empty means the node's primary addresses.
+    pub nodeport_cidrs: Vec<IpNet>,
+    /// `--min-sync-period`.
+    pub min_sync_period: Duration,
+    /// `--sync-period` (the retry interval after a failed sync).
+    pub sync_period: Duration,
+}
+
+#[derive(Default)]
+struct Applied {
+    base: Rules,
+    services: HashMap<ServiceName, Rules>,
+    refs: ElementRefs,
+    stale: BTreeMap<String, Instant>,
+}
+
+/// The sync loop's own state.
+pub struct Syncer {
+    config: SyncConfig,
+    shared: Arc<Mutex<Shared>>,
+    notify: Arc<Notify>,
+    nft: Nft,
+    metrics: Arc<Metrics>,
+    health: Arc<ProxyHealth>,
+    checks: HealthChecks,
+    applied: HashMap<Family, Applied>,
+    last_attempt: Option<Instant>,
+    last_failed: bool,
+    last_full: Option<Instant>,
+    first_full_done: bool,
+    last_base: HashMap<Family, BaseConfig>,
+    last_zone: Option<String>,
+    /// UDP Service ports with their endpoints as of the last sync, for conntrack cleanup.
+    udp_ports: HashMap<ServiceName, Vec<ServicePort>>,
+    /// Services with a Local policy and endpoints only elsewhere: (internal, external).
+    no_local: HashMap<(Family, ServiceName), (bool, bool)>,
+}
+
+/// Locks the shared state, whatever a panicking holder left.
+pub fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Syncer {
+    /// A sync loop over `shared`, woken by `notify`.
+    pub fn new(
+        config: SyncConfig,
+        shared: Arc<Mutex<Shared>>,
+        notify: Arc<Notify>,
+        metrics: Arc<Metrics>,
+        health: Arc<ProxyHealth>,
+        checks: HealthChecks,
+    ) -> Syncer {
+        Syncer {
+            config,
+            shared,
+            notify,
+            nft: Nft::new(),
+            metrics,
+            health,
+            checks,
+            applied: HashMap::new(),
+            last_attempt: None,
+            last_failed: false,
+            last_full: None,
+            first_full_done: false,
+            last_base: HashMap::new(),
+            last_zone: None,
+            udp_ports: HashMap::new(),
+            no_local: HashMap::new(),
+        }
+    }
+
+    /// When the next sync is due, if any is.
+    fn deadline(&self, shared: &Shared) -> Option<Instant> {
+        if !(shared.services_synced && shared.slices_synced) {
+            return None;
+        }
+        let Some(last) = self.last_attempt else {
+            return Some(Instant::now());
+        };
+        let mut due: Vec<Instant> = Vec::new();
+        if self.last_failed {
+            due.push(last + self.config.sync_period);
+        } else if shared.need_full || !shared.dirty.is_empty() {
+            due.push(last + self.config.min_sync_period);
+        }
+        let oldest_stale = self
+            .applied
+            .values()
+            .filter_map(|a| a.stale.values().min())
+            .min();
+        if let Some(stale) = oldest_stale {
+            due.push((*stale + STALE_CHAIN_DELAY).max(last + self.config.min_sync_period));
+        }
+        if let Some(full) = self.last_full {
+            due.push(full + FULL_SYNC_PERIOD);
+        }
+        due.into_iter().min()
+    }
+
+    /// Runs until the process ends.
+    pub async fn run(mut self) {
+        loop {
+            let deadline = self.deadline(&lock(&self.shared));
+            let notify = self.notify.clone();
+            let due = match deadline {
+                Some(at) if at <= Instant::now() => true,
+                Some(at) => {
+                    tokio::select! {
+                        _ = notify.notified() => false,
+                        _ = tokio::time::sleep_until(at.into()) => true,
+                    }
+                }
+                None => {
+                    notify.notified().await;
+                    false
+                }
+            };
+            if due {
+                self.sync().await;
+            }
+        }
+    }
+
+    /// The fixed part's configuration for a family, from the flags and the node.
+    fn base_config(&self, family: Family, state: &ClusterState) -> BaseConfig {
+        let of_family = |nets: &[IpNet]| -> Vec<IpNet> {
+            nets.iter()
+                .filter(|n| Family::of(&n.addr()) == family)
+                .copied()
+                .collect()
+        };
+        let nodeport_ips = if self.config.nodeport_cidrs.is_empty() {
+            // "primary": the node's own addresses of this family.
+            state
+                .node_ips()
+                .into_iter()
+                .filter(|ip| Family::of(ip) == family && !ip.is_loopback())
+                .take(1)
+                .collect()
+        } else {
+            let cidrs = of_family(&self.config.nodeport_cidrs);
+            if cidrs.iter().any(|c| c.prefix_len() == 0) {
+                Vec::new()
+            } else {
+                crate::local_addresses()
+                    .into_iter()
+                    .filter(|ip| cidrs.iter().any(|c| c.contains(ip)) && !ip.is_loopback())
+                    .collect()
+            }
+        };
+        BaseConfig {
+            cluster_cidrs: of_family(&self.config.cluster_cidrs),
+            masquerade_all: self.config.masquerade_all,
+            nodeport_ips,
+        }
+    }
+
+    /// One sync: the stale chains' deletion, then the rules of what changed (or everything).
+    pub async fn sync(&mut self) {
+        let start = Instant::now();
+        self.last_attempt = Some(start);
+        self.delete_stale_chains().await;
+        let (full, plan, changed_endpoints, trigger_times, queued) = {
+            let mut shared = lock(&self.shared);
+            let zone = shared.state.node_zone().map(str::to_owned);
+            let mut full = shared.need_full
+                || !self.first_full_done
+                || self
+                    .last_full
+                    .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD)
+                || zone != self.last_zone;
+            self.last_zone = zone;
+            let mut bases = HashMap::new();
+            for family in self.config.families.clone() {
+                let base = self.base_config(family, &shared.state);
+                if self.last_base.get(&family) != Some(&base) {
+                    full = true;
+                }
+                bases.insert(family, base);
+            }
+            let names: BTreeSet<ServiceName> = if full {
+                shared.state.service_names()
+            } else {
+                std::mem::take(&mut shared.dirty)
+            };
+            shared.dirty.clear();
+            shared.need_full = false;
+            let zone = shared.state.node_zone().map(str::to_owned);
+            let mut plan = Vec::new();
+            for family in self.config.families.clone() {
+                let base_config = bases.remove(&family).unwrap_or_default();
+                let base = rules::base(family, &base_config);
+                let detector = Detector {
+                    cluster_cidrs: &base_config.cluster_cidrs,
+                };
+                let mut services = Vec::new();
+                for name in &names {
+                    let ports = shared.state.ports(name, family, &self.config.node_name);
+                    let rules = rules::service(family, &ports, zone.as_deref(), &detector);
+                    services.push((name.clone(), ports, rules));
+                }
+                plan.push((family, base_config, base, services));
+            }
+            let changed = std::mem::take(&mut shared.endpoints_changed);
+            let triggers = std::mem::take(&mut shared.trigger_times);
+            let queued = shared.queued_since.take();
+            self.metrics.endpoint_changes_pending.set(0);
+            self.metrics.service_changes_pending.set(0);
+            (full, plan, changed, triggers, queued)
+        };
+
+        let mut script = String::new();
+        let mut new_stale: Vec<(Family, Vec<String>)> = Vec::new();
+        for (family, _, base, services) in &plan {
+            let existing = if full {
+                match self.nft.list(*family, &self.config.table).await {
+                    Ok(existing) => Some(existing),
+                    Err(err) => {
+                        tracing::warn!(%err, "listing the nftables table");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let applied = self.applied.entry(*family).or_default();
+            let mut tx = Transaction::new(family.nft(), &self.config.table);
+            let stale = if full {
+                let existing = existing.unwrap_or_default();
+                let owners: Vec<&Rules> = std::iter::once(base)
+                    .chain(services.iter().map(|(_, _, r)| r))
+                    .collect();
+                tx.full(
+                    owners.iter().copied(),
+                    &existing
+                        .chains
+                        .iter()
+                        .filter(|c| c.contains('/'))
+                        .cloned()
+                        .collect(),
+                    &existing
+                        .sets
+                        .iter()
+                        .filter(|s| !base.sets.contains_key(*s) || s.starts_with("affinity-"))
+                        .cloned()
+                        .collect(),
+                    &mut applied.refs,
+                    !self.first_full_done,
+                )
+            } else {
+                let mut stale = Vec::new();
+                for (name, _, rules) in services {
+                    let old = applied.services.get(name).cloned().unwrap_or_default();
+                    stale.extend(tx.partial(&old, rules, &mut applied.refs));
+                }
+                stale
+            };
+            new_stale.push((*family, stale));
+            script.push_str(&tx.finish());
+        }
+        let result = self.nft.apply(&script).await;
+        let elapsed = start.elapsed().as_secs_f64();
+        for (family, ..) in &plan {
+            let label = family_label(*family);
+            self.metrics
+                .sync_duration
+                .get_or_create(&label)
+                .observe(elapsed);
+            let which = if full {
+                &self.metrics.full_sync_duration
+            } else {
+                &self.metrics.partial_sync_duration
+            };
+            which.get_or_create(&label).observe(elapsed);
+        }
+        if let Err(err) = result {
+            tracing::error!(%err, full, "syncing nftables rules failed; retrying with a full sync");
+            for (family, ..) in &plan {
+                self.metrics
+                    .sync_failures
+                    .get_or_create(&family_label(*family))
+                    .inc();
+                if let Some(applied) = self.applied.get_mut(family) {
+                    applied.stale.clear();
+                }
+            }
+            self.last_failed = true;
+            let mut shared = lock(&self.shared);
+            shared.need_full = true;
+            shared.endpoints_changed.extend(changed_endpoints);
+            shared.queued_since = shared.queued_since.or(queued);
+            return;
+        }
+        self.last_failed = false;
+        if full {
+            self.last_full = Some(start);
+            self.first_full_done = true;
+        }
+        let now = Instant::now();
+        let mut checks: Vec<(ServiceName, Option<(u16, usize)>)> = Vec::new();
+        let mut udp_before = Vec::new();
+        for (family, base_config, base, services) in plan {
+            let applied = self.applied.entry(family).or_default();
+            if full {
+                applied.services.clear();
+                self.no_local.retain(|(f, _), _| *f != family);
+            }
+            applied.base = base;
+            for (name, ports, rules) in services {
+                for chain in rules.chains.keys() {
+                    applied.stale.remove(chain);
+                }
+                if rules == Rules::default() {
+                    applied.services.remove(&name);
+                } else {
+                    applied.services.insert(name.clone(), rules);
+                }
+                if family == self.config.families[0] {
+                    checks.push((name.clone(), health_check(&ports)));
+                }
+                let zone = self.last_zone.as_deref();
+                let mut no_local = (false, false);
+                for port in &ports {
+                    let c = categorize(port, zone);
+                    if c.has_any && c.local.is_empty() {
+                        no_local.0 |= port.internal_local;
+                        no_local.1 |= port.has_external() && port.external_local;
+                    }
+                }
+                if no_local == (false, false) {
+                    self.no_local.remove(&(family, name.clone()));
+                } else {
+                    self.no_local.insert((family, name.clone()), no_local);
+                }
+                if changed_endpoints.contains(&name) || full {
+                    let old = self.udp_ports.remove(&name).unwrap_or_default();
+                    let udp: Vec<ServicePort> = ports
+                        .into_iter()
+                        .filter(|p| p.protocol == Protocol::Udp)
+                        .collect();
+                    udp_before.push((family, old.clone(), udp.clone()));
+                    if !udp.is_empty() {
+                        self.udp_ports.insert(name, udp);
+                    }
+                }
+            }
+            for (_, stale) in new_stale.iter().filter(|(f, _)| *f == family) {
+                for chain in stale {
+                    applied.stale.entry(chain.clone()).or_insert(now);
+                }
+            }
+            self.last_base.insert(family, base_config);
+            self.record_sizes(family);
+            let label = family_label(family);
+            let epoch = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            self.metrics.last_sync.get_or_create(&label).set(epoch);
+            self.health.updated(family);
+        }
+        self.record_no_local_endpoints();
+        for times in trigger_times.values() {
+            for t in times {
+                if let Ok(age) = SystemTime::now().duration_since(*t) {
+                    for family in &self.config.families {
+                        self.metrics
+                            .programming
+                            .get_or_create(&family_label(*family))
+                            .observe(age.as_secs_f64());
+                    }
+                }
+            }
+        }
+        self.checks.sync(checks, full).await;
+        for (family, old, new) in udp_before {
+            if old.is_empty() && new.is_empty() {
+                continue;
+            }
+            let started = Instant::now();
+            let deleted = conntrack::clean_udp(family, &new).await;
+            let label = family_label(family);
+            self.metrics
+                .conntrack_duration
+                .get_or_create(&label)
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics
+                .conntrack_deleted
+                .get_or_create(&label)
+                .inc_by(deleted);
+        }
+        tracing::debug!(full, seconds = elapsed, "synced nftables rules");
+    }
+
+    async fn delete_stale_chains(&mut self) {
+        let mut script = String::new();
+        let mut deleting: Vec<(Family, Vec<String>)> = Vec::new();
+        for (family, applied) in &self.applied {
+            let due: Vec<String> = applied
+                .stale
+                .iter()
+                .filter(|(_, since)| since.elapsed() >= STALE_CHAIN_DELAY)
+                .map(|(name, _)| name.clone())
+                .collect();
+            if due.is_empty() {
+                continue;
+            }
+            let mut tx = Transaction::new(family.nft(), &self.config.table);
+            tx.delete_chains(&due);
+            script.push_str(&tx.finish());
+            deleting.push((*family, due));
+        }
+        if deleting.is_empty() {
+            return;
+        }
+        let result = self.nft.apply(&script).await;
+        for (family, names) in deleting {
+            if let Some(applied) = self.applied.get_mut(&family) {
+                for name in names {
+                    applied.stale.remove(&name);
+                }
+            }
+            if result.is_err() {
+                self.metrics
+                    .cleanup_failures
+                    .get_or_create(&family_label(family))
+                    .inc();
+            }
+        }
+        if let Err(err) = result {
+            tracing::warn!(%err, "deleting stale chains failed; the next sync is a full one");
+            lock(&self.shared).need_full = true;
+        }
+    }
+
+    fn record_sizes(&self, family: Family) {
+        let Some(applied) = self.applied.get(&family) else {
+            return;
+        };
+        let (mut rules, mut chains, _) = applied.base.counts();
+        for r in applied.services.values() {
+            let (r2, c2, _) = r.counts();
+            rules += r2;
+            chains += c2;
+        }
+        let ip_family = family_label(family).ip_family;
+        for (kind, value) in [
+            ("rules", rules),
+            ("chains", chains),
+            ("elements", applied.refs.len()),
+        ] {
+            let labels = TableSize {
+                ip_family: ip_family.clone(),
+                kind: kind.to_owned(),
+            };
+            self.metrics
+                .table_size
+                .get_or_create(&labels)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn record_no_local_endpoints(&self) {
+        for family in &self.config.families {
+            let (mut internal, mut external) = (0i64, 0i64);
+            for ((f, _), (i, e)) in &self.no_local {
+                if f == family {
+                    internal += i64::from(*i);
+                    external += i64::from(*e);
+                }
+            }
+            let ip_family = family_label(*family).ip_family;
+            for (policy, value) in [("internal", internal), ("external", external)] {
+                let labels = PolicyFamily {
+                    traffic_policy: policy.to_owned(),
+                    ip_family: ip_family.clone(),
+                };
+                self.metrics
+                    .no_local_endpoints
+                    .get_or_create(&labels)
+                    .set(value);
+            }
+        }
+    }
+}
+
+/// A Service's health check node port and its count of distinct local ready endpoint IPs
+/// (upstream's `LocalReadyEndpoints`), when it has one.
+fn health_check(ports: &[ServicePort]) -> Option<(u16, usize)> {
+    let port = ports.iter().find_map(|p| p.health_check_node_port)?;
+    let ips: BTreeSet<_> = ports
+        .iter()
+        .flat_map(|p| {
+            p.endpoints
+                .iter()
+                .filter(|e| e.local && e.ready)
+                .map(|e| e.ip)
+        })
+        .collect();
+    Some((port, ips.len()))
+}
