@@ -161,19 +161,7 @@ mod tests {
 
     fn port(endpoints: &[(&str, bool)]) -> ServicePort {
         ServicePort {
-            service: ("ns".into(), "dns".into()),
-            port_name: "dns".into(),
-            protocol: Protocol::Udp,
-            port: 53,
-            cluster_ip: "10.96.0.10".parse().expect("ip"),
             node_port: Some(30053),
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            affinity_seconds: None,
-            internal_local: false,
-            external_local: false,
-            health_check_node_port: None,
             endpoints: endpoints
                 .iter()
                 .map(|(ip, serving)| Endpoint {
@@ -186,6 +174,13 @@ mod tests {
                     zone_hints: None,
                 })
                 .collect(),
+            ..ServicePort::new(
+                ("ns".into(), "dns".into()),
+                "dns",
+                Protocol::Udp,
+                53,
+                "10.96.0.10".parse().expect("ip"),
+            )
         }
     }
 

@@ -218,6 +218,21 @@ impl Metrics {
             "Rules, chains and set elements in the proxy's nftables tables",
             m.table_size.clone(),
         );
+        // Every family's series exists from the start, observed or not.
+        for family in [crate::state::Family::V4, crate::state::Family::V6] {
+            let label = family_label(family);
+            for histogram in [
+                &m.sync_duration,
+                &m.full_sync_duration,
+                &m.partial_sync_duration,
+                &m.programming,
+                &m.conntrack_duration,
+            ] {
+                let _ = histogram.get_or_create(&label);
+            }
+            let _ = m.sync_failures.get_or_create(&label);
+            let _ = m.cleanup_failures.get_or_create(&label);
+        }
         Metrics { registry, ..m }
     }
 

@@ -335,7 +335,7 @@ fn write_port(
     let categorized = categorize(port, node_zone);
     let cluster = sorted(categorized.cluster);
     let local = sorted(categorized.local);
-    let has_endpoints = !cluster.is_empty() || !local.is_empty();
+    let has_endpoints = categorized.has_any;
     let externally = port.has_external();
     let uses_cluster = !port.internal_local || externally;
     let uses_local = port.internal_local || (externally && port.external_local);
@@ -517,4 +517,292 @@ fn balance(r: &mut Rules, family: Family, port: &ServicePort, chain: &str, endpo
         jumps.join(" , ")
     ));
     r.chain(chain.to_owned(), rules);
+}
+
+#[cfg(test)]
+mod tests {
+    //! The expected lines are upstream's (`pkg/proxy/nftables/proxier_test.go`,
+    //! `TestOverallNFTablesRules`, 1.36), with the table renamed.
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::ruleset::{ElementRefs, Transaction};
+    use crate::state::Protocol;
+
+    fn ep(ip: &str, local: bool) -> Endpoint {
+        Endpoint {
+            ip: ip.parse().expect("ip"),
+            port: 80,
+            ready: true,
+            serving: true,
+            terminating: false,
+            local,
+            zone_hints: None,
+        }
+    }
+
+    fn port(ns: &str, name: &str, cluster_ip: &str, endpoints: Vec<Endpoint>) -> ServicePort {
+        ServicePort {
+            endpoints,
+            ..ServicePort::new(
+                (ns.into(), name.into()),
+                "p80",
+                Protocol::Tcp,
+                80,
+                cluster_ip.parse().expect("ip"),
+            )
+        }
+    }
+
+    /// The lines a Service adds to an empty table, without the table and flush lines.
+    fn lines(ports: &[ServicePort], cluster_cidrs: &[IpNet]) -> BTreeSet<String> {
+        let rules = service(Family::V4, ports, None, &Detector { cluster_cidrs });
+        let mut tx = Transaction::new("ip", "kube-proxy");
+        tx.partial(&Rules::default(), &rules, &mut ElementRefs::new());
+        tx.finish()
+            .lines()
+            .filter(|l| !l.starts_with("add table") && !l.starts_with("flush chain"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn expect(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn chain_names_hash_as_upstream() {
+        assert_eq!(
+            hash_and_truncate("ns1/svc1/tcp/p80"),
+            "ULMVA6XW-ns1/svc1/tcp/p80"
+        );
+        assert!(hash_and_truncate("testing/service/tcp/http").starts_with("P4ZYZVCF-"));
+        assert!(hash_and_truncate("ns1/svc1/tcp/p80__10.180.0.1/80").starts_with("5OJB2KTY-"));
+        let long = hash_and_truncate(&"x".repeat(300));
+        assert_eq!(long.len(), 240);
+        assert!(long.ends_with("..."));
+        assert_eq!(
+            hash_and_truncate("testing/service/tcp/http__fd80.abcd.12..a1b2.c3d4.e5f6.9999/80"),
+            "U7E2ET36-testing/service/tcp/http__fd80.abcd.12..a1b2.c3d4.e5f6.9999/80"
+        );
+        // Addresses are written as Go writes them (RFC 5952: one zero group stays), colons as dots.
+        let v6 = port("testing", "service", "fd00::1", Vec::new());
+        let v6 = ServicePort {
+            port_name: "http".into(),
+            ..v6
+        };
+        let endpoint = Endpoint {
+            ip: "fd80:abcd:12:0:a1b2:c3d4:e5f6:9999".parse().expect("ip"),
+            ..ep("1.1.1.1", false)
+        };
+        assert!(endpoint_base(&v6, &endpoint).ends_with("__fd80.abcd.12.0.a1b2.c3d4.e5f6.9999/80"));
+    }
+
+    #[test]
+    fn a_cluster_ip_service_with_a_local_endpoint() {
+        let svc1 = port("ns1", "svc1", "172.30.0.41", vec![ep("10.180.0.1", true)]);
+        assert_eq!(
+            lines(&[svc1], &[]),
+            expect(
+                "add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
+                 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.1 . 80 }
+                 add element ip kube-proxy cluster-ips { 172.30.0.41 }
+                 add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+                 add element ip kube-proxy hairpin-connections { 10.180.0.1 . 10.180.0.1 . tcp . 80 }"
+            )
+        );
+    }
+
+    #[test]
+    fn a_local_policy_load_balancer_whose_endpoint_is_elsewhere() {
+        let mut svc2 = port("ns2", "svc2", "172.30.0.42", vec![ep("10.180.0.2", false)]);
+        svc2.external_local = true;
+        svc2.node_port = Some(3001);
+        svc2.external_ips = vec!["192.168.99.22".parse().expect("ip")];
+        svc2.load_balancer_ips = vec!["1.2.3.4".parse().expect("ip")];
+        let cidr: IpNet = "10.0.0.0/8".parse().expect("cidr");
+        assert_eq!(
+            lines(&[svc2], &[cidr]),
+            expect(
+                r#"add chain ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80
+                add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.2 . 80 }
+                add chain ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80
+                add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"
+                add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"
+                add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"
+                add element ip kube-proxy cluster-ips { 172.30.0.42 }
+                add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 }
+                add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+                add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+                add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+                add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
+                add element ip kube-proxy no-endpoint-services { 1.2.3.4 . tcp . 80 comment "ns2/svc2:p80" : drop }
+                add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 comment "ns2/svc2:p80" : drop }"#
+            )
+        );
+    }
+
+    #[test]
+    fn a_node_port_service_masquerades_external_traffic() {
+        let mut svc3 = port("ns3", "svc3", "172.30.0.43", vec![ep("10.180.0.3", true)]);
+        svc3.node_port = Some(3003);
+        assert_eq!(
+            lines(&[svc3], &[]),
+            expect(
+                r#"add chain ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80
+                add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.180.0.3 . 80 }
+                add chain ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80
+                add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 mark set mark or 0x4000 comment "masquerade"
+                add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 goto service-4AT6LBPK-ns3/svc3/tcp/p80
+                add element ip kube-proxy cluster-ips { 172.30.0.43 }
+                add element ip kube-proxy service-ips { 172.30.0.43 . tcp . 80 : goto service-4AT6LBPK-ns3/svc3/tcp/p80 }
+                add element ip kube-proxy service-nodeports { tcp . 3003 : goto external-4AT6LBPK-ns3/svc3/tcp/p80 }
+                add element ip kube-proxy hairpin-connections { 10.180.0.3 . 10.180.0.3 . tcp . 80 }"#
+            )
+        );
+    }
+
+    #[test]
+    fn client_ip_affinity_and_source_ranges() {
+        let mut svc5 = port("ns5", "svc5", "172.30.0.45", vec![ep("10.180.0.3", true)]);
+        svc5.node_port = Some(3002);
+        svc5.load_balancer_ips = vec!["5.6.7.8".parse().expect("ip")];
+        svc5.source_ranges = vec!["203.0.113.0/25".parse().expect("cidr")];
+        svc5.affinity_seconds = Some(10800);
+        assert_eq!(
+            lines(&[svc5], &[]),
+            expect(
+                r#"add set ip kube-proxy affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }
+                add chain ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80
+                add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80
+                add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 }
+                add chain ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80
+                add rule ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80 mark set mark or 0x4000 comment "masquerade"
+                add rule ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80 goto service-HVFWP5L3-ns5/svc5/tcp/p80
+                add chain ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80
+                add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 update @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { ip saddr }
+                add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 meta l4proto tcp dnat to 10.180.0.3:80
+                add chain ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80
+                add rule ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr != { 203.0.113.0/25 } drop
+                add element ip kube-proxy cluster-ips { 172.30.0.45 }
+                add element ip kube-proxy service-ips { 172.30.0.45 . tcp . 80 : goto service-HVFWP5L3-ns5/svc5/tcp/p80 }
+                add element ip kube-proxy service-ips { 5.6.7.8 . tcp . 80 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+                add element ip kube-proxy service-nodeports { tcp . 3002 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+                add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-HVFWP5L3-ns5/svc5/tcp/p80 }
+                add element ip kube-proxy hairpin-connections { 10.180.0.3 . 10.180.0.3 . tcp . 80 }"#
+            )
+        );
+    }
+
+    #[test]
+    fn no_endpoints_rejects() {
+        let svc6 = port("ns6", "svc6", "172.30.0.46", Vec::new());
+        assert_eq!(
+            lines(&[svc6], &[]),
+            expect(
+                r#"add element ip kube-proxy cluster-ips { 172.30.0.46 }
+                add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment "ns6/svc6:p80" : goto reject-chain }"#
+            )
+        );
+    }
+
+    #[test]
+    fn endpoints_are_ordered_as_strings_and_terminating_ones_are_a_fallback() {
+        let mut svc = port(
+            "ns4",
+            "svc4",
+            "172.30.0.44",
+            vec![ep("10.180.0.5", false), ep("10.180.0.10", false)],
+        );
+        let text = lines(&[svc.clone()], &[])
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("numgen random mod 2 map { 0 : 10.180.0.10 . 80 , 1 : 10.180.0.5 . 80 }"),
+            "{text}"
+        );
+        svc.endpoints = vec![
+            Endpoint {
+                ready: false,
+                serving: true,
+                terminating: true,
+                ..ep("10.180.0.7", false)
+            },
+            Endpoint {
+                ready: false,
+                serving: false,
+                terminating: true,
+                ..ep("10.180.0.8", false)
+            },
+        ];
+        let text = lines(&[svc.clone()], &[])
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("numgen random mod 1 map { 0 : 10.180.0.7 . 80 }"),
+            "{text}"
+        );
+        svc.endpoints.push(ep("10.180.0.9", false));
+        let text = lines(&[svc], &[])
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("numgen random mod 1 map { 0 : 10.180.0.9 . 80 }"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn internal_local_without_local_endpoints_drops() {
+        let mut svc = port("ns7", "svc7", "172.30.0.47", vec![ep("10.180.0.2", false)]);
+        svc.internal_local = true;
+        let text = lines(&[svc], &[])
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains(
+                r#"no-endpoint-services { 172.30.0.47 . tcp . 80 comment "ns7/svc7:p80" : drop }"#
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("add chain"), "{text}");
+    }
+
+    #[test]
+    fn the_fixed_part_matches_upstream() {
+        let config = BaseConfig {
+            cluster_cidrs: vec!["10.0.0.0/8".parse().expect("cidr")],
+            masquerade_all: false,
+            nodeport_ips: vec!["192.168.0.2".parse().expect("ip")],
+        };
+        let rules = base(Family::V4, &config);
+        let mut tx = Transaction::new("ip", "kube-proxy");
+        tx.partial(&Rules::default(), &rules, &mut ElementRefs::new());
+        let text = tx.finish();
+        for line in [
+            r#"add rule ip kube-proxy services ip daddr @cluster-ips ip saddr != 10.0.0.0/8 mark set mark or 0x4000 comment "masquerade clusterIP traffic from outside cluster""#,
+            "add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips",
+            "add rule ip kube-proxy services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports",
+            "add rule ip kube-proxy masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random",
+            "add rule ip kube-proxy masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random",
+            "add rule ip kube-proxy nodeport-endpoints-check ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports",
+            "add chain ip kube-proxy filter-prerouting-pre-dnat { type filter hook prerouting priority -110 ; }",
+            "add chain ip kube-proxy nat-postrouting { type nat hook postrouting priority 100 ; }",
+            "add element ip kube-proxy nodeport-ips { 192.168.0.2 }",
+            r#"add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing: {line}\n{text}");
+        }
+        // Every chain is declared before any rule jumps to it.
+        let first_rule = text.find("add rule").expect("rules");
+        assert!(!text[first_rule..].contains("add chain"), "{text}");
+    }
 }

@@ -128,6 +128,32 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port with no node port, external addresses, affinity, Local policy or endpoints.
+    pub fn new(
+        service: ServiceName,
+        port_name: &str,
+        protocol: Protocol,
+        port: u16,
+        cluster_ip: IpAddr,
+    ) -> ServicePort {
+        ServicePort {
+            service,
+            port_name: port_name.to_owned(),
+            protocol,
+            port,
+            cluster_ip,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            endpoints: Vec::new(),
+        }
+    }
+
     /// upstream's `ServicePortName.String()`: `ns/name:port` (or `ns/name` for an unnamed port).
     pub fn display_name(&self) -> String {
         if self.port_name.is_empty() {
@@ -164,7 +190,9 @@ pub struct Categorized {
 /// still serving while terminating. Local traffic does the same among this node's endpoints.
 pub fn categorize(port: &ServicePort, node_zone: Option<&str>) -> Categorized {
     let endpoints = &port.endpoints;
-    let has_any = endpoints.iter().any(|e| e.ready || e.serving);
+    let has_any = endpoints
+        .iter()
+        .any(|e| e.ready || (e.serving && e.terminating));
     let mut out = Categorized {
         has_any,
         ..Categorized::default()
@@ -416,11 +444,6 @@ impl ClusterState {
             };
             let port_name = port.name.clone().unwrap_or_default();
             let mut sp = ServicePort {
-                service: name.clone(),
-                port_name: port_name.clone(),
-                protocol,
-                port: number,
-                cluster_ip,
                 node_port: port
                     .node_port
                     .and_then(|p| u16::try_from(p).ok())
@@ -443,7 +466,7 @@ impl ClusterState {
                     .health_check_node_port
                     .and_then(|p| u16::try_from(p).ok())
                     .filter(|p| *p > 0 && is_lb),
-                endpoints: Vec::new(),
+                ..ServicePort::new(name.clone(), &port_name, protocol, number, cluster_ip)
             };
             sp.endpoints = self.endpoints(name, family, &port_name, protocol, node_name);
             out.push(sp);
