@@ -77,27 +77,38 @@ impl Nft {
         Ok(())
     }
 
-    /// The chains and sets of `table` in `family`; empty when the table does not exist.
-    pub async fn list(&self, family: Family, table: &str) -> anyhow::Result<Existing> {
-        let out = Command::new(&self.program)
-            .args(["-j", "list", "table", family.nft(), table])
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .with_context(|| format!("running {}", self.program.display()))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            if err.contains("No such file or directory") {
-                return Ok(Existing::default());
+    /// The chains of `table` in `family`, and with `sets` its sets and maps; empty when the
+    /// table does not exist. (Listing sets makes the kernel walk every anonymous set's
+    /// elements: seconds for 10,000 Services, so it is done only when the rules are not
+    /// this process's own.)
+    pub async fn list(&self, family: Family, table: &str, sets: bool) -> anyhow::Result<Existing> {
+        let mut existing = Existing::default();
+        let kinds: &[&str] = if sets {
+            &["chains", "sets", "maps"]
+        } else {
+            &["chains"]
+        };
+        for kind in kinds {
+            let out = Command::new(&self.program)
+                .args(["-j", "list", kind, family.nft()])
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .with_context(|| format!("running {}", self.program.display()))?;
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                bail!(
+                    "nft list {kind} failed ({}): {}",
+                    out.status,
+                    first_lines(&err, 4)
+                );
             }
-            bail!(
-                "nft list table failed ({}): {}",
-                out.status,
-                first_lines(&err, 4)
-            );
+            let listed = parse_listing(&out.stdout, table)?;
+            existing.chains.extend(listed.chains);
+            existing.sets.extend(listed.sets);
         }
-        parse_listing(&out.stdout)
+        Ok(existing)
     }
 
     /// Deletes `table` in `family` if it exists (`capstan proxy --cleanup`).
@@ -120,8 +131,8 @@ fn first_lines(s: &str, n: usize) -> String {
     s.lines().take(n).collect::<Vec<_>>().join(" | ")
 }
 
-/// Reads chain and set names out of `nft -j list table`'s JSON.
-fn parse_listing(json: &[u8]) -> anyhow::Result<Existing> {
+/// Reads the names of `table`'s chains and sets out of `nft -j list …`'s JSON.
+fn parse_listing(json: &[u8], table: &str) -> anyhow::Result<Existing> {
     let value: serde_json::Value = serde_json::from_slice(json).context("nft -j output")?;
     let mut existing = Existing::default();
     for item in value
@@ -130,7 +141,11 @@ fn parse_listing(json: &[u8]) -> anyhow::Result<Existing> {
         .into_iter()
         .flatten()
     {
-        let name = |kind: &str| item.get(kind)?.get("name")?.as_str().map(str::to_owned);
+        let name = |kind: &str| {
+            let object = item.get(kind)?;
+            (object.get("table")?.as_str()? == table).then_some(())?;
+            object.get("name")?.as_str().map(str::to_owned)
+        };
         if let Some(chain) = name("chain") {
             existing.chains.insert(chain);
         } else if let Some(set) = name("set").or_else(|| name("map")) {
@@ -149,10 +164,12 @@ mod tests {
         let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
           {"table": {"family": "ip", "name": "capstan-proxy", "handle": 3}},
           {"chain": {"family": "ip", "table": "capstan-proxy", "name": "services", "handle": 1}},
+          {"chain": {"family": "ip", "table": "kube-proxy", "name": "services", "handle": 1}},
+          {"chain": {"family": "ip", "table": "other", "name": "input", "handle": 1}},
           {"set": {"family": "ip", "name": "cluster-ips", "table": "capstan-proxy", "type": "ipv4_addr", "handle": 2}},
           {"map": {"family": "ip", "name": "service-ips", "table": "capstan-proxy", "handle": 4}},
           {"rule": {"family": "ip", "table": "capstan-proxy", "chain": "services", "handle": 5, "expr": []}}]}"#;
-        let existing = parse_listing(json).expect("parses");
+        let existing = parse_listing(json, "capstan-proxy").expect("parses");
         assert_eq!(existing.chains, BTreeSet::from(["services".to_owned()]));
         assert_eq!(
             existing.sets,

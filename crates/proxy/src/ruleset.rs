@@ -246,6 +246,24 @@ impl<'a> Transaction<'a> {
         stale
     }
 
+    /// Declares an owner's sets and writes all its chains again.
+    pub fn rewrite(&mut self, rules: &Rules) {
+        for (name, body) in &rules.sets {
+            self.declare_set(name, body);
+        }
+        for (name, chain) in &rules.chains {
+            self.declare_chain(name, chain);
+        }
+        for (name, chain) in &rules.chains {
+            self.fill_chain(name, chain);
+        }
+    }
+
+    /// Empties a chain (to delete it later).
+    pub fn flush_chain(&mut self, name: &str) {
+        let _ = writeln!(self.out, "flush chain {} {name}", self.prefix);
+    }
+
     /// Deletes chains emptied by an earlier transaction.
     pub fn delete_chains<'n>(&mut self, names: impl IntoIterator<Item = &'n String>) {
         for name in names {

@@ -87,6 +87,8 @@ pub struct Syncer {
     last_failed: bool,
     last_full: Option<Instant>,
     first_full_done: bool,
+    /// Whether the kernel holds what `applied` says (false at start and after a failure).
+    trusted: bool,
     last_base: HashMap<Family, BaseConfig>,
     last_zone: Option<String>,
     /// UDP Service ports with their endpoints as of the last sync, for conntrack cleanup.
@@ -125,6 +127,7 @@ impl Syncer {
             last_failed: false,
             last_full: None,
             first_full_done: false,
+            trusted: false,
             last_base: HashMap::new(),
             last_zone: None,
             udp_ports: HashMap::new(),
@@ -275,8 +278,9 @@ impl Syncer {
         let mut script = String::new();
         let mut new_stale: Vec<(Family, Vec<String>)> = Vec::new();
         for (family, _, base, services) in &plan {
+            let complete = !self.trusted;
             let existing = if full {
-                match self.nft.list(*family, &self.config.table).await {
+                match self.nft.list(*family, &self.config.table, complete).await {
                     Ok(existing) => Some(existing),
                     Err(err) => {
                         tracing::warn!(%err, "listing the nftables table");
@@ -288,7 +292,7 @@ impl Syncer {
             };
             let applied = self.applied.entry(*family).or_default();
             let mut tx = Transaction::new(family.nft(), &self.config.table);
-            let stale = if full {
+            let stale = if full && complete {
                 let existing = existing.unwrap_or_default();
                 let owners: Vec<&Rules> = std::iter::once(base)
                     .chain(services.iter().map(|(_, _, r)| r))
@@ -311,10 +315,32 @@ impl Syncer {
                     !self.first_full_done,
                 )
             } else {
+                // A partial sync, or a full one over rules this process wrote itself and
+                // still trusts: what changed is written, the fixed part is written again, and
+                // whatever is missing from the kernel (someone deleted a chain) is rewritten.
                 let mut stale = Vec::new();
+                if full {
+                    tx.rewrite(base);
+                }
+                stale.extend(tx.partial(&applied.base, base, &mut applied.refs));
                 for (name, _, rules) in services {
                     let old = applied.services.get(name).cloned().unwrap_or_default();
                     stale.extend(tx.partial(&old, rules, &mut applied.refs));
+                }
+                if let Some(existing) = &existing {
+                    let mut wanted = BTreeSet::new();
+                    for (_, _, rules) in services {
+                        if rules.chains.keys().any(|c| !existing.chains.contains(c)) {
+                            tx.rewrite(rules);
+                        }
+                        wanted.extend(rules.chains.keys());
+                    }
+                    for chain in existing.chains.iter().filter(|c| c.contains('/')) {
+                        if !wanted.contains(chain) && !applied.stale.contains_key(chain) {
+                            tx.flush_chain(chain);
+                            stale.push(chain.clone());
+                        }
+                    }
                 }
                 stale
             };
@@ -348,6 +374,7 @@ impl Syncer {
                 }
             }
             self.last_failed = true;
+            self.trusted = false;
             let mut shared = lock(&self.shared);
             shared.need_full = true;
             shared.endpoints_changed.extend(changed_endpoints);
@@ -358,6 +385,7 @@ impl Syncer {
         if full {
             self.last_full = Some(start);
             self.first_full_done = true;
+            self.trusted = true;
         }
         let now = Instant::now();
         let mut checks: Vec<(ServiceName, Option<(u16, usize)>)> = Vec::new();
