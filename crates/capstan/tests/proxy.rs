@@ -49,13 +49,12 @@ impl Net {
     fn create(suffix: &str) -> Option<Net> {
         let prefix = format!("cp{}{suffix}", std::process::id());
         let node = format!("{prefix}-node");
-        if !Command::new("ip")
-            .args(["netns", "add", &node])
-            .status()
-            .is_ok_and(|s| s.success())
-        {
+        // Not root: skip. Root: everything below must work.
+        let uid = Command::new("id").arg("-u").output().expect("id runs");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
             return None;
         }
+        ip(&["netns", "add", &node]);
         let mut net = Net {
             prefix: prefix.clone(),
             children: Vec::new(),
@@ -375,7 +374,7 @@ fn services_carry_traffic_through_capstan_proxy() {
     let t0 = Instant::now();
     assert_eq!(net.get(&empty), Err(7), "connection refused");
     assert!(
-        t0.elapsed() < Duration::from_millis(900),
+        t0.elapsed() < Duration::from_millis(1500),
         "refused in {:?}",
         t0.elapsed()
     );

@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::Notify;
@@ -114,10 +115,11 @@ fn hostname() -> String {
 }
 
 /// The host's addresses (from `ip -j addr`), for `--nodeport-addresses` CIDRs.
-pub fn local_addresses() -> Vec<IpAddr> {
-    let Ok(out) = std::process::Command::new("ip")
+pub async fn local_addresses() -> Vec<IpAddr> {
+    let Ok(out) = tokio::process::Command::new("ip")
         .args(["-j", "addr", "show"])
         .output()
+        .await
     else {
         return Vec::new();
     };
@@ -213,6 +215,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         Vec::new()
     } else {
         local_addresses()
+            .await
             .into_iter()
             .filter(|ip| nodeport_cidrs.iter().any(|c| c.contains(ip)))
             .collect()
@@ -221,7 +224,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         table: TABLE.to_owned(),
         families: families.to_vec(),
         node_name: node_name.clone(),
-        cluster_cidrs: args.cluster_cidr.clone(),
+        cluster_cidrs: args.cluster_cidr.iter().map(IpNet::trunc).collect(),
         masquerade_all: args.masquerade_all,
         nodeport_cidrs,
         min_sync_period: args.min_sync_period,
@@ -285,7 +288,7 @@ impl Watches {
 
     async fn services(self, api: Api<Service>) {
         let config = watcher::Config::default().labels(SELECTOR);
-        let mut stream = watcher::watcher(api, config).boxed();
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut buffer = Vec::new();
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -323,7 +326,7 @@ impl Watches {
 
     async fn slices(self, api: Api<EndpointSlice>) {
         let config = watcher::Config::default().labels(&format!("{SELECTOR},{SERVICE_NAME_LABEL}"));
-        let mut stream = watcher::watcher(api, config).boxed();
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut buffer = Vec::new();
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -378,7 +381,7 @@ impl Watches {
 
     async fn node(self, api: Api<Node>, name: String) {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut stream = watcher::watcher(api, config).boxed();
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(event) => event,
@@ -392,10 +395,20 @@ impl Watches {
                 Event::Init | Event::InitDone => {}
                 Event::InitApply(node) | Event::Apply(node) => {
                     self.health.set_node_eligible(eligible(&node));
+                    let before = (
+                        shared.state.node_ips(),
+                        shared.state.node_zone().map(str::to_owned),
+                    );
                     shared.state.node = Some(node);
+                    let after = (
+                        shared.state.node_ips(),
+                        shared.state.node_zone().map(str::to_owned),
+                    );
+                    shared.need_full |= before != after;
                 }
                 Event::Delete(_) => {
                     self.health.set_node_eligible(false);
+                    shared.need_full |= shared.state.node.is_some();
                     shared.state.node = None;
                 }
             }

@@ -21,8 +21,10 @@ pub struct BaseConfig {
     pub cluster_cidrs: Vec<IpNet>,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
-    /// The addresses node ports answer on; empty means every local address.
+    /// The addresses node ports answer on.
     pub nodeport_ips: Vec<IpAddr>,
+    /// Node ports answer on every local address instead.
+    pub nodeport_match_all: bool,
 }
 
 impl Family {
@@ -102,7 +104,7 @@ pub fn base(family: Family, config: &BaseConfig) -> Rules {
             "type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ;".to_owned(),
         ),
     ];
-    let match_all = config.nodeport_ips.is_empty();
+    let match_all = config.nodeport_match_all;
     for (name, body) in sets {
         if name == "nodeport-ips" && match_all {
             continue;
@@ -782,6 +784,7 @@ mod tests {
             cluster_cidrs: vec!["10.0.0.0/8".parse().expect("cidr")],
             masquerade_all: false,
             nodeport_ips: vec!["192.168.0.2".parse().expect("ip")],
+            nodeport_match_all: false,
         };
         let rules = base(Family::V4, &config);
         let mut tx = Transaction::new("ip", "kube-proxy");

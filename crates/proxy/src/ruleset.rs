@@ -5,9 +5,64 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-/// How many owners hold each (set, element): two Services can need the same element (a
-/// hairpin entry for an endpoint they share), and it goes only when the last one lets go.
-pub type ElementRefs = HashMap<(String, String), u32>;
+/// Each (set, key) in the table: the element written for it and how many owners want that
+/// element. Two Services can need the same element (a hairpin entry for an endpoint they
+/// share), and it goes only when the last one lets go; two that want different values for one
+/// key (an external IP and port both claim) get the last writer's, as upstream.
+pub type ElementRefs = HashMap<(String, String), (String, u32)>;
+
+/// An element's key: what comes before its comment or its value.
+fn element_key(element: &str) -> &str {
+    let end = [element.find(" comment "), element.find(" : ")]
+        .into_iter()
+        .flatten()
+        .min();
+    &element[..end.unwrap_or(element.len())]
+}
+
+impl Transaction<'_> {
+    /// Wants `element` in `set` once more; writes it when it is new or replaces another value.
+    fn want(&mut self, refs: &mut ElementRefs, set: &str, element: &str) {
+        let slot = refs
+            .entry((set.to_owned(), element_key(element).to_owned()))
+            .or_insert_with(|| (String::new(), 0));
+        let p = &self.prefix;
+        if slot.1 > 0 && slot.0 == element {
+            slot.1 += 1;
+            return;
+        }
+        if slot.1 > 0 {
+            let _ = writeln!(
+                self.out,
+                "delete element {p} {set} {{ {} }}",
+                element_key(&slot.0)
+            );
+        }
+        *slot = (element.to_owned(), 1);
+        let _ = writeln!(self.out, "add element {p} {set} {{ {element} }}");
+    }
+
+    /// Wants `element` in `set` once less; deletes it when nobody wants it any more.
+    fn unwant(&mut self, refs: &mut ElementRefs, set: &str, element: &str) {
+        let key = (set.to_owned(), element_key(element).to_owned());
+        let Some(slot) = refs.get_mut(&key) else {
+            return;
+        };
+        if slot.0 != element {
+            // Replaced by another owner's value: that one stays.
+            return;
+        }
+        slot.1 -= 1;
+        if slot.1 == 0 {
+            refs.remove(&key);
+            let _ = writeln!(
+                self.out,
+                "delete element {} {set} {{ {} }}",
+                self.prefix, key.1
+            );
+        }
+    }
+}
 
 /// A chain and its rules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -147,17 +202,8 @@ impl<'a> Transaction<'a> {
         }
         refs.clear();
         for rules in owners {
-            for pair in &rules.elements {
-                let count = refs.entry(pair.clone()).or_insert(0);
-                *count += 1;
-                if *count == 1 {
-                    let (set, element) = pair;
-                    let _ = writeln!(
-                        self.out,
-                        "add element {} {set} {{ {element} }}",
-                        self.prefix
-                    );
-                }
+            for (set, element) in &rules.elements {
+                self.want(refs, set, element);
             }
         }
         let mut stale = Vec::new();
@@ -203,37 +249,11 @@ impl<'a> Transaction<'a> {
         for (name, chain) in changed {
             self.fill_chain(name, chain);
         }
-        for pair in old.elements.difference(&new.elements) {
-            let gone = match refs.get_mut(pair) {
-                Some(count) if *count > 1 => {
-                    *count -= 1;
-                    false
-                }
-                _ => {
-                    refs.remove(pair);
-                    true
-                }
-            };
-            if gone {
-                let (set, element) = pair;
-                let _ = writeln!(
-                    self.out,
-                    "delete element {} {set} {{ {element} }}",
-                    self.prefix
-                );
-            }
+        for (set, element) in old.elements.difference(&new.elements) {
+            self.unwant(refs, set, element);
         }
-        for pair in new.elements.difference(&old.elements) {
-            let count = refs.entry(pair.clone()).or_insert(0);
-            *count += 1;
-            if *count == 1 {
-                let (set, element) = pair;
-                let _ = writeln!(
-                    self.out,
-                    "add element {} {set} {{ {element} }}",
-                    self.prefix
-                );
-            }
+        for (set, element) in new.elements.difference(&old.elements) {
+            self.want(refs, set, element);
         }
         let mut stale = Vec::new();
         for name in old.chains.keys().filter(|n| !new.chains.contains_key(*n)) {

@@ -197,7 +197,7 @@ pub fn categorize(port: &ServicePort, node_zone: Option<&str>) -> Categorized {
         has_any,
         ..Categorized::default()
     };
-    let need_cluster = !port.internal_local || (port.has_external() && !port.external_local);
+    let need_cluster = !port.internal_local || port.has_external();
     let need_local = port.internal_local || (port.has_external() && port.external_local);
     if need_cluster {
         let use_zone = node_zone.filter(|zone| can_use_zones(endpoints, zone));
@@ -418,6 +418,8 @@ impl ClusterState {
                 .iter()
                 .filter_map(|s| s.load_balancer.as_ref()?.ingress.as_ref())
                 .flatten()
+                // `ipMode: Proxy` ingress is the load balancer's own business.
+                .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
                 .filter_map(|i| i.ip.as_ref()),
         );
         let source_ranges = spec
@@ -425,6 +427,7 @@ impl ClusterState {
             .iter()
             .flatten()
             .filter_map(|r| r.trim().parse::<IpNet>().ok())
+            .map(|net| net.trunc())
             .filter(|net| Family::of(&net.addr()) == family)
             .collect::<Vec<_>>();
         let affinity_seconds = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
@@ -496,9 +499,13 @@ impl ClusterState {
                 continue;
             }
             let Some(number) = slice.ports.iter().flatten().find_map(|p| {
-                let same_name = p.name.as_deref().unwrap_or("") == port_name;
+                // upstream skips ports without a name or number
+                let same_name = p.name.as_deref() == Some(port_name);
                 let same_protocol = Protocol::parse(p.protocol.as_deref()) == Some(protocol);
-                (same_name && same_protocol).then_some(p.port).flatten()
+                (same_name && same_protocol)
+                    .then_some(p.port)
+                    .flatten()
+                    .filter(|n| *n != 0)
             }) else {
                 continue;
             };
@@ -509,17 +516,22 @@ impl ClusterState {
                 let Some(ip) = e.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
                     continue;
                 };
-                if out.iter().any(|o| o.ip == ip && o.port == number) {
-                    continue;
-                }
                 let conditions = e.conditions.as_ref();
                 let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+                let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+                // The same address in two slices: the copy that is not terminating wins.
+                if let Some(i) = out.iter().position(|o| o.ip == ip && o.port == number) {
+                    if terminating || !out[i].terminating {
+                        continue;
+                    }
+                    out.remove(i);
+                }
                 out.push(Endpoint {
                     ip,
                     port: number,
                     ready,
-                    serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
-                    terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+                    serving: conditions.and_then(|c| c.serving).unwrap_or(true),
+                    terminating,
                     local: e.node_name.as_deref() == Some(node_name),
                     zone_hints: e
                         .hints

@@ -4,6 +4,7 @@
 //! sync is retried after `--sync-period`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -92,9 +93,11 @@ pub struct Syncer {
     last_base: HashMap<Family, BaseConfig>,
     last_zone: Option<String>,
     /// UDP Service ports with their endpoints as of the last sync, for conntrack cleanup.
-    udp_ports: HashMap<ServiceName, Vec<ServicePort>>,
+    udp_ports: HashMap<(Family, ServiceName), Vec<ServicePort>>,
     /// Services with a Local policy and endpoints only elsewhere: (internal, external).
     no_local: HashMap<(Family, ServiceName), (bool, bool)>,
+    /// The host's addresses, for `--nodeport-addresses` CIDRs.
+    local_addresses: Vec<IpAddr>,
 }
 
 /// Locks the shared state, whatever a panicking holder left.
@@ -132,6 +135,7 @@ impl Syncer {
             last_zone: None,
             udp_ports: HashMap::new(),
             no_local: HashMap::new(),
+            local_addresses: Vec::new(),
         }
     }
 
@@ -195,29 +199,37 @@ impl Syncer {
                 .copied()
                 .collect()
         };
-        let nodeport_ips = if self.config.nodeport_cidrs.is_empty() {
-            // "primary": the node's own addresses of this family.
-            state
+        // As upstream: a family with no address to take (no CIDR of it given, no node address
+        // of it for "primary") or a zero CIDR takes every local address.
+        let (nodeport_ips, match_all) = if self.config.nodeport_cidrs.is_empty() {
+            // "primary": the node's own address of this family.
+            let ips: Vec<IpAddr> = state
                 .node_ips()
                 .into_iter()
                 .filter(|ip| Family::of(ip) == family && !ip.is_loopback())
                 .take(1)
-                .collect()
+                .collect();
+            let all = ips.is_empty();
+            (ips, all)
         } else {
             let cidrs = of_family(&self.config.nodeport_cidrs);
-            if cidrs.iter().any(|c| c.prefix_len() == 0) {
-                Vec::new()
+            if cidrs.is_empty() || cidrs.iter().any(|c| c.prefix_len() == 0) {
+                (Vec::new(), true)
             } else {
-                crate::local_addresses()
-                    .into_iter()
-                    .filter(|ip| cidrs.iter().any(|c| c.contains(ip)) && !ip.is_loopback())
-                    .collect()
+                let ips = self
+                    .local_addresses
+                    .iter()
+                    .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)) && !ip.is_loopback())
+                    .copied()
+                    .collect();
+                (ips, false)
             }
         };
         BaseConfig {
             cluster_cidrs: of_family(&self.config.cluster_cidrs),
             masquerade_all: self.config.masquerade_all,
             nodeport_ips,
+            nodeport_match_all: match_all,
         }
     }
 
@@ -226,6 +238,9 @@ impl Syncer {
         let start = Instant::now();
         self.last_attempt = Some(start);
         self.delete_stale_chains().await;
+        if !self.config.nodeport_cidrs.is_empty() {
+            self.local_addresses = crate::local_addresses().await;
+        }
         let (full, plan, changed_endpoints, trigger_times, queued) = {
             let mut shared = lock(&self.shared);
             let zone = shared.state.node_zone().map(str::to_owned);
@@ -245,7 +260,13 @@ impl Syncer {
                 bases.insert(family, base);
             }
             let names: BTreeSet<ServiceName> = if full {
-                shared.state.service_names()
+                // Every Service known, and every one with rules, so that one deleted during a
+                // relist loses its rules too.
+                let mut names = shared.state.service_names();
+                for applied in self.applied.values() {
+                    names.extend(applied.services.keys().cloned());
+                }
+                names
             } else {
                 std::mem::take(&mut shared.dirty)
             };
@@ -278,10 +299,34 @@ impl Syncer {
         let mut script = String::new();
         let mut new_stale: Vec<(Family, Vec<String>)> = Vec::new();
         for (family, _, base, services) in &plan {
-            let complete = !self.trusted;
+            let mut complete = !self.trusted;
             let existing = if full {
                 match self.nft.list(*family, &self.config.table, complete).await {
-                    Ok(existing) => Some(existing),
+                    Ok(existing) => {
+                        // Rules this process wrote are trusted only while every chain it
+                        // wrote is still there (`nft flush ruleset` empties everything).
+                        let applied = self.applied.get(family);
+                        let lost = applied.is_some_and(|a| {
+                            a.base
+                                .chains
+                                .keys()
+                                .chain(a.services.values().flat_map(|r| r.chains.keys()))
+                                .any(|c| !existing.chains.contains(c))
+                        });
+                        if lost && !complete {
+                            tracing::warn!(
+                                family = family.nft(),
+                                "rules were changed behind the proxy; rewriting them all"
+                            );
+                            complete = true;
+                            match self.nft.list(*family, &self.config.table, true).await {
+                                Ok(all) => Some(all),
+                                Err(_) => Some(existing),
+                            }
+                        } else {
+                            Some(existing)
+                        }
+                    }
                     Err(err) => {
                         tracing::warn!(%err, "listing the nftables table");
                         None
@@ -389,7 +434,7 @@ impl Syncer {
         }
         let now = Instant::now();
         let mut checks: Vec<(ServiceName, Option<(u16, usize)>)> = Vec::new();
-        let mut udp_before = Vec::new();
+        let mut udp_changed: HashMap<Family, ()> = HashMap::new();
         for (family, base_config, base, services) in plan {
             let applied = self.applied.entry(family).or_default();
             if full {
@@ -406,8 +451,10 @@ impl Syncer {
                 } else {
                     applied.services.insert(name.clone(), rules);
                 }
-                if family == self.config.families[0] {
-                    checks.push((name.clone(), health_check(&ports)));
+                let check = health_check(&ports);
+                match checks.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, existing)) => *existing = existing.or(check),
+                    None => checks.push((name.clone(), check)),
                 }
                 let zone = self.last_zone.as_deref();
                 let mut no_local = (false, false);
@@ -423,15 +470,17 @@ impl Syncer {
                 } else {
                     self.no_local.insert((family, name.clone()), no_local);
                 }
-                if changed_endpoints.contains(&name) || full {
-                    let old = self.udp_ports.remove(&name).unwrap_or_default();
+                if changed_endpoints.contains(&name) {
                     let udp: Vec<ServicePort> = ports
                         .into_iter()
                         .filter(|p| p.protocol == Protocol::Udp)
                         .collect();
-                    udp_before.push((family, old.clone(), udp.clone()));
+                    let had = self.udp_ports.remove(&(family, name.clone())).is_some();
+                    if had || !udp.is_empty() {
+                        udp_changed.entry(family).or_default();
+                    }
                     if !udp.is_empty() {
-                        self.udp_ports.insert(name, udp);
+                        self.udp_ports.insert((family, name), udp);
                     }
                 }
             }
@@ -464,12 +513,16 @@ impl Syncer {
             }
         }
         self.checks.sync(checks, full).await;
-        for (family, old, new) in udp_before {
-            if old.is_empty() && new.is_empty() {
-                continue;
-            }
+        // One look at the flow table per family whose UDP endpoints changed.
+        for family in udp_changed.into_keys() {
+            let ports: Vec<ServicePort> = self
+                .udp_ports
+                .iter()
+                .filter(|((f, _), _)| *f == family)
+                .flat_map(|(_, p)| p.iter().cloned())
+                .collect();
             let started = Instant::now();
-            let deleted = conntrack::clean_udp(family, &new).await;
+            let deleted = conntrack::clean_udp(family, &ports).await;
             let label = family_label(family);
             self.metrics
                 .conntrack_duration

@@ -1,0 +1,362 @@
+//! The answer to one question, by the Kubernetes DNS-Based Service Discovery specification
+//! (1.1.0), with CoreDNS's `kubernetes` plugin where the specification leaves room.
+
+use std::net::IpAddr;
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+use crate::index::{Entry, Index, Kind, NamedPort};
+
+/// The specification's version, answered at `dns-version.<zone>`.
+pub const SCHEMA_VERSION: &str = "1.1.0";
+
+/// The zone's settings.
+#[derive(Clone, Debug)]
+pub struct Zone {
+    /// The cluster domain, lower-case, without the trailing dot (`cluster.local`).
+    pub domain: String,
+    /// The records' TTL (and the SOA's minimum, for negative answers).
+    pub ttl: u32,
+}
+
+/// What the zone answers, or that the name is not the zone's.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// An authoritative answer: NOERROR with records, NODATA, or NXDOMAIN.
+    Answer {
+        /// NoError or NXDomain.
+        code: ResponseCode,
+        /// The answer section.
+        answers: Vec<Record>,
+        /// The additional section (SRV targets' addresses).
+        additionals: Vec<Record>,
+    },
+    /// Not this zone's: forward it, or refuse.
+    Elsewhere,
+}
+
+fn name(text: &str) -> Option<Name> {
+    Name::from_ascii(format!("{text}.")).ok()
+}
+
+impl Zone {
+    /// The zone's SOA record, for the authority section of negative answers.
+    pub fn soa(&self) -> Option<Record> {
+        let zone = name(&self.domain)?;
+        let mname = name(&format!("ns.dns.{}", self.domain))?;
+        let rname = name(&format!("hostmaster.{}", self.domain))?;
+        let serial = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs() % u64::from(u32::MAX)) as u32)
+            .unwrap_or(1);
+        let soa = SOA::new(mname, rname, serial, 7200, 1800, 86400, self.ttl);
+        Some(Record::from_rdata(zone, self.ttl, RData::SOA(soa)))
+    }
+
+    fn record(&self, owner: &str, data: RData) -> Option<Record> {
+        Some(Record::from_rdata(name(owner)?, self.ttl, data))
+    }
+
+    fn address(&self, owner: &str, ip: IpAddr) -> Option<Record> {
+        match ip {
+            IpAddr::V4(v4) => self.record(owner, RData::A(A(v4))),
+            IpAddr::V6(v6) => self.record(owner, RData::AAAA(AAAA(v6))),
+        }
+    }
+
+    /// Answers `qname` (lower-case, no trailing dot) of type `qtype`.
+    pub fn answer(&self, index: &Index, qname: &str, qtype: RecordType) -> Outcome {
+        if let Some(ip) = reverse_ip(qname) {
+            return self.answer_reverse(index, qname, &ip, qtype);
+        }
+        let Some(rest) = strip_zone(qname, &self.domain) else {
+            return Outcome::Elsewhere;
+        };
+        let labels: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('.').collect()
+        };
+        let mut out = Answers::default();
+        let exists = match labels.as_slice() {
+            [] => {
+                match qtype {
+                    RecordType::SOA => out.push(self.soa()),
+                    RecordType::NS => {
+                        let ns = name(&format!("ns.dns.{}", self.domain));
+                        if let Some(ns) = ns {
+                            out.push(self.record(&self.domain, RData::NS(NS(ns))));
+                        }
+                    }
+                    _ => {}
+                }
+                true
+            }
+            ["dns-version"] => {
+                if qtype == RecordType::TXT {
+                    out.push(
+                        self.record(qname, RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()]))),
+                    );
+                }
+                true
+            }
+            ["svc"] | ["pod"] => true,
+            [namespace, "svc"] => index.has_namespace(namespace),
+            [service, namespace, "svc"] => match index.entry(namespace, service) {
+                Some(entry) => {
+                    self.service(&mut out, qname, entry, qtype);
+                    true
+                }
+                None => false,
+            },
+            [port, proto, service, namespace, "svc"]
+                if port.starts_with('_') && proto.starts_with('_') =>
+            {
+                match index.entry(namespace, service) {
+                    Some(entry) => self.srv(
+                        &mut out,
+                        entry,
+                        (&port[1..], &proto[1..]),
+                        (service, namespace),
+                        qtype,
+                    ),
+                    None => false,
+                }
+            }
+            [label, service, namespace, "svc"] => match index.entry(namespace, service) {
+                Some(Entry {
+                    kind: Kind::Headless(endpoints),
+                    ..
+                }) => {
+                    let found: Vec<_> = endpoints.iter().filter(|e| e.label == *label).collect();
+                    for e in &found {
+                        if wants(qtype, e.ip) {
+                            out.push(self.address(qname, e.ip));
+                        }
+                    }
+                    !found.is_empty()
+                }
+                _ => false,
+            },
+            [pod, _namespace, "pod"] => match pod_ip(pod) {
+                Some(ip) => {
+                    if wants(qtype, ip) {
+                        out.push(self.address(qname, ip));
+                    }
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        };
+        out.finish(exists)
+    }
+
+    fn service(&self, out: &mut Answers, qname: &str, entry: &Entry, qtype: RecordType) {
+        match &entry.kind {
+            Kind::ExternalName(target) => {
+                // The name is an alias, whatever the type asked.
+                if let Some(target) = name(target.trim_end_matches('.')) {
+                    out.push(self.record(qname, RData::CNAME(CNAME(target))));
+                }
+            }
+            Kind::ClusterIp(ips) => {
+                for ip in ips.iter().filter(|ip| wants(qtype, **ip)) {
+                    out.push(self.address(qname, *ip));
+                }
+                if qtype == RecordType::SRV {
+                    let n = entry.ports.len();
+                    for p in &entry.ports {
+                        out.push(self.record(
+                            qname,
+                            RData::SRV(SRV::new(0, weight(n), p.port, target(qname))),
+                        ));
+                    }
+                }
+            }
+            Kind::Headless(endpoints) => {
+                for e in endpoints.iter().filter(|e| wants(qtype, e.ip)) {
+                    out.push(self.address(qname, e.ip));
+                }
+                if qtype == RecordType::SRV {
+                    let n: usize = endpoints.iter().map(|e| e.ports.len()).sum();
+                    for e in endpoints {
+                        let host = format!("{}.{qname}", e.label);
+                        for p in &e.ports {
+                            out.push(self.record(
+                                qname,
+                                RData::SRV(SRV::new(0, weight(n), p.port, target(&host))),
+                            ));
+                        }
+                        out.additional(self.address(&host, e.ip));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `_<port>._<proto>.<service>.<ns>.svc.<zone>`: whether the name exists.
+    fn srv(
+        &self,
+        out: &mut Answers,
+        entry: &Entry,
+        (port, proto): (&str, &str),
+        (service, namespace): (&str, &str),
+        qtype: RecordType,
+    ) -> bool {
+        let owner = format!("_{port}._{proto}.{service}.{namespace}.svc.{}", self.domain);
+        let base = format!("{service}.{namespace}.svc.{}", self.domain);
+        let matches = |p: &NamedPort| !p.name.is_empty() && p.name == port && p.protocol == proto;
+        match &entry.kind {
+            Kind::ExternalName(_) => false,
+            Kind::ClusterIp(_) => {
+                let found: Vec<&NamedPort> = entry.ports.iter().filter(|p| matches(p)).collect();
+                if qtype == RecordType::SRV {
+                    for p in &found {
+                        out.push(self.record(
+                            &owner,
+                            RData::SRV(SRV::new(0, weight(found.len()), p.port, target(&base))),
+                        ));
+                    }
+                }
+                !found.is_empty()
+            }
+            Kind::Headless(endpoints) => {
+                let found: Vec<(&crate::index::HeadlessEndpoint, u16)> = endpoints
+                    .iter()
+                    .flat_map(|e| {
+                        e.ports
+                            .iter()
+                            .filter(|p| matches(p))
+                            .map(move |p| (e, p.port))
+                    })
+                    .collect();
+                if qtype == RecordType::SRV {
+                    for (e, number) in &found {
+                        let host = format!("{}.{base}", e.label);
+                        out.push(self.record(
+                            &owner,
+                            RData::SRV(SRV::new(0, weight(found.len()), *number, target(&host))),
+                        ));
+                        out.additional(self.address(&host, e.ip));
+                    }
+                }
+                !found.is_empty()
+            }
+        }
+    }
+
+    fn answer_reverse(
+        &self,
+        index: &Index,
+        qname: &str,
+        ip: &IpAddr,
+        qtype: RecordType,
+    ) -> Outcome {
+        let Some(names) = index.reverse(ip) else {
+            return Outcome::Elsewhere;
+        };
+        let mut out = Answers::default();
+        if qtype == RecordType::PTR {
+            for (label, (namespace, service)) in names {
+                let base = format!("{service}.{namespace}.svc.{}", self.domain);
+                let host = if label.is_empty() {
+                    base
+                } else {
+                    format!("{label}.{base}")
+                };
+                if let Some(host) = name(&host) {
+                    out.push(self.record(qname, RData::PTR(PTR(host))));
+                }
+            }
+        }
+        out.finish(true)
+    }
+}
+
+/// Answers being gathered.
+#[derive(Default)]
+struct Answers {
+    answers: Vec<Record>,
+    additionals: Vec<Record>,
+}
+
+impl Answers {
+    fn push(&mut self, record: Option<Record>) {
+        self.answers.extend(record);
+    }
+
+    fn additional(&mut self, record: Option<Record>) {
+        self.additionals.extend(record);
+    }
+
+    fn finish(self, exists: bool) -> Outcome {
+        let code = if exists || !self.answers.is_empty() {
+            ResponseCode::NoError
+        } else {
+            ResponseCode::NXDomain
+        };
+        Outcome::Answer {
+            code,
+            answers: self.answers,
+            additionals: self.additionals,
+        }
+    }
+}
+
+/// Whether an address answers a question of this type.
+fn wants(qtype: RecordType, ip: IpAddr) -> bool {
+    matches!(
+        (qtype, ip),
+        (RecordType::A | RecordType::ANY, IpAddr::V4(_))
+            | (RecordType::AAAA | RecordType::ANY, IpAddr::V6(_))
+    )
+}
+
+/// CoreDNS's SRV weight: 100 shared among the records of one answer.
+fn weight(records: usize) -> u16 {
+    let share = 100usize.checked_div(records).unwrap_or(100).max(1);
+    u16::try_from(share).unwrap_or(100)
+}
+
+fn target(host: &str) -> Name {
+    name(host).unwrap_or_else(Name::root)
+}
+
+/// The labels of `qname` before `.<zone>`, or `""` for the zone itself.
+fn strip_zone<'a>(qname: &'a str, zone: &str) -> Option<&'a str> {
+    if qname == zone {
+        return Some("");
+    }
+    qname.strip_suffix(zone)?.strip_suffix('.')
+}
+
+/// `a-b-c-d` (or an IPv6 address with dashes) as an address.
+fn pod_ip(label: &str) -> Option<IpAddr> {
+    if label.contains('-') && label.matches('-').count() == 3 && !label.contains(':') {
+        return label.replace('-', ".").parse().ok();
+    }
+    label.replace('-', ":").parse().ok()
+}
+
+/// The address a reverse name (`4.3.2.1.in-addr.arpa`, nibbles `.ip6.arpa`) stands for.
+fn reverse_ip(qname: &str) -> Option<IpAddr> {
+    if let Some(rest) = qname.strip_suffix(".in-addr.arpa") {
+        let mut octets: Vec<&str> = rest.split('.').collect();
+        if octets.len() != 4 {
+            return None;
+        }
+        octets.reverse();
+        return octets.join(".").parse().ok();
+    }
+    let rest = qname.strip_suffix(".ip6.arpa")?;
+    let nibbles: Vec<&str> = rest.split('.').collect();
+    if nibbles.len() != 32 || nibbles.iter().any(|n| n.len() != 1) {
+        return None;
+    }
+    let hex: String = nibbles.iter().rev().copied().collect();
+    let groups: Vec<&str> = (0..8).map(|i| &hex[i * 4..i * 4 + 4]).collect();
+    groups.join(":").parse().ok()
+}

@@ -1,0 +1,356 @@
+//! Services and EndpointSlices as DNS data: what each Service name answers, kept current by
+//! the watches, and the reverse (PTR) index.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// A Service, by namespace and name.
+pub type ServiceKey = (String, String);
+
+/// One port, as SRV records name it: `_<name>._<protocol>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPort {
+    /// The port's name (lower-case); unnamed ports have no SRV record.
+    pub name: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// The port number.
+    pub port: u16,
+}
+
+/// One endpoint a headless Service's name answers with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadlessEndpoint {
+    /// The address.
+    pub ip: IpAddr,
+    /// The endpoint's `hostname`, if it has one.
+    pub hostname: Option<String>,
+    /// The label its own name has: the hostname, or the address with dashes.
+    pub label: String,
+    /// The ports its slice lists.
+    pub ports: Vec<NamedPort>,
+}
+
+/// What a Service's name stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A cluster IP per family.
+    ClusterIp(Vec<IpAddr>),
+    /// No cluster IP: the endpoints themselves.
+    Headless(Vec<HeadlessEndpoint>),
+    /// A CNAME to `spec.externalName`.
+    ExternalName(String),
+}
+
+/// A Service as DNS sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// What its name answers.
+    pub kind: Kind,
+    /// Its ports (for a ClusterIP Service's SRV records).
+    pub ports: Vec<NamedPort>,
+}
+
+/// Every Service and slice, with the answers derived from them.
+#[derive(Default)]
+pub struct Index {
+    services: HashMap<ServiceKey, Service>,
+    slices: HashMap<ServiceKey, EndpointSlice>,
+    by_service: HashMap<ServiceKey, BTreeSet<String>>,
+    entries: HashMap<ServiceKey, Entry>,
+    namespaces: BTreeMap<String, usize>,
+    reverse: HashMap<IpAddr, BTreeSet<(String, ServiceKey)>>,
+}
+
+fn key(namespace: Option<&String>, name: Option<&String>) -> ServiceKey {
+    (
+        namespace.cloned().unwrap_or_default(),
+        name.cloned().unwrap_or_default(),
+    )
+}
+
+fn owner(slice: &EndpointSlice) -> Option<ServiceKey> {
+    let service = slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get("kubernetes.io/service-name")?;
+    Some((
+        slice.metadata.namespace.clone().unwrap_or_default(),
+        service.clone(),
+    ))
+}
+
+fn protocol(p: Option<&str>) -> String {
+    p.unwrap_or("TCP").to_ascii_lowercase()
+}
+
+impl Index {
+    /// Stores a Service.
+    pub fn put_service(&mut self, service: Service) {
+        let k = key(
+            service.metadata.namespace.as_ref(),
+            service.metadata.name.as_ref(),
+        );
+        if self.services.insert(k.clone(), service).is_none() {
+            *self.namespaces.entry(k.0.clone()).or_default() += 1;
+        }
+        self.rebuild(&k);
+    }
+
+    /// Forgets a Service.
+    pub fn remove_service(&mut self, service: &Service) {
+        let k = key(
+            service.metadata.namespace.as_ref(),
+            service.metadata.name.as_ref(),
+        );
+        if self.services.remove(&k).is_some()
+            && let Some(count) = self.namespaces.get_mut(&k.0)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.namespaces.remove(&k.0);
+            }
+        }
+        self.rebuild(&k);
+    }
+
+    /// Stores a slice.
+    pub fn put_slice(&mut self, slice: EndpointSlice) {
+        self.remove_slice(&slice);
+        let k = key(
+            slice.metadata.namespace.as_ref(),
+            slice.metadata.name.as_ref(),
+        );
+        let service = owner(&slice);
+        self.slices.insert(k.clone(), slice);
+        if let Some(service) = service {
+            self.by_service
+                .entry(service.clone())
+                .or_default()
+                .insert(k.1);
+            self.rebuild(&service);
+        }
+    }
+
+    /// Forgets a slice.
+    pub fn remove_slice(&mut self, slice: &EndpointSlice) {
+        let k = key(
+            slice.metadata.namespace.as_ref(),
+            slice.metadata.name.as_ref(),
+        );
+        let Some(old) = self.slices.remove(&k) else {
+            return;
+        };
+        if let Some(service) = owner(&old) {
+            if let Some(names) = self.by_service.get_mut(&service) {
+                names.remove(&k.1);
+                if names.is_empty() {
+                    self.by_service.remove(&service);
+                }
+            }
+            self.rebuild(&service);
+        }
+    }
+
+    /// Replaces every Service (after a relist).
+    pub fn replace_services(&mut self, services: Vec<Service>) {
+        let old: Vec<ServiceKey> = self.services.keys().cloned().collect();
+        self.services.clear();
+        self.namespaces.clear();
+        for k in old {
+            self.rebuild(&k);
+        }
+        for service in services {
+            self.put_service(service);
+        }
+    }
+
+    /// Replaces every slice (after a relist).
+    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
+        let old: Vec<ServiceKey> = self.by_service.keys().cloned().collect();
+        self.slices.clear();
+        self.by_service.clear();
+        for k in old {
+            self.rebuild(&k);
+        }
+        for slice in slices {
+            self.put_slice(slice);
+        }
+    }
+
+    /// A Service's answers.
+    pub fn entry(&self, namespace: &str, name: &str) -> Option<&Entry> {
+        self.entries.get(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Whether any Service lives in the namespace.
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.contains_key(namespace)
+    }
+
+    /// The names an address maps back to: (the label before the Service's name, or "" for the
+    /// Service's own name, Service).
+    pub fn reverse(&self, ip: &IpAddr) -> Option<&BTreeSet<(String, ServiceKey)>> {
+        self.reverse.get(ip).filter(|names| !names.is_empty())
+    }
+
+    /// How many Services have answers.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no Service has answers.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn unindex(&mut self, k: &ServiceKey) {
+        let Some(old) = self.entries.remove(k) else {
+            return;
+        };
+        let mut drop = |ip: &IpAddr, label: String| {
+            if let Some(names) = self.reverse.get_mut(ip) {
+                names.remove(&(label, k.clone()));
+                if names.is_empty() {
+                    self.reverse.remove(ip);
+                }
+            }
+        };
+        match &old.kind {
+            Kind::ClusterIp(ips) => ips.iter().for_each(|ip| drop(ip, String::new())),
+            Kind::Headless(endpoints) => {
+                for e in endpoints.iter().filter(|e| e.hostname.is_some()) {
+                    drop(&e.ip, e.label.clone());
+                }
+            }
+            Kind::ExternalName(_) => {}
+        }
+    }
+
+    /// Derives a Service's answers again from it and its slices.
+    fn rebuild(&mut self, k: &ServiceKey) {
+        self.unindex(k);
+        let Some(entry) = self.derive(k) else { return };
+        match &entry.kind {
+            Kind::ClusterIp(ips) => {
+                for ip in ips {
+                    self.reverse
+                        .entry(*ip)
+                        .or_default()
+                        .insert((String::new(), k.clone()));
+                }
+            }
+            Kind::Headless(endpoints) => {
+                // The spec gives PTR records to the endpoints that have a hostname.
+                for e in endpoints.iter().filter(|e| e.hostname.is_some()) {
+                    self.reverse
+                        .entry(e.ip)
+                        .or_default()
+                        .insert((e.label.clone(), k.clone()));
+                }
+            }
+            Kind::ExternalName(_) => {}
+        }
+        self.entries.insert(k.clone(), entry);
+    }
+
+    fn derive(&self, k: &ServiceKey) -> Option<Entry> {
+        let service = self.services.get(k)?;
+        let spec = service.spec.as_ref()?;
+        let ports: Vec<NamedPort> = spec
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(NamedPort {
+                    name: p.name.clone().unwrap_or_default().to_ascii_lowercase(),
+                    protocol: protocol(p.protocol.as_deref()),
+                    port: u16::try_from(p.port).ok()?,
+                })
+            })
+            .collect();
+        if spec.type_.as_deref() == Some("ExternalName") {
+            let target = spec.external_name.clone().unwrap_or_default();
+            return Some(Entry {
+                kind: Kind::ExternalName(target),
+                ports,
+            });
+        }
+        let cluster_ips: Vec<IpAddr> = match &spec.cluster_ips {
+            Some(ips) if !ips.is_empty() => ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
+            _ => spec
+                .cluster_ip
+                .iter()
+                .filter_map(|ip| ip.parse().ok())
+                .collect(),
+        };
+        let headless = spec.cluster_ip.as_deref() == Some("None");
+        if !headless {
+            return Some(Entry {
+                kind: Kind::ClusterIp(cluster_ips),
+                ports,
+            });
+        }
+        let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
+        let mut endpoints: Vec<HeadlessEndpoint> = Vec::new();
+        for slice_name in self.by_service.get(k).into_iter().flatten() {
+            let Some(slice) = self.slices.get(&(k.0.clone(), slice_name.clone())) else {
+                continue;
+            };
+            if slice.address_type == "FQDN" {
+                continue;
+            }
+            let slice_ports: Vec<NamedPort> = slice
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    Some(NamedPort {
+                        name: p.name.clone().unwrap_or_default().to_ascii_lowercase(),
+                        protocol: protocol(p.protocol.as_deref()),
+                        port: u16::try_from(p.port?).ok()?,
+                    })
+                })
+                .collect();
+            for e in slice.endpoints.iter().flatten() {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                if !ready && !publish_not_ready {
+                    continue;
+                }
+                for address in &e.addresses {
+                    let Ok(ip) = address.parse::<IpAddr>() else {
+                        continue;
+                    };
+                    if endpoints.iter().any(|o| o.ip == ip) {
+                        continue;
+                    }
+                    let hostname = e.hostname.clone().map(|h| h.to_ascii_lowercase());
+                    let label = hostname.clone().unwrap_or_else(|| dashed(&ip));
+                    endpoints.push(HeadlessEndpoint {
+                        ip,
+                        hostname,
+                        label,
+                        ports: slice_ports.clone(),
+                    });
+                }
+            }
+        }
+        Some(Entry {
+            kind: Kind::Headless(endpoints),
+            ports,
+        })
+    }
+}
+
+/// An address as a DNS label: dots (or colons) as dashes, as CoreDNS names endpoints without
+/// a hostname.
+pub fn dashed(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string().replace('.', "-"),
+        IpAddr::V6(v6) => v6.to_string().replace(':', "-"),
+    }
+}
