@@ -36,6 +36,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run the node agent that makes Services carry traffic (nftables), against any API server.
     Proxy(capstan_proxy::ProxyArgs),
+    /// Answer Kubernetes DNS (the service discovery specification) from any API server.
+    Dns(capstan_dns::DnsArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -97,6 +99,10 @@ struct ServeArgs {
     /// that this machine's Services carry traffic.
     #[arg(long)]
     proxy: bool,
+    /// Also answer Kubernetes DNS at this address (UDP and TCP), as `capstan dns` with its
+    /// defaults (zone `cluster.local`, the host's resolvers upstream).
+    #[arg(long)]
+    dns: Option<std::net::SocketAddr>,
     /// The most endpoints the EndpointSlice controller puts in one slice (1–1000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_endpoints_per_slice: u16,
@@ -428,6 +434,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
+    if let Some(listen) = args.dns {
+        let dns = capstan_dns::DnsArgs::in_process(credentials.kubeconfig.clone(), listen);
+        tokio::spawn(async move {
+            if let Err(err) = capstan_dns::run(dns).await {
+                tracing::error!(%err, "the in-process DNS server stopped");
+            }
+        });
+    }
     let stopping = async move {
         shutdown_signal().await;
         stop_electing.send_replace(true);
@@ -567,6 +581,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Proxy(args) => runtime.block_on(capstan_proxy::run(args)),
+        Command::Dns(args) => runtime.block_on(capstan_dns::run(args)),
     }
 }
 

@@ -400,7 +400,10 @@ fn reconcile_type(
             .unwrap_or_default();
         let zone = match inputs.zones.get(&node) {
             Some(zone) => zone.clone(),
-            None if publish => None,
+            // Upstream leaves out a pod whose Node is missing, as a kubelet that went away.
+            // A Capstan without any Node (service discovery with no nodes modelled) keeps
+            // its pods: there, no Node is the rule, not a fault.
+            None if publish || inputs.zones.is_empty() => None,
             None => {
                 plan.missing_nodes.push(node);
                 continue;
@@ -670,13 +673,18 @@ mod tests {
     fn a_pod_on_an_unknown_node_is_left_out_and_reported() {
         let service = service();
         let pods = vec![pod(1, true)];
-        let zones = HashMap::new();
+        let zones = HashMap::from([("n2".to_owned(), None)]);
         let inputs = inputs_of(&service, &pods, &zones);
         let plan = reconcile(&inputs, Vec::new());
         assert_eq!(plan.missing_nodes, ["n1"]);
         // Only the placeholder.
         assert_eq!(plan.creates.len(), 1);
         assert_eq!(len(&plan.creates[0]), 0);
+        // With no Node at all, the pod is published (without a zone).
+        let none = HashMap::new();
+        let plan = reconcile(&inputs_of(&service, &pods, &none), Vec::new());
+        assert!(plan.missing_nodes.is_empty());
+        assert_eq!(len(&plan.creates[0]), 1);
     }
 }
 

@@ -7,10 +7,12 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
-use crate::index::{Entry, Index, Kind, NamedPort};
+use crate::index::{Entry, HeadlessEndpoint, Index, Kind, NamedPort};
 
 /// The specification's version, answered at `dns-version.<zone>`.
 pub const SCHEMA_VERSION: &str = "1.1.0";
+/// The version record's TTL (CoreDNS's, fixed).
+const VERSION_TTL: u32 = 28_800;
 
 /// The zone's settings.
 #[derive(Clone, Debug)]
@@ -19,6 +21,8 @@ pub struct Zone {
     pub domain: String,
     /// The records' TTL (and the SOA's minimum, for negative answers).
     pub ttl: u32,
+    /// Whether `<a-b-c-d>.<ns>.pod.<zone>` answers (CoreDNS's `pods insecure`).
+    pub pods: bool,
 }
 
 /// What the zone answers, or that the name is not the zone's.
@@ -32,6 +36,8 @@ pub enum Outcome {
         answers: Vec<Record>,
         /// The additional section (SRV targets' addresses).
         additionals: Vec<Record>,
+        /// An ExternalName's target, whose own records the server adds when it can resolve them.
+        cname: Option<Name>,
     },
     /// Not this zone's: forward it, or refuse.
     Elsewhere,
@@ -52,7 +58,7 @@ impl Zone {
             .map(|d| (d.as_secs() % u64::from(u32::MAX)) as u32)
             .unwrap_or(1);
         let soa = SOA::new(mname, rname, serial, 7200, 1800, 86400, self.ttl);
-        Some(Record::from_rdata(zone, self.ttl, RData::SOA(soa)))
+        Some(Record::from_rdata(zone, self.ttl.min(300), RData::SOA(soa)))
     }
 
     fn record(&self, owner: &str, data: RData) -> Option<Record> {
@@ -85,8 +91,7 @@ impl Zone {
                 match qtype {
                     RecordType::SOA => out.push(self.soa()),
                     RecordType::NS => {
-                        let ns = name(&format!("ns.dns.{}", self.domain));
-                        if let Some(ns) = ns {
+                        if let Some(ns) = name(&format!("ns.dns.{}", self.domain)) {
                             out.push(self.record(&self.domain, RData::NS(NS(ns))));
                         }
                     }
@@ -96,32 +101,25 @@ impl Zone {
             }
             ["dns-version"] => {
                 if qtype == RecordType::TXT {
-                    out.push(
-                        self.record(qname, RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()]))),
-                    );
+                    let txt = RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()]));
+                    out.answers
+                        .extend(name(qname).map(|n| Record::from_rdata(n, VERSION_TTL, txt)));
                 }
                 true
             }
             ["svc"] | ["pod"] => true,
             [namespace, "svc"] => index.has_namespace(namespace),
             [service, namespace, "svc"] => match index.entry(namespace, service) {
-                Some(entry) => {
-                    self.service(&mut out, qname, entry, qtype);
-                    true
-                }
+                Some(entry) => self.service(&mut out, qname, entry, qtype),
                 None => false,
             },
             [port, proto, service, namespace, "svc"]
                 if port.starts_with('_') && proto.starts_with('_') =>
             {
                 match index.entry(namespace, service) {
-                    Some(entry) => self.srv(
-                        &mut out,
-                        entry,
-                        (&port[1..], &proto[1..]),
-                        (service, namespace),
-                        qtype,
-                    ),
+                    Some(entry) => {
+                        self.srv(&mut out, qname, entry, (&port[1..], &proto[1..]), qtype)
+                    }
                     None => false,
                 }
             }
@@ -140,91 +138,142 @@ impl Zone {
                 }
                 _ => false,
             },
-            [pod, _namespace, "pod"] => match pod_ip(pod) {
-                Some(ip) => {
+            [pod, namespace, "pod"] if self.pods => match pod_ip(pod) {
+                Some(ip) if index.has_namespace(namespace) => {
                     if wants(qtype, ip) {
                         out.push(self.address(qname, ip));
                     }
                     true
                 }
-                None => false,
+                _ => false,
             },
+            [_namespace, "pod"] if self.pods => true,
             _ => false,
         };
         out.finish(exists)
     }
 
-    fn service(&self, out: &mut Answers, qname: &str, entry: &Entry, qtype: RecordType) {
+    /// `<service>.<ns>.svc.<zone>`: whether the name exists.
+    fn service(&self, out: &mut Answers, qname: &str, entry: &Entry, qtype: RecordType) -> bool {
         match &entry.kind {
             Kind::ExternalName(target) => {
-                // The name is an alias, whatever the type asked.
-                if let Some(target) = name(target.trim_end_matches('.')) {
+                // An alias whatever the type asked, but SRV (CoreDNS answers it with no data).
+                if qtype != RecordType::SRV
+                    && let Some(target) = name(target.trim_end_matches('.'))
+                {
+                    out.cname = Some(target.clone());
                     out.push(self.record(qname, RData::CNAME(CNAME(target))));
                 }
+                true
             }
             Kind::ClusterIp(ips) => {
                 for ip in ips.iter().filter(|ip| wants(qtype, **ip)) {
                     out.push(self.address(qname, *ip));
                 }
                 if qtype == RecordType::SRV {
-                    let n = entry.ports.len();
-                    for p in &entry.ports {
-                        out.push(self.record(
-                            qname,
-                            RData::SRV(SRV::new(0, weight(n), p.port, target(qname))),
-                        ));
-                    }
+                    let ports: Vec<&NamedPort> = entry.ports.iter().collect();
+                    self.cluster_srv(out, qname, qname, ips, &ports);
                 }
+                true
             }
             Kind::Headless(endpoints) => {
                 for e in endpoints.iter().filter(|e| wants(qtype, e.ip)) {
-                    out.push(self.address(qname, e.ip));
-                }
-                if qtype == RecordType::SRV {
-                    let n: usize = endpoints.iter().map(|e| e.ports.len()).sum();
-                    for e in endpoints {
-                        let host = format!("{}.{qname}", e.label);
-                        for p in &e.ports {
-                            out.push(self.record(
-                                qname,
-                                RData::SRV(SRV::new(0, weight(n), p.port, target(&host))),
-                            ));
-                        }
-                        out.additional(self.address(&host, e.ip));
+                    if !out.answers.iter().any(|r| same_address(r, e.ip)) {
+                        out.push(self.address(qname, e.ip));
                     }
                 }
+                if qtype == RecordType::SRV {
+                    let found: Vec<_> = endpoints
+                        .iter()
+                        .flat_map(|e| e.ports.iter().map(move |p| (e, p.port)))
+                        .collect();
+                    self.endpoint_srv(out, qname, qname, &found);
+                }
+                // The specification: a headless Service without ready endpoints does not exist.
+                !endpoints.is_empty()
             }
         }
     }
 
-    /// `_<port>._<proto>.<service>.<ns>.svc.<zone>`: whether the name exists.
+    /// SRV records of a ClusterIP Service's ports, one per port and cluster IP before the
+    /// (target, port) duplicates go, which is what CoreDNS shares the weight by.
+    fn cluster_srv(
+        &self,
+        out: &mut Answers,
+        owner: &str,
+        base: &str,
+        ips: &[IpAddr],
+        ports: &[&NamedPort],
+    ) {
+        let results = ports.len() * ips.len().max(1);
+        let mut seen = Vec::new();
+        for p in ports {
+            if seen.contains(&p.port) {
+                continue;
+            }
+            seen.push(p.port);
+            out.push(self.record(
+                owner,
+                RData::SRV(SRV::new(0, weight(results), p.port, target(base))),
+            ));
+        }
+        for ip in ips {
+            out.additional(self.address(base, *ip));
+        }
+    }
+
+    /// SRV records of endpoints: one per endpoint and port, to `<label>.<service>…`.
+    fn endpoint_srv(
+        &self,
+        out: &mut Answers,
+        owner: &str,
+        base: &str,
+        found: &[(&HeadlessEndpoint, u16)],
+    ) {
+        let mut seen: Vec<(String, u16)> = Vec::new();
+        for (e, port) in found {
+            let host = format!("{}.{base}", e.label);
+            if !seen.contains(&(host.clone(), *port)) {
+                out.push(self.record(
+                    owner,
+                    RData::SRV(SRV::new(0, weight(found.len()), *port, target(&host))),
+                ));
+                seen.push((host.clone(), *port));
+            }
+            out.additional(self.address(&host, e.ip));
+        }
+    }
+
+    /// `_<port>._<proto>.<service>.<ns>.svc.<zone>`: whether the name exists. SRV asks for
+    /// the records; A and AAAA get the addresses behind them (as CoreDNS answers).
     fn srv(
         &self,
         out: &mut Answers,
+        qname: &str,
         entry: &Entry,
         (port, proto): (&str, &str),
-        (service, namespace): (&str, &str),
         qtype: RecordType,
     ) -> bool {
-        let owner = format!("_{port}._{proto}.{service}.{namespace}.svc.{}", self.domain);
-        let base = format!("{service}.{namespace}.svc.{}", self.domain);
+        let base = qname.splitn(3, '.').nth(2).unwrap_or(qname).to_owned();
         let matches = |p: &NamedPort| !p.name.is_empty() && p.name == port && p.protocol == proto;
         match &entry.kind {
             Kind::ExternalName(_) => false,
-            Kind::ClusterIp(_) => {
+            Kind::ClusterIp(ips) => {
                 let found: Vec<&NamedPort> = entry.ports.iter().filter(|p| matches(p)).collect();
-                if qtype == RecordType::SRV {
-                    for p in &found {
-                        out.push(self.record(
-                            &owner,
-                            RData::SRV(SRV::new(0, weight(found.len()), p.port, target(&base))),
-                        ));
-                    }
+                if found.is_empty() {
+                    return false;
                 }
-                !found.is_empty()
+                match qtype {
+                    RecordType::SRV => self.cluster_srv(out, qname, &base, ips, &found),
+                    _ => ips
+                        .iter()
+                        .filter(|ip| wants(qtype, **ip))
+                        .for_each(|ip| out.push(self.address(qname, *ip))),
+                }
+                true
             }
             Kind::Headless(endpoints) => {
-                let found: Vec<(&crate::index::HeadlessEndpoint, u16)> = endpoints
+                let found: Vec<(&HeadlessEndpoint, u16)> = endpoints
                     .iter()
                     .flat_map(|e| {
                         e.ports
@@ -233,14 +282,16 @@ impl Zone {
                             .map(move |p| (e, p.port))
                     })
                     .collect();
-                if qtype == RecordType::SRV {
-                    for (e, number) in &found {
-                        let host = format!("{}.{base}", e.label);
-                        out.push(self.record(
-                            &owner,
-                            RData::SRV(SRV::new(0, weight(found.len()), *number, target(&host))),
-                        ));
-                        out.additional(self.address(&host, e.ip));
+                match qtype {
+                    RecordType::SRV => self.endpoint_srv(out, qname, &base, &found),
+                    _ => {
+                        for (e, _) in &found {
+                            if wants(qtype, e.ip)
+                                && !out.answers.iter().any(|r| same_address(r, e.ip))
+                            {
+                                out.push(self.address(qname, e.ip));
+                            }
+                        }
                     }
                 }
                 !found.is_empty()
@@ -260,7 +311,14 @@ impl Zone {
         };
         let mut out = Answers::default();
         if qtype == RecordType::PTR {
-            for (label, (namespace, service)) in names {
+            // A cluster IP names its one Service; an endpoint names itself under each of its
+            // Services.
+            let service_name = names.iter().find(|(label, _)| label.is_empty());
+            let chosen: Vec<_> = match service_name {
+                Some(one) => vec![one],
+                None => names.iter().collect(),
+            };
+            for (label, (namespace, service)) in chosen {
                 let base = format!("{service}.{namespace}.svc.{}", self.domain);
                 let host = if label.is_empty() {
                     base
@@ -276,11 +334,20 @@ impl Zone {
     }
 }
 
+fn same_address(record: &Record, ip: IpAddr) -> bool {
+    match (&record.data, ip) {
+        (RData::A(a), IpAddr::V4(v4)) => a.0 == v4,
+        (RData::AAAA(a), IpAddr::V6(v6)) => a.0 == v6,
+        _ => false,
+    }
+}
+
 /// Answers being gathered.
 #[derive(Default)]
 struct Answers {
     answers: Vec<Record>,
     additionals: Vec<Record>,
+    cname: Option<Name>,
 }
 
 impl Answers {
@@ -302,6 +369,7 @@ impl Answers {
             code,
             answers: self.answers,
             additionals: self.additionals,
+            cname: self.cname,
         }
     }
 }

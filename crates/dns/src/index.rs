@@ -57,6 +57,8 @@ pub struct Entry {
 /// Every Service and slice, with the answers derived from them.
 #[derive(Default)]
 pub struct Index {
+    /// Whether Services and slices have each been listed once (until then: SERVFAIL).
+    pub synced: (bool, bool),
     services: HashMap<ServiceKey, Service>,
     slices: HashMap<ServiceKey, EndpointSlice>,
     by_service: HashMap<ServiceKey, BTreeSet<String>>,
@@ -167,6 +169,7 @@ impl Index {
         for service in services {
             self.put_service(service);
         }
+        self.synced.0 = true;
     }
 
     /// Replaces every slice (after a relist).
@@ -180,6 +183,7 @@ impl Index {
         for slice in slices {
             self.put_slice(slice);
         }
+        self.synced.1 = true;
     }
 
     /// A Service's answers.
@@ -223,7 +227,7 @@ impl Index {
         match &old.kind {
             Kind::ClusterIp(ips) => ips.iter().for_each(|ip| drop(ip, String::new())),
             Kind::Headless(endpoints) => {
-                for e in endpoints.iter().filter(|e| e.hostname.is_some()) {
+                for e in endpoints {
                     drop(&e.ip, e.label.clone());
                 }
             }
@@ -295,7 +299,6 @@ impl Index {
                 ports,
             });
         }
-        let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
         let mut endpoints: Vec<HeadlessEndpoint> = Vec::new();
         for slice_name in self.by_service.get(k).into_iter().flatten() {
             let Some(slice) = self.slices.get(&(k.0.clone(), slice_name.clone())) else {
@@ -317,8 +320,9 @@ impl Index {
                 })
                 .collect();
             for e in slice.endpoints.iter().flatten() {
-                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                if !ready && !publish_not_ready {
+                // As CoreDNS: `ready` nil or true. The EndpointSlice controller already marks
+                // every endpoint ready for a Service with `publishNotReadyAddresses`.
+                if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                     continue;
                 }
                 for address in &e.addresses {
@@ -351,6 +355,13 @@ impl Index {
 pub fn dashed(ip: &IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => v4.to_string().replace('.', "-"),
-        IpAddr::V6(v6) => v6.to_string().replace(':', "-"),
+        IpAddr::V6(v6) => {
+            let dashed = v6.to_string().replace(':', "-");
+            if dashed.ends_with('-') {
+                format!("{dashed}0")
+            } else {
+                dashed
+            }
+        }
     }
 }

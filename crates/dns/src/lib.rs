@@ -51,6 +51,10 @@ pub struct DnsArgs {
     /// Where `/metrics` is served (empty: nowhere).
     #[arg(long, default_value = "127.0.0.1:9153")]
     pub metrics_bind_address: String,
+    /// `<a-b-c-d>.<ns>.pod.<zone>` records: `insecure` answers the address for any namespace
+    /// with Services (CoreDNS's `pods insecure`), `disabled` (the default) does not.
+    #[arg(long, default_value = "disabled", value_parser = ["disabled", "insecure"])]
+    pub pods: String,
 }
 
 impl DnsArgs {
@@ -63,6 +67,7 @@ impl DnsArgs {
             upstream: Vec::new(),
             ttl: 5,
             metrics_bind_address: String::new(),
+            pods: "disabled".to_owned(),
         }
     }
 }
@@ -122,6 +127,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let zone = Zone {
         domain,
         ttl: args.ttl,
+        pods: args.pods == "insecure",
     };
     let upstreams = upstreams(&args)?;
     let client = client(&args).await?;

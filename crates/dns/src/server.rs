@@ -66,7 +66,17 @@ impl RequestHandler for Handler {
         let family = if request.src().is_ipv4() { "1" } else { "2" };
         let outcome = {
             let index = self.index.read().unwrap_or_else(|p| p.into_inner());
-            self.zone.answer(&index, &qname, qtype)
+            if index.synced != (true, true) {
+                // Not listed yet: an answer now could deny a name that exists.
+                None
+            } else {
+                Some(self.zone.answer(&index, &qname, qtype))
+            }
+        };
+        let Some(outcome) = outcome else {
+            let builder = MessageResponseBuilder::from_message_request(request);
+            let reply = builder.error_msg(&request.metadata, ResponseCode::ServFail);
+            return send(&mut response, reply, &request.metadata).await;
         };
         let mut edns = request.edns.clone().map(|_| {
             let mut e = Edns::new();
@@ -83,9 +93,15 @@ impl RequestHandler for Handler {
         let (zone_label, info) = match outcome {
             Outcome::Answer {
                 code,
-                answers,
+                mut answers,
                 additionals,
+                cname,
             } => {
+                if let Some(target) = cname
+                    && matches!(qtype, RecordType::A | RecordType::AAAA | RecordType::TXT)
+                {
+                    answers.extend(self.resolve(&target, qtype).await);
+                }
                 let mut metadata = Metadata::response_from_request(&request.metadata);
                 metadata.authoritative = true;
                 metadata.response_code = code;
@@ -194,6 +210,37 @@ async fn send<'a, R: ResponseHandler>(
                 counts: Default::default(),
             })
         }
+    }
+}
+
+impl Handler {
+    /// An ExternalName's target's records, as CoreDNS adds them after the CNAME: from the
+    /// zone itself when the target is in it, else from the upstream resolvers.
+    async fn resolve(&self, target: &hickory_proto::rr::Name, qtype: RecordType) -> Vec<Record> {
+        let text = target
+            .to_string()
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        let outcome = {
+            let index = self.index.read().unwrap_or_else(|p| p.into_inner());
+            self.zone.answer(&index, &text, qtype)
+        };
+        if let Outcome::Answer { answers, .. } = outcome {
+            return answers;
+        }
+        if self.upstreams.is_empty() {
+            return Vec::new();
+        }
+        let mut query = Message::query();
+        query.metadata.recursion_desired = true;
+        query.add_query(hickory_proto::op::Query::query(target.clone(), qtype));
+        let Ok(bytes) = query.to_vec() else {
+            return Vec::new();
+        };
+        forward(&bytes, &self.upstreams)
+            .await
+            .map(|m| m.answers)
+            .unwrap_or_default()
     }
 }
 
