@@ -428,3 +428,281 @@ fn reverse_ip(qname: &str) -> Option<IpAddr> {
     let groups: Vec<&str> = (0..8).map(|i| &hex[i * 4..i * 4 + 4]).collect();
     groups.join(":").parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    //! The specification's records (kubernetes/dns `docs/specification.md`, 1.1.0) and CoreDNS's
+    //! answers where it is silent.
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::{
+        Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn meta(ns: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn service(name: &str, spec: ServiceSpec) -> Service {
+        Service {
+            metadata: meta("ns", name),
+            spec: Some(spec),
+            ..Service::default()
+        }
+    }
+
+    fn http() -> Vec<ServicePort> {
+        vec![ServicePort {
+            name: Some("http".into()),
+            port: 80,
+            ..ServicePort::default()
+        }]
+    }
+
+    fn slice(service: &str, endpoints: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
+        let mut m = meta("ns", &format!("{service}-x"));
+        m.labels = Some(BTreeMap::from([(
+            "kubernetes.io/service-name".to_owned(),
+            service.to_owned(),
+        )]));
+        EndpointSlice {
+            metadata: m,
+            address_type: "IPv4".into(),
+            endpoints: Some(
+                endpoints
+                    .iter()
+                    .map(|(ip, hostname, ready)| Endpoint {
+                        addresses: vec![(*ip).to_owned()],
+                        hostname: hostname.map(str::to_owned),
+                        conditions: Some(EndpointConditions {
+                            ready: Some(*ready),
+                            ..Default::default()
+                        }),
+                        ..Endpoint::default()
+                    })
+                    .collect(),
+            ),
+            ports: Some(vec![EndpointPort {
+                name: Some("http".into()),
+                port: Some(8080),
+                ..Default::default()
+            }]),
+        }
+    }
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        index.put_service(service(
+            "web",
+            ServiceSpec {
+                cluster_ip: Some("10.96.0.10".into()),
+                ports: Some(http()),
+                ..Default::default()
+            },
+        ));
+        index.put_service(service(
+            "hl",
+            ServiceSpec {
+                cluster_ip: Some("None".into()),
+                ports: Some(http()),
+                ..Default::default()
+            },
+        ));
+        index.put_slice(slice(
+            "hl",
+            &[
+                ("10.244.0.1", Some("h1"), true),
+                ("10.244.0.2", None, true),
+                ("10.244.0.3", None, false),
+            ],
+        ));
+        index.put_service(service(
+            "empty",
+            ServiceSpec {
+                cluster_ip: Some("None".into()),
+                ports: Some(http()),
+                ..Default::default()
+            },
+        ));
+        index.put_service(service(
+            "ext",
+            ServiceSpec {
+                type_: Some("ExternalName".into()),
+                external_name: Some("db.example.org".into()),
+                ..Default::default()
+            },
+        ));
+        index
+    }
+
+    fn zone() -> Zone {
+        Zone {
+            domain: "cluster.local".into(),
+            ttl: 5,
+            pods: true,
+        }
+    }
+
+    /// (rcode, the answers as text).
+    fn ask(name: &str, qtype: RecordType) -> (ResponseCode, Vec<String>) {
+        match zone().answer(&index(), name, qtype) {
+            Outcome::Answer { code, answers, .. } => (
+                code,
+                answers
+                    .iter()
+                    .map(|r| format!("{} {}", r.record_type(), r.data))
+                    .collect(),
+            ),
+            Outcome::Elsewhere => (ResponseCode::Refused, Vec::new()),
+        }
+    }
+
+    #[test]
+    fn cluster_ip_services() {
+        assert_eq!(
+            ask("web.ns.svc.cluster.local", RecordType::A),
+            (ResponseCode::NoError, vec!["A 10.96.0.10".into()])
+        );
+        // The name exists; it has no AAAA: NODATA.
+        assert_eq!(
+            ask("web.ns.svc.cluster.local", RecordType::AAAA),
+            (ResponseCode::NoError, vec![])
+        );
+        assert_eq!(
+            ask("_http._tcp.web.ns.svc.cluster.local", RecordType::SRV),
+            (
+                ResponseCode::NoError,
+                vec!["SRV 0 100 80 web.ns.svc.cluster.local.".into()]
+            )
+        );
+        assert_eq!(
+            ask("_nope._tcp.web.ns.svc.cluster.local", RecordType::SRV).0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask("10.0.96.10.in-addr.arpa", RecordType::PTR),
+            (
+                ResponseCode::NoError,
+                vec!["PTR web.ns.svc.cluster.local.".into()]
+            )
+        );
+    }
+
+    #[test]
+    fn headless_services() {
+        let (code, mut a) = ask("hl.ns.svc.cluster.local", RecordType::A);
+        a.sort();
+        assert_eq!(
+            (code, a),
+            (
+                ResponseCode::NoError,
+                vec!["A 10.244.0.1".into(), "A 10.244.0.2".into()]
+            )
+        );
+        assert_eq!(
+            ask("h1.hl.ns.svc.cluster.local", RecordType::A),
+            (ResponseCode::NoError, vec!["A 10.244.0.1".into()])
+        );
+        // Without a hostname an endpoint is named by its address with dashes, as CoreDNS does.
+        assert_eq!(
+            ask("10-244-0-2.hl.ns.svc.cluster.local", RecordType::A).1,
+            vec!["A 10.244.0.2".to_owned()]
+        );
+        // Not ready: not there.
+        assert_eq!(
+            ask("10-244-0-3.hl.ns.svc.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+        let (_, mut srv) = ask("_http._tcp.hl.ns.svc.cluster.local", RecordType::SRV);
+        srv.sort();
+        assert_eq!(
+            srv,
+            vec![
+                "SRV 0 50 8080 10-244-0-2.hl.ns.svc.cluster.local.".to_owned(),
+                "SRV 0 50 8080 h1.hl.ns.svc.cluster.local.".to_owned()
+            ]
+        );
+        assert_eq!(
+            ask("1.0.244.10.in-addr.arpa", RecordType::PTR).1,
+            vec!["PTR h1.hl.ns.svc.cluster.local.".to_owned()]
+        );
+        // The specification: no ready endpoints, NXDOMAIN.
+        assert_eq!(
+            ask("empty.ns.svc.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+    }
+
+    #[test]
+    fn external_names_version_namespaces_and_misses() {
+        assert_eq!(
+            ask("ext.ns.svc.cluster.local", RecordType::A),
+            (ResponseCode::NoError, vec!["CNAME db.example.org.".into()])
+        );
+        assert_eq!(
+            ask("ext.ns.svc.cluster.local", RecordType::SRV),
+            (ResponseCode::NoError, vec![])
+        );
+        assert_eq!(
+            ask("dns-version.cluster.local", RecordType::TXT),
+            (ResponseCode::NoError, vec!["TXT 1.1.0".into()])
+        );
+        assert_eq!(
+            ask("ns.svc.cluster.local", RecordType::A),
+            (ResponseCode::NoError, vec![])
+        );
+        assert_eq!(
+            ask("other.svc.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask("nope.ns.svc.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask("a.b.web.ns.svc.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask("svc.cluster.local", RecordType::A),
+            (ResponseCode::NoError, vec![])
+        );
+        assert_eq!(
+            ask("foo.cluster.local", RecordType::A).0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask("1-2-3-4.ns.pod.cluster.local", RecordType::A).1,
+            vec!["A 1.2.3.4".to_owned()]
+        );
+        assert_eq!(
+            ask("example.org", RecordType::A).0,
+            ResponseCode::Refused,
+            "not the zone's"
+        );
+        assert_eq!(
+            ask("9.9.9.9.in-addr.arpa", RecordType::PTR).0,
+            ResponseCode::Refused,
+            "an unknown address is forwarded"
+        );
+    }
+
+    #[test]
+    fn reverse_names_parse() {
+        assert_eq!(
+            reverse_ip("4.3.2.1.in-addr.arpa"),
+            Some("1.2.3.4".parse().expect("ip"))
+        );
+        let v6 = "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.0.0.d.f.ip6.arpa";
+        assert_eq!(reverse_ip(v6), Some("fd00:fd00::1".parse().expect("ip")));
+        assert_eq!(reverse_ip("3.2.1.in-addr.arpa"), None);
+    }
+}

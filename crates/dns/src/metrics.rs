@@ -16,6 +16,8 @@ pub struct RequestLabels {
     pub server: String,
     /// The zone that answered (`cluster.local.`, or `.` for forwarded names).
     pub zone: String,
+    /// CoreDNS's view (always empty here).
+    pub view: String,
     /// `udp` or `tcp`.
     pub proto: String,
     /// `1` (IPv4) or `2` (IPv6).
@@ -28,6 +30,7 @@ pub struct RequestLabels {
 struct ResponseLabels {
     server: String,
     zone: String,
+    view: String,
     rcode: String,
     plugin: String,
 }
@@ -36,13 +39,14 @@ struct ResponseLabels {
 struct DurationLabels {
     server: String,
     zone: String,
-    r#type: String,
+    view: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SizeLabels {
     server: String,
     zone: String,
+    view: String,
     proto: String,
 }
 
@@ -98,6 +102,7 @@ impl Metrics {
             "Size of the EDNS0 UDP buffer in bytes (64K for TCP) per zone and protocol.",
             request_size.clone(),
         );
+
         Metrics {
             registry,
             listen,
@@ -128,6 +133,7 @@ impl Metrics {
             .get_or_create(&ResponseLabels {
                 server: labels.server.clone(),
                 zone: labels.zone.clone(),
+                view: String::new(),
                 rcode,
                 plugin: plugin.to_owned(),
             })
@@ -136,15 +142,17 @@ impl Metrics {
             .get_or_create(&DurationLabels {
                 server: labels.server.clone(),
                 zone: labels.zone.clone(),
-                r#type: labels.r#type.clone(),
+                view: String::new(),
             })
             .observe(took.as_secs_f64());
+        let size_labels = SizeLabels {
+            server: labels.server.clone(),
+            zone: labels.zone.clone(),
+            view: String::new(),
+            proto: labels.proto.clone(),
+        };
         self.request_size
-            .get_or_create(&SizeLabels {
-                server: labels.server.clone(),
-                zone: labels.zone.clone(),
-                proto: labels.proto.clone(),
-            })
+            .get_or_create(&size_labels)
             .observe(size as f64);
     }
 

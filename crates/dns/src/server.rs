@@ -173,6 +173,7 @@ impl RequestHandler for Handler {
         let labels = RequestLabels {
             server: format!("dns://{}", self.metrics.listen),
             zone: zone_label,
+            view: String::new(),
             proto: proto.to_owned(),
             family: family.to_owned(),
             r#type: type_label(qtype),
