@@ -44,6 +44,8 @@ pub(crate) struct Inputs<'a> {
     pub pods: &'a [Arc<Pod>],
     /// Node name → its zone label (`None`: a node without one); a node not here is unknown.
     pub zones: &'a HashMap<String, Option<String>>,
+    /// The node watch has replayed and found no Node at all.
+    pub nodeless: bool,
     pub max: usize,
 }
 
@@ -403,7 +405,7 @@ fn reconcile_type(
             // Upstream leaves out a pod whose Node is missing, as a kubelet that went away.
             // A Capstan without any Node (service discovery with no nodes modelled) keeps
             // its pods: there, no Node is the rule, not a fault.
-            None if publish || inputs.zones.is_empty() => None,
+            None if publish || inputs.nodeless => None,
             None => {
                 plan.missing_nodes.push(node);
                 continue;
@@ -584,6 +586,7 @@ mod tests {
             service,
             pods,
             zones,
+            nodeless: zones.is_empty(),
             max: 100,
         }
     }
@@ -703,6 +706,8 @@ pub(crate) struct SliceWriter {
 struct SliceState {
     /// Node name → zone label, from the node watch.
     zones: HashMap<String, Option<String>>,
+    /// Whether the node watch has replayed what exists.
+    nodes_replayed: bool,
     /// This controller's slices of each Service, by name, from the slice watch.
     index: HashMap<crate::endpoints::Key, std::collections::BTreeSet<String>>,
     /// The other way: each indexed slice (namespace, name) → its Service.
@@ -775,7 +780,10 @@ impl SliceWriter {
                     state.zones.insert(name, zone);
                 }
             },
-            |_| {},
+            {
+                let writer = self.clone();
+                move |_| writer.state().nodes_replayed = true
+            },
         );
         let writer = self.clone();
         crate::endpoints::follow(
@@ -882,11 +890,15 @@ impl SliceWriter {
                 "EndpointSlice informer cache is out of date",
             ));
         };
-        let zones = self.state().zones.clone();
+        let (zones, replayed) = {
+            let state = self.state();
+            (state.zones.clone(), state.nodes_replayed)
+        };
         let inputs = Inputs {
             service,
             pods,
             zones: &zones,
+            nodeless: replayed && zones.is_empty(),
             max: self.max,
         };
         let plan = reconcile(&inputs, existing);

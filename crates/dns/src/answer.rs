@@ -1,6 +1,7 @@
 //! The answer to one question, by the Kubernetes DNS-Based Service Discovery specification
 //! (1.1.0), with CoreDNS's `kubernetes` plugin where the specification leaves room.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use hickory_proto::op::ResponseCode;
@@ -157,6 +158,10 @@ impl Zone {
     fn service(&self, out: &mut Answers, qname: &str, entry: &Entry, qtype: RecordType) -> bool {
         match &entry.kind {
             Kind::ExternalName(target) => {
+                // CoreDNS: an ExternalName that is an address names nothing.
+                if target.parse::<IpAddr>().is_ok() {
+                    return false;
+                }
                 // An alias whatever the type asked, but SRV (CoreDNS answers it with no data).
                 if qtype != RecordType::SRV
                     && let Some(target) = name(target.trim_end_matches('.'))
@@ -177,10 +182,9 @@ impl Zone {
                 true
             }
             Kind::Headless(endpoints) => {
+                // The index holds each address once.
                 for e in endpoints.iter().filter(|e| wants(qtype, e.ip)) {
-                    if !out.answers.iter().any(|r| same_address(r, e.ip)) {
-                        out.push(self.address(qname, e.ip));
-                    }
+                    out.push(self.address(qname, e.ip));
                 }
                 if qtype == RecordType::SRV {
                     let found: Vec<_> = endpoints
@@ -230,17 +234,19 @@ impl Zone {
         base: &str,
         found: &[(&HeadlessEndpoint, u16)],
     ) {
-        let mut seen: Vec<(String, u16)> = Vec::new();
+        let mut seen: HashSet<(&str, u16)> = HashSet::new();
+        let mut glued: HashSet<IpAddr> = HashSet::new();
         for (e, port) in found {
             let host = format!("{}.{base}", e.label);
-            if !seen.contains(&(host.clone(), *port)) {
+            if seen.insert((e.label.as_str(), *port)) {
                 out.push(self.record(
                     owner,
                     RData::SRV(SRV::new(0, weight(found.len()), *port, target(&host))),
                 ));
-                seen.push((host.clone(), *port));
             }
-            out.additional(self.address(&host, e.ip));
+            if glued.insert(e.ip) {
+                out.additional(self.address(&host, e.ip));
+            }
         }
     }
 
@@ -285,10 +291,9 @@ impl Zone {
                 match qtype {
                     RecordType::SRV => self.endpoint_srv(out, qname, &base, &found),
                     _ => {
+                        let mut answered: HashSet<IpAddr> = HashSet::new();
                         for (e, _) in &found {
-                            if wants(qtype, e.ip)
-                                && !out.answers.iter().any(|r| same_address(r, e.ip))
-                            {
+                            if wants(qtype, e.ip) && answered.insert(e.ip) {
                                 out.push(self.address(qname, e.ip));
                             }
                         }
@@ -331,14 +336,6 @@ impl Zone {
             }
         }
         out.finish(true)
-    }
-}
-
-fn same_address(record: &Record, ip: IpAddr) -> bool {
-    match (&record.data, ip) {
-        (RData::A(a), IpAddr::V4(v4)) => a.0 == v4,
-        (RData::AAAA(a), IpAddr::V6(v6)) => a.0 == v6,
-        _ => false,
     }
 }
 

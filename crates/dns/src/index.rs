@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// A Service, by namespace and name.
 pub type ServiceKey = (String, String);
@@ -91,8 +92,14 @@ fn protocol(p: Option<&str>) -> String {
 }
 
 impl Index {
-    /// Stores a Service.
-    pub fn put_service(&mut self, service: Service) {
+    /// Stores a Service (what DNS reads of it).
+    pub fn put_service(&mut self, mut service: Service) {
+        service.metadata = ObjectMeta {
+            namespace: service.metadata.namespace.take(),
+            name: service.metadata.name.take(),
+            ..Default::default()
+        };
+        service.status = None;
         let k = key(
             service.metadata.namespace.as_ref(),
             service.metadata.name.as_ref(),
@@ -120,14 +127,30 @@ impl Index {
         self.rebuild(&k);
     }
 
-    /// Stores a slice.
-    pub fn put_slice(&mut self, slice: EndpointSlice) {
-        self.remove_slice(&slice);
+    /// Stores a slice (what DNS reads of it).
+    pub fn put_slice(&mut self, mut slice: EndpointSlice) {
+        let service = owner(&slice);
+        slice.metadata = ObjectMeta {
+            namespace: slice.metadata.namespace.take(),
+            name: slice.metadata.name.take(),
+            labels: slice.metadata.labels.take(),
+            ..ObjectMeta::default()
+        };
+        for e in slice.endpoints.iter_mut().flatten() {
+            e.target_ref = None;
+            e.deprecated_topology = None;
+        }
         let k = key(
             slice.metadata.namespace.as_ref(),
             slice.metadata.name.as_ref(),
         );
-        let service = owner(&slice);
+        let old_owner = self.slices.get(&k).and_then(owner);
+        if old_owner.is_some() && old_owner != service {
+            // The slice moved to another Service: the old one loses it.
+            if let Some(old) = self.slices.get(&k).cloned() {
+                self.remove_slice(&old);
+            }
+        }
         self.slices.insert(k.clone(), slice);
         if let Some(service) = service {
             self.by_service
@@ -300,6 +323,7 @@ impl Index {
             });
         }
         let mut endpoints: Vec<HeadlessEndpoint> = Vec::new();
+        let mut by_ip: HashMap<IpAddr, usize> = HashMap::new();
         for slice_name in self.by_service.get(k).into_iter().flatten() {
             let Some(slice) = self.slices.get(&(k.0.clone(), slice_name.clone())) else {
                 continue;
@@ -329,9 +353,16 @@ impl Index {
                     let Ok(ip) = address.parse::<IpAddr>() else {
                         continue;
                     };
-                    if endpoints.iter().any(|o| o.ip == ip) {
+                    if let Some(i) = by_ip.get(&ip) {
+                        // The same address in two slices: one endpoint with both port sets.
+                        for p in &slice_ports {
+                            if !endpoints[*i].ports.contains(p) {
+                                endpoints[*i].ports.push(p.clone());
+                            }
+                        }
                         continue;
                     }
+                    by_ip.insert(ip, endpoints.len());
                     let hostname = e.hostname.clone().map(|h| h.to_ascii_lowercase());
                     let label = hostname.clone().unwrap_or_else(|| dashed(&ip));
                     endpoints.push(HeadlessEndpoint {

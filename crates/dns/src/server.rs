@@ -66,11 +66,10 @@ impl RequestHandler for Handler {
         let family = if request.src().is_ipv4() { "1" } else { "2" };
         let outcome = {
             let index = self.index.read().unwrap_or_else(|p| p.into_inner());
-            if index.synced != (true, true) {
+            match self.zone.answer(&index, &qname, qtype) {
                 // Not listed yet: an answer now could deny a name that exists.
-                None
-            } else {
-                Some(self.zone.answer(&index, &qname, qtype))
+                Outcome::Answer { .. } if index.synced != (true, true) => None,
+                outcome => Some(outcome),
             }
         };
         let Some(outcome) = outcome else {
@@ -263,9 +262,17 @@ fn type_label(qtype: RecordType) -> String {
     }
 }
 
+/// At most this many queries are forwarded at once; more get SERVFAIL at once.
+const MAX_FORWARDS: usize = 1024;
+static FORWARDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_FORWARDS);
+
 /// Sends the query as it came to each upstream in turn (UDP, then TCP when the answer was
 /// truncated); the first answer wins.
 async fn forward(query: &[u8], upstreams: &[SocketAddr]) -> Option<Message> {
+    let Ok(_permit) = FORWARDS.try_acquire() else {
+        tracing::debug!("too many queries being forwarded");
+        return None;
+    };
     for upstream in upstreams {
         match tokio::time::timeout(UPSTREAM_TIMEOUT, forward_one(query, *upstream)).await {
             Ok(Ok(message)) => return Some(message),
@@ -285,13 +292,18 @@ async fn forward_one(query: &[u8], upstream: SocketAddr) -> anyhow::Result<Messa
     .parse()?;
     let socket = UdpSocket::bind(local).await?;
     socket.send_to(query, upstream).await?;
-    let mut buf = vec![0u8; 65_535];
+    let mut buf = vec![0u8; 4096];
     loop {
         let (n, from) = socket.recv_from(&mut buf).await?;
-        if from != upstream || n < 2 || buf[..2] != query[..2] {
+        if from != upstream || n < 2 || query.len() < 2 || buf[..2] != query[..2] {
             continue;
         }
-        let message = Message::from_vec(&buf[..n])?;
+        if n == buf.len() {
+            break; // did not fit: ask over TCP
+        }
+        let Ok(message) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
         if !message.metadata.truncation {
             return Ok(message);
         }
