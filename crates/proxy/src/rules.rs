@@ -809,3 +809,116 @@ mod tests {
         assert!(!text[first_rule..].contains("add chain"), "{text}");
     }
 }
+
+#[cfg(test)]
+mod kernel {
+    //! The rules of both families, every feature on, checked by nftables itself (`nft -c` in a
+    //! network namespace of its own: nothing is changed). Root only; CI runs as root.
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+    use crate::ruleset::{ElementRefs, Transaction};
+    use crate::state::Protocol;
+
+    fn endpoints(ips: &[&str]) -> Vec<Endpoint> {
+        ips.iter()
+            .enumerate()
+            .map(|(i, ip)| Endpoint {
+                ip: ip.parse().expect("ip"),
+                port: 8080,
+                ready: true,
+                serving: true,
+                terminating: false,
+                local: i == 0,
+                zone_hints: None,
+            })
+            .collect()
+    }
+
+    fn script(family: Family, cluster_ip: &str, vip: &str, range: &str, ips: &[&str]) -> String {
+        let base_config = BaseConfig {
+            cluster_cidrs: vec![range.parse().expect("cidr")],
+            masquerade_all: false,
+            nodeport_ips: Vec::new(),
+            nodeport_match_all: true,
+        };
+        let mut port = ServicePort::new(
+            ("ns".into(), "svc".into()),
+            "http",
+            Protocol::Tcp,
+            80,
+            cluster_ip.parse().expect("ip"),
+        );
+        port.node_port = Some(30080);
+        port.external_ips = vec![vip.parse().expect("ip")];
+        port.load_balancer_ips = vec![vip.parse().expect("ip")];
+        port.source_ranges = vec![range.parse().expect("cidr")];
+        port.affinity_seconds = Some(600);
+        port.external_local = true;
+        port.endpoints = endpoints(ips);
+        let mut udp = port.clone();
+        udp.protocol = Protocol::Udp;
+        udp.affinity_seconds = None;
+        udp.port_name = "dns".into();
+        let mut tx = Transaction::new(family.nft(), "capstan-proxy-check");
+        let mut refs = ElementRefs::new();
+        tx.partial(&Rules::default(), &base(family, &base_config), &mut refs);
+        let detector = Detector {
+            cluster_cidrs: &base_config.cluster_cidrs,
+        };
+        tx.partial(
+            &Rules::default(),
+            &service(family, &[port, udp], None, &detector),
+            &mut refs,
+        );
+        tx.finish()
+    }
+
+    #[test]
+    fn both_families_rules_are_valid_nftables() {
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        let nft = Command::new("nft")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !root || !nft {
+            eprintln!("skipped: needs root and nft");
+            return;
+        }
+        let text = script(
+            Family::V4,
+            "10.96.0.10",
+            "192.0.2.10",
+            "10.244.0.0/16",
+            &["10.244.1.1", "10.244.2.1"],
+        ) + &script(
+            Family::V6,
+            "fd00::10",
+            "2001:db8::10",
+            "fd10::/64",
+            &["fd10::1", "fd10::2"],
+        );
+        let mut child = Command::new("unshare")
+            .args(["-n", "nft", "-c", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("nft");
+        assert!(
+            out.status.success(),
+            "{}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
