@@ -133,8 +133,19 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let client = client(&args).await?;
     let index = Arc::new(RwLock::new(Index::default()));
     let metrics = Arc::new(Metrics::new(args.listen.to_string()));
-    let services = tokio::spawn(watch_services(Api::all(client.clone()), index.clone()));
-    let slices = tokio::spawn(watch_slices(Api::all(client), index.clone()));
+    let services = tokio::spawn(follow(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        index.clone(),
+        service_change,
+    ));
+    let slices_config = watcher::Config::default().labels("kubernetes.io/service-name");
+    let slices = tokio::spawn(follow(
+        Api::all(client),
+        slices_config,
+        index.clone(),
+        slice_change,
+    ));
     if !args.metrics_bind_address.is_empty() {
         let addr: SocketAddr = args
             .metrics_bind_address
@@ -166,61 +177,62 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies one watch event to the index; a relist replaces everything at its end.
-fn apply<K>(
-    event: Event<K>,
-    buffer: &mut Vec<K>,
-    index: &RwLock<Index>,
-    put: fn(&mut Index, K),
-    remove: fn(&mut Index, &K),
-    replace: fn(&mut Index, Vec<K>),
-) {
-    let index = || index.write().unwrap_or_else(|p| p.into_inner());
-    match event {
-        Event::Init => buffer.clear(),
-        Event::InitApply(object) => buffer.push(object),
-        Event::InitDone => replace(&mut index(), std::mem::take(buffer)),
-        Event::Apply(object) => put(&mut index(), object),
-        Event::Delete(object) => remove(&mut index(), &object),
-    }
+/// A watch's news, a relist delivered whole.
+enum Change<K> {
+    Listed(Vec<K>),
+    Applied(K),
+    Deleted(K),
 }
 
-async fn watch_services(api: Api<Service>, index: Arc<RwLock<Index>>) {
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut buffer = Vec::new();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => apply(
-                event,
-                &mut buffer,
-                &index,
-                Index::put_service,
-                Index::remove_service,
-                Index::replace_services,
-            ),
-            Err(err) => tracing::warn!(%err, "watching Services"),
-        }
-    }
-}
-
-async fn watch_slices(api: Api<EndpointSlice>, index: Arc<RwLock<Index>>) {
-    let config = watcher::Config::default().labels("kubernetes.io/service-name");
+/// Follows a watch (with kube-runtime's backoff after errors) into the index.
+async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    index: Arc<RwLock<Index>>,
+    apply: fn(&mut Index, Change<K>),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut buffer = Vec::new();
     while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => apply(
-                event,
-                &mut buffer,
-                &index,
-                Index::put_slice,
-                Index::remove_slice,
-                Index::replace_slices,
-            ),
-            Err(err) => tracing::warn!(%err, "watching EndpointSlices"),
-        }
+        let change = match event {
+            Ok(Event::Init) => {
+                buffer.clear();
+                continue;
+            }
+            Ok(Event::InitApply(object)) => {
+                buffer.push(object);
+                continue;
+            }
+            Ok(Event::InitDone) => Change::Listed(std::mem::take(&mut buffer)),
+            Ok(Event::Apply(object)) => Change::Applied(object),
+            Ok(Event::Delete(object)) => Change::Deleted(object),
+            Err(err) => {
+                tracing::warn!(%err, "watching the API");
+                continue;
+            }
+        };
+        apply(
+            &mut index.write().unwrap_or_else(|p| p.into_inner()),
+            change,
+        );
+    }
+}
+
+fn service_change(index: &mut Index, change: Change<Service>) {
+    match change {
+        Change::Listed(all) => index.replace_services(all),
+        Change::Applied(service) => index.put_service(service),
+        Change::Deleted(service) => index.remove_service(&service),
+    }
+}
+
+fn slice_change(index: &mut Index, change: Change<EndpointSlice>) {
+    match change {
+        Change::Listed(all) => index.replace_slices(all),
+        Change::Applied(slice) => index.put_slice(slice),
+        Change::Deleted(slice) => index.remove_slice(&slice),
     }
 }
 

@@ -288,74 +288,43 @@ impl Watches {
 
     async fn services(self, api: Api<Service>) {
         let config = watcher::Config::default().labels(SELECTOR);
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut buffer = Vec::new();
-        while let Some(event) = stream.next().await {
-            let event = match event {
-                Ok(event) => event,
-                Err(err) => {
-                    tracing::warn!(%err, "watching Services");
-                    continue;
-                }
-            };
+        follow(api, config, "Services", |change| {
             let mut shared = lock(&self.shared);
-            match event {
-                Event::Init => buffer.clear(),
-                Event::InitApply(service) => buffer.push(service),
-                Event::InitDone => {
-                    shared.state.replace_services(std::mem::take(&mut buffer));
+            let name = match change {
+                Change::Listed(services) => {
+                    shared.state.replace_services(services);
                     shared.services_synced = true;
                     shared.need_full = true;
+                    None
                 }
-                Event::Apply(service) => {
-                    let name = shared.state.put_service(service);
-                    shared.dirty.insert(name);
-                    self.metrics.service_changes.inc();
-                    self.metrics.service_changes_pending.inc();
-                }
-                Event::Delete(service) => {
-                    let name = shared.state.remove_service(&service);
-                    shared.dirty.insert(name);
-                    self.metrics.service_changes.inc();
-                    self.metrics.service_changes_pending.inc();
-                }
+                Change::Applied(service) => Some(shared.state.put_service(service)),
+                Change::Deleted(service) => Some(shared.state.remove_service(&service)),
+            };
+            if let Some(name) = name {
+                shared.dirty.insert(name);
+                self.metrics.service_changes.inc();
+                self.metrics.service_changes_pending.inc();
             }
             self.changed(&mut shared);
-        }
+        })
+        .await;
     }
 
     async fn slices(self, api: Api<EndpointSlice>) {
         let config = watcher::Config::default().labels(&format!("{SELECTOR},{SERVICE_NAME_LABEL}"));
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut buffer = Vec::new();
-        while let Some(event) = stream.next().await {
-            let event = match event {
-                Ok(event) => event,
-                Err(err) => {
-                    tracing::warn!(%err, "watching EndpointSlices");
-                    continue;
-                }
-            };
+        follow(api, config, "EndpointSlices", |change| {
             let mut shared = lock(&self.shared);
-            let touched = match event {
-                Event::Init => {
-                    buffer.clear();
-                    continue;
-                }
-                Event::InitApply(slice) => {
-                    buffer.push(slice);
-                    continue;
-                }
-                Event::InitDone => {
-                    shared.state.replace_slices(std::mem::take(&mut buffer));
+            let touched = match change {
+                Change::Listed(slices) => {
+                    shared.state.replace_slices(slices);
                     shared.slices_synced = true;
                     shared.need_full = true;
                     let all: Vec<_> = shared.state.service_names().into_iter().collect();
                     shared.endpoints_changed.extend(all);
                     self.changed(&mut shared);
-                    continue;
+                    return;
                 }
-                Event::Apply(slice) => {
+                Change::Applied(slice) => {
                     let trigger = trigger_time(&slice);
                     let touched = shared.state.put_slice(slice);
                     if let (Some(t), Some(name)) = (trigger, touched.last()) {
@@ -367,7 +336,7 @@ impl Watches {
                     }
                     touched
                 }
-                Event::Delete(slice) => shared.state.remove_slice(&slice),
+                Change::Deleted(slice) => shared.state.remove_slice(&slice),
             };
             self.metrics.endpoint_changes.inc();
             self.metrics.endpoint_changes_pending.inc();
@@ -376,45 +345,64 @@ impl Watches {
                 shared.endpoints_changed.insert(name);
             }
             self.changed(&mut shared);
-        }
+        })
+        .await;
     }
 
     async fn node(self, api: Api<Node>, name: String) {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        while let Some(event) = stream.next().await {
-            let event = match event {
-                Ok(event) => event,
-                Err(err) => {
-                    tracing::warn!(%err, "watching this node");
-                    continue;
-                }
+        follow(api, config, "this node", |change| {
+            let node = match change {
+                Change::Listed(mut nodes) => nodes.pop(),
+                Change::Applied(node) => Some(node),
+                Change::Deleted(_) => None,
             };
             let mut shared = lock(&self.shared);
-            match event {
-                Event::Init | Event::InitDone => {}
-                Event::InitApply(node) | Event::Apply(node) => {
-                    self.health.set_node_eligible(eligible(&node));
-                    let before = (
-                        shared.state.node_ips(),
-                        shared.state.node_zone().map(str::to_owned),
-                    );
-                    shared.state.node = Some(node);
-                    let after = (
-                        shared.state.node_ips(),
-                        shared.state.node_zone().map(str::to_owned),
-                    );
-                    shared.need_full |= before != after;
-                }
-                Event::Delete(_) => {
-                    self.health.set_node_eligible(false);
-                    shared.need_full |= shared.state.node.is_some();
-                    shared.state.node = None;
-                }
-            }
-            // The node's addresses and zone change the fixed rules or every Service's: the
-            // sync loop compares them and syncs in full when they moved.
+            self.health
+                .set_node_eligible(node.as_ref().is_some_and(eligible));
+            let before = (
+                shared.state.node_ips(),
+                shared.state.node_zone().map(str::to_owned),
+            );
+            shared.state.node = node;
+            let after = (
+                shared.state.node_ips(),
+                shared.state.node_zone().map(str::to_owned),
+            );
+            // The node's addresses and zone change the fixed rules or every Service's.
+            shared.need_full |= before != after;
             self.notify.notify_one();
+        })
+        .await;
+    }
+}
+
+/// A watch's news, a relist delivered whole.
+enum Change<K> {
+    Listed(Vec<K>),
+    Applied(K),
+    Deleted(K),
+}
+
+/// Follows a watch (with kube-runtime's backoff after errors) until the process ends.
+async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &str,
+    mut handle: impl FnMut(Change<K>),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut buffer = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => buffer.clear(),
+            Ok(Event::InitApply(object)) => buffer.push(object),
+            Ok(Event::InitDone) => handle(Change::Listed(std::mem::take(&mut buffer))),
+            Ok(Event::Apply(object)) => handle(Change::Applied(object)),
+            Ok(Event::Delete(object)) => handle(Change::Deleted(object)),
+            Err(err) => tracing::warn!(%err, "watching {what}"),
         }
     }
 }
