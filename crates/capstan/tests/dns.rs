@@ -218,45 +218,37 @@ fn check_records(server: &Server, port: u16) {
     assert_eq!(short(port, &["+tcp", &big, "A"]).len(), 500);
 
     // A readiness flip reaches the answers; the delay is printed.
-    let t0 = Instant::now();
-    server.ok(&[
-        "-n",
-        "dz",
-        "patch",
-        "pod",
-        "p3",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
-    ]);
-    assert!(until(Duration::from_secs(10), || short(
-        port,
-        &[&format!("hl.dz.svc.{zone}"), "A"]
-    )
-    .len()
-        == 3));
-    eprintln!(
-        "a readiness flip answered {:?} after its status write",
-        t0.elapsed()
-    );
-    server.ok(&[
-        "-n",
-        "dz",
-        "patch",
-        "pod",
-        "p3",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#,
-    ]);
-    assert!(until(Duration::from_secs(10), || short(
-        port,
-        &[&format!("hl.dz.svc.{zone}"), "A"]
-    )
-    .len()
-        == 2));
+    let headless = format!("hl.dz.svc.{zone}");
+    let flip = |ready: bool, want: usize| {
+        let t0 = Instant::now();
+        let status = format!(
+            r#"{{"status":{{"conditions":[{{"type":"Ready","status":"{}"}}]}}}}"#,
+            if ready { "True" } else { "False" }
+        );
+        server.ok(&[
+            "-n",
+            "dz",
+            "patch",
+            "pod",
+            "p3",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status,
+        ]);
+        assert!(until(Duration::from_secs(10), || short(
+            port,
+            &[&headless, "A"]
+        )
+        .len()
+            == want));
+        eprintln!(
+            "a readiness flip answered {:?} after its status write",
+            t0.elapsed()
+        );
+    };
+    flip(true, 3);
+    flip(false, 2);
 }
 
 #[test]
