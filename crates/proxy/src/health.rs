@@ -252,6 +252,8 @@ struct CheckServer {
 /// The health check servers, one per Service with a `healthCheckNodePort`.
 pub struct HealthChecks {
     servers: HashMap<ServiceName, CheckServer>,
+    /// Servers that could not listen yet: (port, local endpoints).
+    failed: HashMap<ServiceName, (u16, usize)>,
     addresses: Vec<IpAddr>,
     health: Arc<ProxyHealth>,
 }
@@ -261,6 +263,7 @@ impl HealthChecks {
     pub fn new(addresses: Vec<IpAddr>, health: Arc<ProxyHealth>) -> HealthChecks {
         HealthChecks {
             servers: HashMap::new(),
+            failed: HashMap::new(),
             addresses,
             health,
         }
@@ -268,7 +271,17 @@ impl HealthChecks {
 
     /// Applies the health check ports and local endpoint counts of the Services a sync
     /// looked at; with `full`, Services not listed lose their servers.
-    pub async fn sync(&mut self, updates: Vec<(ServiceName, Option<(u16, usize)>)>, full: bool) {
+    pub async fn sync(
+        &mut self,
+        mut updates: Vec<(ServiceName, Option<(u16, usize)>)>,
+        full: bool,
+    ) {
+        // A full sync lists every Service itself; a partial one only the changed.
+        for (name, failed) in std::mem::take(&mut self.failed) {
+            if !full && !updates.iter().any(|(n, _)| *n == name) {
+                updates.push((name, Some(failed)));
+            }
+        }
         if full {
             let keep: std::collections::HashSet<&ServiceName> = updates
                 .iter()
@@ -303,10 +316,14 @@ impl HealthChecks {
                 Ok(server) => {
                     self.servers.insert(name, server);
                 }
-                Err(err) => tracing::warn!(
-                    service = %format!("{}/{}", name.0, name.1), port, %err,
-                    "failed to start healthcheck"
-                ),
+                Err(err) => {
+                    tracing::warn!(
+                        service = %format!("{}/{}", name.0, name.1), port, %err,
+                        "failed to start healthcheck"
+                    );
+                    // Tried again at the next sync, whatever it looks at.
+                    self.failed.insert(name, (port, count));
+                }
             }
         }
     }

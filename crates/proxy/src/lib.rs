@@ -159,13 +159,37 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         "--proxy-mode {}: only nftables is implemented",
         args.proxy_mode
     );
-    let families = [Family::V4, Family::V6];
     if args.cleanup {
-        for family in families {
+        for family in [Family::V4, Family::V6] {
             nft::Nft::new().delete_table(family, TABLE).await?;
         }
         return Ok(());
     }
+    // Each family the kernel can take (a host without IPv6 NAT cannot make the ip6 table,
+    // and one failing family must not fail the other's every sync).
+    let mut families = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let config = rules::BaseConfig {
+            nodeport_match_all: true,
+            ..rules::BaseConfig::default()
+        };
+        let mut tx = ruleset::Transaction::new(family.nft(), TABLE);
+        tx.partial(
+            &ruleset::Rules::default(),
+            &rules::base(family, &config),
+            &mut ruleset::ElementRefs::new(),
+        );
+        match nft::Nft::new().check(&tx.finish()).await {
+            Ok(()) => families.push(family),
+            Err(err) => {
+                tracing::warn!(family = family.nft(), %err, "this family cannot be programmed; skipping it")
+            }
+        }
+    }
+    anyhow::ensure!(
+        !families.is_empty(),
+        "nftables takes neither the ip nor the ip6 table (root or CAP_NET_ADMIN, nft 1.0.1+, kernel 5.13+)"
+    );
     let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
     let mut nodeport_cidrs = Vec::new();
     for value in &args.nodeport_addresses {
@@ -222,7 +246,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     };
     let config = SyncConfig {
         table: TABLE.to_owned(),
-        families: families.to_vec(),
+        families: families.clone(),
         node_name: node_name.clone(),
         cluster_cidrs: args.cluster_cidr.iter().map(IpNet::trunc).collect(),
         masquerade_all: args.masquerade_all,

@@ -54,7 +54,17 @@ impl Nft {
 
     /// Runs a transaction: every line takes effect, or none does.
     pub async fn apply(&self, script: &str) -> anyhow::Result<()> {
+        self.run(script, false).await
+    }
+
+    /// Checks a transaction against the kernel without applying it (`nft -c`).
+    pub async fn check(&self, script: &str) -> anyhow::Result<()> {
+        self.run(script, true).await
+    }
+
+    async fn run(&self, script: &str, check_only: bool) -> anyhow::Result<()> {
         let mut child = Command::new(&self.program)
+            .args(check_only.then_some("-c"))
             .arg("-f")
             .arg("-")
             .stdin(Stdio::piped())
