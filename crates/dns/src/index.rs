@@ -225,16 +225,6 @@ impl Index {
         self.reverse.get(ip).filter(|names| !names.is_empty())
     }
 
-    /// How many Services have answers.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether no Service has answers.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     fn unindex(&mut self, k: &ServiceKey) {
         let Some(old) = self.entries.remove(k) else {
             return;

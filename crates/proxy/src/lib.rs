@@ -292,10 +292,7 @@ struct Watches {
 }
 
 impl Watches {
-    fn changed(&self, shared: &mut Shared) {
-        shared
-            .queued_since
-            .get_or_insert_with(std::time::Instant::now);
+    fn changed(&self, _shared: &mut Shared) {
         self.health.queued();
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -20,7 +20,7 @@ fn element_key(element: &str) -> &str {
     &element[..end.unwrap_or(element.len())]
 }
 
-impl Transaction<'_> {
+impl Transaction {
     /// Wants `element` in `set` once more; writes it when it is new or replaces another value.
     fn want(&mut self, refs: &mut ElementRefs, set: &str, element: &str) {
         let slot = refs
@@ -104,16 +104,15 @@ impl Rules {
 }
 
 /// Builds one nftables transaction for a table.
-pub struct Transaction<'a> {
+pub struct Transaction {
     prefix: String,
     out: String,
     deletes: String,
-    table: &'a str,
 }
 
-impl<'a> Transaction<'a> {
+impl Transaction {
     /// A transaction on `table` in `family` (`ip` or `ip6`).
-    pub fn new(family: &str, table: &'a str) -> Transaction<'a> {
+    pub fn new(family: &str, table: &str) -> Transaction {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -123,13 +122,7 @@ impl<'a> Transaction<'a> {
             prefix: format!("{family} {table}"),
             out,
             deletes: String::new(),
-            table,
         }
-    }
-
-    /// The table's name.
-    pub fn table(&self) -> &str {
-        self.table
     }
 
     /// Declares a chain (a rule may jump to a chain only once it is declared).
@@ -289,11 +282,6 @@ impl<'a> Transaction<'a> {
         for name in names {
             let _ = writeln!(self.out, "delete chain {} {name}", self.prefix);
         }
-    }
-
-    /// Whether the transaction changes anything beyond making sure the table exists.
-    pub fn is_empty(&self) -> bool {
-        self.deletes.is_empty() && self.out.lines().count() <= 1
     }
 
     /// The transaction's text: additions and rewrites first, then what goes (so nothing is

@@ -41,8 +41,6 @@ pub struct Shared {
     pub services_synced: bool,
     /// See `services_synced`.
     pub slices_synced: bool,
-    /// When a change was first queued and not yet synced.
-    pub queued_since: Option<Instant>,
 }
 
 /// The proxy's configuration that rules depend on.
@@ -241,7 +239,7 @@ impl Syncer {
         if !self.config.nodeport_cidrs.is_empty() {
             self.local_addresses = crate::local_addresses().await;
         }
-        let (full, plan, changed_endpoints, trigger_times, queued) = {
+        let (full, plan, changed_endpoints, trigger_times) = {
             let mut shared = lock(&self.shared);
             let zone = shared.state.node_zone().map(str::to_owned);
             let mut full = shared.need_full
@@ -290,10 +288,9 @@ impl Syncer {
             }
             let changed = std::mem::take(&mut shared.endpoints_changed);
             let triggers = std::mem::take(&mut shared.trigger_times);
-            let queued = shared.queued_since.take();
             self.metrics.endpoint_changes_pending.set(0);
             self.metrics.service_changes_pending.set(0);
-            (full, plan, changed, triggers, queued)
+            (full, plan, changed, triggers)
         };
 
         let mut script = String::new();
@@ -423,7 +420,6 @@ impl Syncer {
             let mut shared = lock(&self.shared);
             shared.need_full = true;
             shared.endpoints_changed.extend(changed_endpoints);
-            shared.queued_since = shared.queued_since.or(queued);
             return;
         }
         self.last_failed = false;
