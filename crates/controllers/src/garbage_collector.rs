@@ -10,9 +10,11 @@
 //!   (in the foreground themselves when they have dependents), and the finalizer goes once no
 //!   dependent with `blockOwnerDeletion` remains.
 //!
-//! Dependents are found from the watch of every kind (upstream's graph of owner UIDs); owners
-//! are read at the latest revision when judged, so an owner created just before its dependent
-//! is never taken for absent.
+//! Dependents are found from the watch of every kind (upstream's graph of owner UIDs). As
+//! upstream's graph builder, a dependent whose owners the watches have all shown is left be
+//! until an owner goes; one naming an owner not (yet) seen is judged by reading its owners at
+//! the latest revision, so an owner created just before its dependent is never taken for
+//! absent.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,6 +94,8 @@ struct Graph {
     uids: HashMap<Ref, String>,
     /// The objects seen, by UID.
     by_uid: HashMap<String, Ref>,
+    /// UIDs of the objects seen being deleted in the foreground.
+    waiting: HashSet<String>,
 }
 
 impl Graph {
@@ -139,6 +143,7 @@ impl Graph {
         let uid = self.uids.remove(object);
         if let Some(uid) = &uid {
             self.by_uid.remove(uid);
+            self.waiting.remove(uid);
         }
         (uid, owners)
     }
@@ -249,7 +254,20 @@ impl GarbageCollector {
         let owners: Vec<String> = meta.owners().iter().map(|o| o.uid.clone()).collect();
         let known = graph.objects.get(&key).map(|(_, o)| o.clone());
         let dropped = graph.set(&key, meta.uid(), owners.clone());
-        if !owners.is_empty() && known.as_ref() != Some(&owners) {
+        if meta.deleting() && meta.has_finalizer(FOREGROUND) {
+            graph.waiting.insert(meta.uid().to_string());
+        } else {
+            graph.waiting.remove(meta.uid());
+        }
+        // As upstream's graph builder, new owner references are verified by a live read only
+        // when an owner has not been observed (upstream's virtual nodes) or is itself waiting
+        // for its dependents; an observed owner's deletion brings its dependents back.
+        if known.as_ref() != Some(&owners)
+            && meta
+                .owners()
+                .iter()
+                .any(|reference| !self.observed(&graph, &key, reference))
+        {
             work.push(Work::Dependent(key.clone()));
         }
         // A reference taken away may have been what a foreground deletion waited for.
@@ -265,6 +283,22 @@ impl GarbageCollector {
             work.push(Work::Foreground(key.clone()));
         }
         work
+    }
+
+    /// Whether the graph holds the object `reference` names, with its UID, not waiting for
+    /// its dependents (what a live read would classify as solid).
+    fn observed(&self, graph: &Graph, dependent: &Ref, reference: &OwnerReference) -> bool {
+        let Some(kind) = self.kind_of(reference) else {
+            return true; // a kind not served is never read (left be)
+        };
+        let namespace = if self.kinds[kind].strategy().info().namespaced {
+            dependent.1.as_str()
+        } else {
+            ""
+        };
+        graph.find(&reference.uid).is_some_and(|owner| {
+            owner.0 == kind && owner.1 == namespace && owner.2 == reference.name
+        }) && !graph.waiting.contains(&reference.uid)
     }
 
     /// The live object's metadata, at the latest revision.
