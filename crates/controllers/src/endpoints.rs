@@ -8,6 +8,7 @@ use std::sync::Arc;
 use capstan_machinery::ApiError;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
 use capstan_registry::strategy::from_typed;
+use capstan_registry::typed::from_json_without_managed_fields;
 use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
@@ -490,7 +491,7 @@ impl EndpointsController {
                 move |kind, object, _| {
                     let s = &object.selectable;
                     let view = (kind != EventType::Deleted)
-                        .then(|| serde_json::from_slice::<Pod>(object.raw_json()).ok())
+                        .then(|| from_json_without_managed_fields::<Pod>(object.raw_json()).ok())
                         .flatten()
                         .map(|pod| Arc::new(pod_view(&pod)));
                     let wake = on_event.index().pod_changed(s.namespace(), s.name(), view);

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use capstan_registry::typed::from_json_without_managed_fields;
 use capstan_resources::endpointslice::{CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -869,7 +870,8 @@ impl SliceWriter {
                 .iter()
                 .filter_map(|name| self.slices.cache().get(&info.key(&key.0, name)))
                 .filter_map(|cached| {
-                    serde_json::from_slice::<EndpointSlice>(cached.raw_json()).ok()
+                    // managedFields are the registry's: the write keeps the stored ones.
+                    from_json_without_managed_fields::<EndpointSlice>(cached.raw_json()).ok()
                 })
                 .filter(|slice| slice.metadata.deletion_timestamp.is_none())
                 .collect(),

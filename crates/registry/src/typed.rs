@@ -128,6 +128,169 @@ pub fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<
     for_rules(object).ok().map(|typed| rule(&typed))
 }
 
+/// Decodes stored JSON into a kind's object without `metadata.managedFields` (skipped, not
+/// decoded: they are often half of an object, and a reader that is not the registry never
+/// needs them).
+pub fn from_json_without_managed_fields<T: serde::de::DeserializeOwned>(
+    json: &[u8],
+) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(json);
+    let object = T::deserialize(Skipping {
+        inner: &mut deserializer,
+        level: Level::Object,
+    })
+    .map_err(|e| e.to_string())?;
+    deserializer.end().map_err(|e| e.to_string())?;
+    Ok(object)
+}
+
+/// A deserializer that hides `metadata.managedFields` from what it decodes, wrapping any
+/// other (serde_json's over bytes) at the object and metadata levels only.
+struct Skipping<D> {
+    inner: D,
+    level: Level,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.inner.deserialize_map(SkippingVisitor {
+            inner: visitor,
+            level: self.level,
+        })
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.inner.deserialize_option(SkippingOption {
+            inner: visitor,
+            level: self.level,
+        })
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct newtype_struct seq tuple tuple_struct enum identifier ignored_any
+    }
+}
+
+/// An optional object or metadata: `null`, or a [`Skipping`] over it.
+struct SkippingOption<V> {
+    inner: V,
+    level: Level,
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for SkippingOption<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.inner.expecting(formatter)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.inner.visit_none()
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.inner.visit_none()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        self.inner.visit_some(Skipping {
+            inner: deserializer,
+            level: self.level,
+        })
+    }
+}
+
+/// Hands the wrapped visitor a map without `managedFields` (in metadata).
+struct SkippingVisitor<V> {
+    inner: V,
+    level: Level,
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for SkippingVisitor<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.inner.expecting(formatter)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        self.inner.visit_map(SkippingMap {
+            inner: map,
+            level: self.level,
+            metadata_next: false,
+        })
+    }
+}
+
+struct SkippingMap<A> {
+    inner: A,
+    level: Level,
+    /// Whether the value to come is the object's `metadata`.
+    metadata_next: bool,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkippingMap<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        while let Some(key) = self.inner.next_key::<std::borrow::Cow<'de, str>>()? {
+            if self.level == Level::Metadata && key == "managedFields" {
+                self.inner.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            self.metadata_next = self.level == Level::Object && key == "metadata";
+            return seed
+                .deserialize(de::value::CowStrDeserializer::<A::Error>::new(key))
+                .map(Some);
+        }
+        Ok(None)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'de>>(
+        &mut self,
+        seed: S,
+    ) -> Result<S::Value, Self::Error> {
+        if std::mem::take(&mut self.metadata_next) {
+            self.inner.next_value_seed(MetadataSeed(seed))
+        } else {
+            self.inner.next_value_seed(seed)
+        }
+    }
+}
+
+/// The object's `metadata`, decoded through a [`Skipping`] at the metadata level.
+struct MetadataSeed<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for MetadataSeed<S> {
+    type Value = S::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Value, D::Error> {
+        self.0.deserialize(Skipping {
+            inner: deserializer,
+            level: Level::Metadata,
+        })
+    }
+}
+
 /// Go's `omitempty` on lists: an empty list is never written.
 fn drop_empty_lists(value: &mut Value) {
     match value {
@@ -301,6 +464,29 @@ mod tests {
         assert!(for_rules::<Service>(&wrong).is_err());
         let wrong = json!({"metadata": {"name": "x"}, "spec": {"ports": "80"}});
         assert!(for_rules::<Service>(&wrong).is_err());
+    }
+
+    #[test]
+    fn stored_json_decodes_without_its_managed_fields() {
+        let json = serde_json::to_vec(&stored()).unwrap_or_default();
+        let service: Service = from_json_without_managed_fields(&json).expect("decodes");
+        assert_eq!(service, for_rules::<Service>(&stored()).expect("decodes"));
+        assert_eq!(service.metadata.managed_fields, None);
+        assert_eq!(service.metadata.name.as_deref(), Some("web"));
+        // A metadata-level `managedFields` only: the same key elsewhere is the type's business.
+        let spec_only = br#"{"spec": {"type": "ClusterIP"}, "metadata": {"name": "a"}}"#;
+        let service: Service = from_json_without_managed_fields(spec_only).expect("decodes");
+        assert_eq!(service.metadata.name.as_deref(), Some("a"));
+        // Wrong types, bad JSON and trailing bytes are still refused.
+        for bad in [
+            &br#"{"metadata": {"name": 5}}"#[..],
+            br#"{"metadata": {"name": "x"}, "spec": {"ports": "80"}}"#,
+            br#"{"metadata": {"managedFields": [}}"#,
+            br#"{"metadata": {}} x"#,
+            br#"[]"#,
+        ] {
+            assert!(from_json_without_managed_fields::<Service>(bad).is_err());
+        }
     }
 
     #[test]

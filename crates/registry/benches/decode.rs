@@ -1,0 +1,85 @@
+//! Decoding a stored object into its type, as the controllers read the watch cache: all of it,
+//! or without `metadata.managedFields` (`typed::from_json_without_managed_fields`). The object
+//! is an EndpointSlice of 50 endpoints with the managedFields its create recorded, as the
+//! EndpointSlice controller reads on every sync of a Service with 50 pods.
+//!
+//! `cargo bench -p capstan-registry --bench decode` (env `CAPSTAN_BENCH_ITERATIONS`, default
+//! 20,000).
+
+use std::time::Instant;
+
+use capstan_registry::managed::{Tracking, record_update};
+use capstan_registry::typed::from_json_without_managed_fields;
+use capstan_registry::{ResourceInfo, Subresource};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{Value, json};
+
+/// The server's allocator, so allocation costs what it costs in `capstan serve`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+static SLICE: ResourceInfo =
+    ResourceInfo::of::<EndpointSlice>().zero(r#"{"metadata":{"creationTimestamp":null}}"#);
+
+/// A slice of 50 ready endpoints on 5 nodes, as the controller writes it.
+fn slice() -> Value {
+    let endpoints: Vec<Value> = (0..50)
+        .map(|i| {
+            json!({"addresses": [format!("10.244.{}.{}", i / 200, i % 200 + 2)],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": format!("node-{}", i % 5), "zone": "zone-a",
+                "targetRef": {"kind": "Pod", "namespace": "bench", "name": format!("svc-000001-pod-{i:03}"),
+                    "uid": format!("5f0c7a3e-0000-4000-8000-{i:012}")}})
+        })
+        .collect();
+    json!({"metadata": {"name": "svc-000001-abcde", "namespace": "bench",
+            "uid": "0b4b7c1e-1111-4000-8000-000000000001", "generation": 7,
+            "creationTimestamp": "2026-11-26T10:00:00Z",
+            "labels": {"kubernetes.io/service-name": "svc-000001",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-26T10:00:01Z"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "svc-000001",
+                "uid": "0b4b7c1e-2222-4000-8000-000000000002", "controller": true, "blockOwnerDeletion": true}]},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+}
+
+fn time(label: &str, iterations: u32, mut run: impl FnMut()) {
+    for _ in 0..iterations / 10 {
+        run();
+    }
+    let started = Instant::now();
+    for _ in 0..iterations {
+        run();
+    }
+    let per = started.elapsed() / iterations;
+    println!("{label:<48} {:>8.2} µs per object", per.as_secs_f64() * 1e6);
+}
+
+fn main() {
+    let iterations = std::env::var("CAPSTAN_BENCH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let schema = capstan_machinery::schema::named("io.k8s.api.discovery.v1.EndpointSlice");
+    let tracking = Tracking::new(&SLICE, schema, Subresource::Main);
+    let mut stored = slice();
+    record_update(&mut stored, None, "kube-controller-manager", &tracking);
+    let json = serde_json::to_vec(&stored).unwrap_or_default();
+    println!(
+        "an EndpointSlice of 50 endpoints: {} bytes stored",
+        json.len()
+    );
+    time(
+        "serde_json::from_slice::<EndpointSlice>",
+        iterations,
+        || {
+            let slice: EndpointSlice = serde_json::from_slice(&json).unwrap_or_default();
+            std::hint::black_box(&slice);
+        },
+    );
+    time("from_json_without_managed_fields", iterations, || {
+        let slice: EndpointSlice = from_json_without_managed_fields(&json).unwrap_or_default();
+        std::hint::black_box(&slice);
+    });
+}
