@@ -207,17 +207,45 @@ impl GarbageCollector {
             let (collector, queue) = (collector.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&collector.kinds[kind], false);
+                    let mut watcher = watch_all(&collector.kinds[kind], true);
+                    // What the (re)started watch lists; whatever the graph holds of this kind
+                    // beyond it was deleted while no watch ran (upstream's
+                    // DeletedFinalStateUnknown).
+                    let mut listed = Some(HashSet::new());
                     while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(event, object) = item {
-                            let s = &object.selectable;
-                            let key = (kind, s.namespace().to_string(), s.name().to_string());
-                            let meta = serde_json::from_slice::<Meta>(object.raw_json())
-                                .unwrap_or_default()
-                                .metadata;
-                            for work in collector.observe(event, key, &meta) {
-                                queue.add(work);
+                        match item {
+                            WatchItem::Event(event, object) => {
+                                let s = &object.selectable;
+                                let key = (kind, s.namespace().to_string(), s.name().to_string());
+                                if let Some(listed) = listed.as_mut() {
+                                    listed.insert(key.clone());
+                                }
+                                let meta = serde_json::from_slice::<Meta>(object.raw_json())
+                                    .unwrap_or_default()
+                                    .metadata;
+                                for work in collector.observe(event, key, &meta) {
+                                    queue.add(work);
+                                }
                             }
+                            WatchItem::Bookmark(_, true) => {
+                                let Some(listed) = listed.take() else {
+                                    continue;
+                                };
+                                let gone: Vec<Ref> = collector
+                                    .graph()
+                                    .uids
+                                    .keys()
+                                    .filter(|r| r.0 == kind && !listed.contains(*r))
+                                    .cloned()
+                                    .collect();
+                                for key in gone {
+                                    let meta = MetaFields::default();
+                                    for work in collector.observe(EventType::Deleted, key, &meta) {
+                                        queue.add(work);
+                                    }
+                                }
+                            }
+                            _ => {}
                         }
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -250,6 +278,20 @@ impl GarbageCollector {
                     .map(Work::Foreground),
             );
             return work;
+        }
+        // The name now holds another object (the one seen was deleted and re-created while no
+        // watch ran): the old one's dependents lost their owner.
+        if let Some(previous) = graph.uids.get(&key).cloned()
+            && !meta.uid().is_empty()
+            && previous != meta.uid()
+        {
+            graph.waiting.remove(&previous);
+            work.extend(
+                graph
+                    .dependents_of(&previous)
+                    .into_iter()
+                    .map(Work::Dependent),
+            );
         }
         let owners: Vec<String> = meta.owners().iter().map(|o| o.uid.clone()).collect();
         let known = graph.objects.get(&key).map(|(_, o)| o.clone());
@@ -556,6 +598,40 @@ const FOREGROUND_POLICY: &str = "Foreground";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn meta(uid: &str, owners: &[&str]) -> MetaFields {
+        MetaFields {
+            uid: Some(uid.into()),
+            owner_references: Some(
+                owners
+                    .iter()
+                    .map(|o| OwnerReference {
+                        uid: o.to_string(),
+                        ..OwnerReference::default()
+                    })
+                    .collect(),
+            ),
+            ..MetaFields::default()
+        }
+    }
+
+    #[test]
+    fn an_owner_replaced_or_gone_unseen_brings_its_dependents_up() {
+        let collector = GarbageCollector::new(Vec::new());
+        let (owner, dependent): (Ref, Ref) = (
+            (0, "ns".into(), "web".into()),
+            (1, "ns".into(), "web-abc".into()),
+        );
+        collector.observe(EventType::Added, owner.clone(), &meta("o1", &[]));
+        collector.observe(EventType::Added, dependent.clone(), &meta("d1", &["o1"]));
+        // The same name, another object (deleted and re-created while no watch ran).
+        let work = collector.observe(EventType::Added, owner.clone(), &meta("o2", &[]));
+        assert_eq!(work, vec![Work::Dependent(dependent.clone())]);
+        // A relist that no longer shows the owner reports it deleted: its dependents come up.
+        collector.observe(EventType::Added, dependent.clone(), &meta("d1", &["o2"]));
+        let work = collector.observe(EventType::Deleted, owner, &MetaFields::default());
+        assert_eq!(work, vec![Work::Dependent(dependent)]);
+    }
 
     #[test]
     fn the_graph_finds_dependents_by_owner_uid_and_forgets_them() {
