@@ -6,17 +6,13 @@
 //! `cargo bench -p capstan-registry --bench decode` (env `CAPSTAN_BENCH_ITERATIONS`, default
 //! 20,000).
 
-use std::time::Instant;
+mod common;
 
 use capstan_registry::managed::{Tracking, record_update};
 use capstan_registry::typed::from_json_without_managed_fields;
 use capstan_registry::{ResourceInfo, Subresource};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
-
-/// The server's allocator, so allocation costs what it costs in `capstan serve`.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 static SLICE: ResourceInfo =
     ResourceInfo::of::<EndpointSlice>().zero(r#"{"metadata":{"creationTimestamp":null}}"#);
@@ -44,23 +40,8 @@ fn slice() -> Value {
         "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
 }
 
-fn time(label: &str, iterations: u32, mut run: impl FnMut()) {
-    for _ in 0..iterations / 10 {
-        run();
-    }
-    let started = Instant::now();
-    for _ in 0..iterations {
-        run();
-    }
-    let per = started.elapsed() / iterations;
-    println!("{label:<48} {:>8.2} µs per object", per.as_secs_f64() * 1e6);
-}
-
 fn main() {
-    let iterations = std::env::var("CAPSTAN_BENCH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+    let iterations = common::iterations();
     let schema = capstan_machinery::schema::named("io.k8s.api.discovery.v1.EndpointSlice");
     let tracking = Tracking::new(&SLICE, schema, Subresource::Main);
     let mut stored = slice();
@@ -70,16 +51,22 @@ fn main() {
         "an EndpointSlice of 50 endpoints: {} bytes stored",
         json.len()
     );
-    time(
+    common::time(
         "serde_json::from_slice::<EndpointSlice>",
+        "object",
         iterations,
         || {
             let slice: EndpointSlice = serde_json::from_slice(&json).unwrap_or_default();
             std::hint::black_box(&slice);
         },
     );
-    time("from_json_without_managed_fields", iterations, || {
-        let slice: EndpointSlice = from_json_without_managed_fields(&json).unwrap_or_default();
-        std::hint::black_box(&slice);
-    });
+    common::time(
+        "from_json_without_managed_fields",
+        "object",
+        iterations,
+        || {
+            let slice: EndpointSlice = from_json_without_managed_fields(&json).unwrap_or_default();
+            std::hint::black_box(&slice);
+        },
+    );
 }

@@ -4,16 +4,12 @@
 //! `cargo bench -p capstan-registry --bench managed` (env `CAPSTAN_BENCH_ITERATIONS`, default
 //! 20,000).
 
-use std::time::Instant;
+mod common;
 
 use capstan_registry::managed::{Tracking, record_update};
 use capstan_registry::{ResourceInfo, Subresource};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
-
-/// The server's allocator, so allocation costs what it costs in `capstan serve`.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 static SERVICE: ResourceInfo = ResourceInfo::of::<Service>()
     .with_status()
@@ -31,37 +27,28 @@ fn created() -> Value {
         "status": {"loadBalancer": {}}})
 }
 
-fn time(label: &str, iterations: u32, mut run: impl FnMut()) {
-    for _ in 0..iterations / 10 {
-        run();
-    }
-    let started = Instant::now();
-    for _ in 0..iterations {
-        run();
-    }
-    let per = started.elapsed() / iterations;
-    println!("{label:<40} {:>8.2} µs per write", per.as_secs_f64() * 1e6);
-}
-
 fn main() {
-    let iterations = std::env::var("CAPSTAN_BENCH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+    let iterations = common::iterations();
     let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
     let tracking = Tracking::new(&SERVICE, schema, Subresource::Main);
     let template = created();
-    time("create (from the Go zero value)", iterations, || {
-        let mut object = template.clone();
-        record_update(&mut object, None, "capstan-bench", &tracking);
-        std::hint::black_box(&object);
-    });
+    common::time(
+        "create (from the Go zero value)",
+        "write",
+        iterations,
+        || {
+            let mut object = template.clone();
+            record_update(&mut object, None, "capstan-bench", &tracking);
+            std::hint::black_box(&object);
+        },
+    );
     let mut stored = template.clone();
     record_update(&mut stored, None, "capstan-bench", &tracking);
     let mut changed = stored.clone();
     changed["metadata"]["labels"]["tier"] = json!("web");
-    time(
+    common::time(
         "update (one label added, another manager)",
+        "write",
         iterations,
         || {
             let mut object = changed.clone();
@@ -69,7 +56,12 @@ fn main() {
             std::hint::black_box(&object);
         },
     );
-    time("clone of the object alone (baseline)", iterations, || {
-        std::hint::black_box(template.clone());
-    });
+    common::time(
+        "clone of the object alone (baseline)",
+        "write",
+        iterations,
+        || {
+            std::hint::black_box(template.clone());
+        },
+    );
 }
