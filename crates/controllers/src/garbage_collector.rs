@@ -207,47 +207,7 @@ impl GarbageCollector {
             let (collector, queue) = (collector.clone(), queue.clone());
             tokio::spawn(async move {
                 loop {
-                    let mut watcher = watch_all(&collector.kinds[kind], true);
-                    // What the (re)started watch lists; whatever the graph holds of this kind
-                    // beyond it was deleted while no watch ran (upstream's
-                    // DeletedFinalStateUnknown).
-                    let mut listed = Some(HashSet::new());
-                    while let Some(item) = watcher.next().await {
-                        match item {
-                            WatchItem::Event(event, object) => {
-                                let s = &object.selectable;
-                                let key = (kind, s.namespace().to_string(), s.name().to_string());
-                                if let Some(listed) = listed.as_mut() {
-                                    listed.insert(key.clone());
-                                }
-                                let meta = serde_json::from_slice::<Meta>(object.raw_json())
-                                    .unwrap_or_default()
-                                    .metadata;
-                                for work in collector.observe(event, key, &meta) {
-                                    queue.add(work);
-                                }
-                            }
-                            WatchItem::Bookmark(_, true) => {
-                                let Some(listed) = listed.take() else {
-                                    continue;
-                                };
-                                let gone: Vec<Ref> = collector
-                                    .graph()
-                                    .uids
-                                    .keys()
-                                    .filter(|r| r.0 == kind && !listed.contains(*r))
-                                    .cloned()
-                                    .collect();
-                                for key in gone {
-                                    let meta = MetaFields::default();
-                                    for work in collector.observe(EventType::Deleted, key, &meta) {
-                                        queue.add(work);
-                                    }
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
+                    collector.follow(kind, &queue).await;
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
             });
@@ -259,6 +219,52 @@ impl GarbageCollector {
                 async move { collector.process(work).await }
             }));
         }
+    }
+
+    /// Feeds one watch of `kind` into the graph until it ends. What the graph holds of the
+    /// kind beyond what the (re)started watch lists was deleted while no watch ran, and is
+    /// taken for deleted (upstream's DeletedFinalStateUnknown).
+    async fn follow(&self, kind: usize, queue: &WorkQueue<Work>) {
+        let mut watcher = watch_all(&self.kinds[kind], true);
+        let mut listed = Some(HashSet::new());
+        while let Some(item) = watcher.next().await {
+            let work = match item {
+                WatchItem::Event(event, object) => {
+                    let s = &object.selectable;
+                    let key = (kind, s.namespace().to_string(), s.name().to_string());
+                    if let Some(listed) = listed.as_mut() {
+                        listed.insert(key.clone());
+                    }
+                    let meta = serde_json::from_slice::<Meta>(object.raw_json())
+                        .unwrap_or_default()
+                        .metadata;
+                    self.observe(event, key, &meta)
+                }
+                WatchItem::Bookmark(_, true) => match listed.take() {
+                    Some(listed) => self.forget_unlisted(kind, &listed),
+                    None => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
+            for each in work {
+                queue.add(each);
+            }
+        }
+    }
+
+    /// Takes every object of `kind` the graph holds and `listed` lacks for deleted; returns
+    /// the work that calls for.
+    fn forget_unlisted(&self, kind: usize, listed: &HashSet<Ref>) -> Vec<Work> {
+        let gone: Vec<Ref> = self
+            .graph()
+            .uids
+            .keys()
+            .filter(|r| r.0 == kind && !listed.contains(*r))
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .flat_map(|key| self.observe(EventType::Deleted, key, &MetaFields::default()))
+            .collect()
     }
 
     /// Updates the graph from one watch event; returns the work it calls for.
@@ -627,10 +633,13 @@ mod tests {
         // The same name, another object (deleted and re-created while no watch ran).
         let work = collector.observe(EventType::Added, owner.clone(), &meta("o2", &[]));
         assert_eq!(work, vec![Work::Dependent(dependent.clone())]);
-        // A relist that no longer shows the owner reports it deleted: its dependents come up.
+        // A relist that no longer shows the owner takes it for deleted: its dependents come up.
         collector.observe(EventType::Added, dependent.clone(), &meta("d1", &["o2"]));
-        let work = collector.observe(EventType::Deleted, owner, &MetaFields::default());
+        let listed = HashSet::from([dependent.clone()]);
+        assert!(collector.forget_unlisted(1, &listed).is_empty());
+        let work = collector.forget_unlisted(0, &listed);
         assert_eq!(work, vec![Work::Dependent(dependent)]);
+        assert!(collector.graph().find("o2").is_none());
     }
 
     #[test]

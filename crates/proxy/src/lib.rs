@@ -292,7 +292,8 @@ struct Watches {
 }
 
 impl Watches {
-    fn changed(&self, _shared: &mut Shared) {
+    /// Marks a sync as wanted (readiness and the queued-time metric) and wakes the syncer.
+    fn changed(&self) {
         self.health.queued();
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -326,7 +327,7 @@ impl Watches {
                 self.metrics.service_changes.inc();
                 self.metrics.service_changes_pending.inc();
             }
-            self.changed(&mut shared);
+            self.changed();
         })
         .await;
     }
@@ -342,7 +343,7 @@ impl Watches {
                     shared.need_full = true;
                     let all: Vec<_> = shared.state.service_names().into_iter().collect();
                     shared.endpoints_changed.extend(all);
-                    self.changed(&mut shared);
+                    self.changed();
                     return;
                 }
                 Change::Applied(slice) => {
@@ -365,7 +366,7 @@ impl Watches {
                 shared.dirty.insert(name.clone());
                 shared.endpoints_changed.insert(name);
             }
-            self.changed(&mut shared);
+            self.changed();
         })
         .await;
     }

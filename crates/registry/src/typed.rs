@@ -30,8 +30,8 @@ pub fn from_typed<T: Object>(object: &T) -> Value {
 
 /// The object as a rule sees it: everything but `metadata.managedFields`.
 pub fn for_rules<T: Object>(object: &Value) -> Result<T, String> {
-    T::deserialize(WithoutManagedFields {
-        value: object,
+    T::deserialize(Skipping {
+        inner: object,
         level: Level::Object,
     })
     .map_err(|e| e.to_string())
@@ -144,8 +144,8 @@ pub fn from_json_without_managed_fields<T: serde::de::DeserializeOwned>(
     Ok(object)
 }
 
-/// A deserializer that hides `metadata.managedFields` from what it decodes, wrapping any
-/// other (serde_json's over bytes) at the object and metadata levels only.
+/// A deserializer that hides `metadata.managedFields` from what it decodes, wrapping another
+/// (serde_json's over bytes, or over a `&Value`) at the object and metadata levels only.
 struct Skipping<D> {
     inner: D,
     level: Level,
@@ -252,7 +252,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkippingMap<A> {
         &mut self,
         seed: K,
     ) -> Result<Option<K::Value>, Self::Error> {
-        while let Some(key) = self.inner.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(Key(key)) = self.inner.next_key::<Key<'de>>()? {
             if self.level == Level::Metadata && key == "managedFields" {
                 self.inner.next_value::<de::IgnoredAny>()?;
                 continue;
@@ -274,6 +274,35 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkippingMap<A> {
         } else {
             self.inner.next_value_seed(seed)
         }
+    }
+}
+
+/// A field name, borrowed from the input when it can be (serde's own `Cow` always copies).
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a field name")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(key.into()))
+            }
+
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(key.to_owned().into()))
+            }
+
+            fn visit_string<E: de::Error>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key(key.into()))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -303,130 +332,11 @@ fn drop_empty_lists(value: &mut Value) {
     }
 }
 
-/// Where in the object a [`WithoutManagedFields`] stands.
+/// Where in the object a [`Skipping`] stands.
 #[derive(Clone, Copy, PartialEq)]
 enum Level {
     Object,
     Metadata,
-}
-
-/// A deserializer over borrowed JSON that hides `metadata.managedFields` (serde_json's own
-/// `&Value` deserializer everywhere below the object and its metadata).
-struct WithoutManagedFields<'a> {
-    value: &'a Value,
-    level: Level,
-}
-
-/// The fields of the object or of its metadata, as a map.
-struct Fields<'a> {
-    fields: serde_json::map::Iter<'a>,
-    level: Level,
-    next: Option<(&'a str, &'a Value)>,
-}
-
-impl<'de> MapAccess<'de> for Fields<'de> {
-    type Error = serde_json::Error;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, Self::Error> {
-        for (key, value) in self.fields.by_ref() {
-            if self.level == Level::Metadata && key == "managedFields" {
-                continue;
-            }
-            self.next = Some((key, value));
-            return seed
-                .deserialize(de::value::BorrowedStrDeserializer::new(key))
-                .map(Some);
-        }
-        Ok(None)
-    }
-
-    fn next_value_seed<V: DeserializeSeed<'de>>(
-        &mut self,
-        seed: V,
-    ) -> Result<V::Value, Self::Error> {
-        let (key, value) = self
-            .next
-            .take()
-            .ok_or_else(|| de::Error::custom("a value asked for before its key"))?;
-        if self.level == Level::Object && key == "metadata" {
-            seed.deserialize(WithoutManagedFields {
-                value,
-                level: Level::Metadata,
-            })
-        } else {
-            seed.deserialize(value)
-        }
-    }
-
-    fn size_hint(&self) -> Option<usize> {
-        Some(self.fields.len())
-    }
-}
-
-impl<'de> WithoutManagedFields<'de> {
-    fn visit_fields<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, serde_json::Error> {
-        match self.value {
-            Value::Object(map) => visitor.visit_map(Fields {
-                fields: map.iter(),
-                level: self.level,
-                next: None,
-            }),
-            other => other.deserialize_any(visitor),
-        }
-    }
-}
-
-/// Delegates deserializer methods to serde_json's `&Value` deserializer.
-macro_rules! delegate {
-    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {
-        $(fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, Self::Error> {
-            self.value.$method($($arg,)* visitor)
-        })*
-    };
-}
-
-impl<'de> Deserializer<'de> for WithoutManagedFields<'de> {
-    type Error = serde_json::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.visit_fields(visitor)
-    }
-
-    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.visit_fields(visitor)
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        _fields: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        self.visit_fields(visitor)
-    }
-
-    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.value {
-            Value::Null => visitor.visit_none(),
-            _ => visitor.visit_some(self),
-        }
-    }
-
-    delegate! {
-        deserialize_bool(); deserialize_i8(); deserialize_i16(); deserialize_i32();
-        deserialize_i64(); deserialize_u8(); deserialize_u16(); deserialize_u32();
-        deserialize_u64(); deserialize_f32(); deserialize_f64(); deserialize_char();
-        deserialize_str(); deserialize_string(); deserialize_bytes(); deserialize_byte_buf();
-        deserialize_unit(); deserialize_seq(); deserialize_identifier(); deserialize_ignored_any();
-        deserialize_unit_struct(name: &'static str);
-        deserialize_newtype_struct(name: &'static str);
-        deserialize_tuple(len: usize);
-        deserialize_tuple_struct(name: &'static str, len: usize);
-        deserialize_enum(name: &'static str, variants: &'static [&'static str]);
-    }
 }
 
 #[cfg(test)]
