@@ -91,13 +91,7 @@ fn setup(server: &Server) {
         );
         let path = server.apply_file(&format!("p{i}.json"), &pod);
         server.ok(&["apply", "-f", common::path_str(&path)]);
-        let ready = if i == 3 { "False" } else { "True" };
-        server.ok(&[
-            "-n", "dz", "patch", "pod", &format!("p{i}"), "--subresource=status", "--type=merge", "-p",
-            &format!(
-                r#"{{"status":{{"phase":"Running","podIP":"10.244.7.{i}","podIPs":[{{"ip":"10.244.7.{i}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
-            ),
-        ]);
+        set_pod_status(server, i, i != 3);
     }
     // 500 endpoints in one slice of a selector-less headless Service.
     let endpoints: Vec<String> = (0..500)
@@ -221,21 +215,7 @@ fn check_records(server: &Server, port: u16) {
     let headless = format!("hl.dz.svc.{zone}");
     let flip = |ready: bool, want: usize| {
         let t0 = Instant::now();
-        let status = format!(
-            r#"{{"status":{{"conditions":[{{"type":"Ready","status":"{}"}}]}}}}"#,
-            if ready { "True" } else { "False" }
-        );
-        server.ok(&[
-            "-n",
-            "dz",
-            "patch",
-            "pod",
-            "p3",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status,
-        ]);
+        set_pod_status(server, 3, ready);
         assert!(until(Duration::from_secs(10), || short(
             port,
             &[&headless, "A"]
@@ -307,4 +287,15 @@ fn serve_with_dns_answers_in_process() {
     let server = Server::start_with(&["--dns", &listen]);
     setup(&server);
     check_records(&server, port);
+}
+
+/// Marks pod `p{i}` of `dz` Running at 10.244.7.{i}, Ready or not, through its `/status`.
+fn set_pod_status(server: &Server, i: u8, ready: bool) {
+    let ready = if ready { "True" } else { "False" };
+    let status = format!(
+        r#"{{"status":{{"phase":"Running","podIP":"10.244.7.{i}","podIPs":[{{"ip":"10.244.7.{i}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
+    );
+    let pod = format!("p{i}");
+    let patch = ["patch", "pod", &pod, "--subresource=status", "--type=merge"];
+    server.ok(&[&["-n", "dz"][..], &patch, &["-p", &status]].concat());
 }

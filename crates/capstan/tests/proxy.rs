@@ -143,21 +143,19 @@ impl Net {
             .expect("capstan proxy starts")
     }
 
+    /// Runs a command in the client namespace.
+    fn in_client(&self, command: &[&str]) -> std::process::Output {
+        let namespace = format!("{}-c", self.prefix);
+        Command::new("ip")
+            .args(["netns", "exec", &namespace])
+            .args(command)
+            .output()
+            .unwrap_or_else(|e| panic!("{command:?} runs in the client: {e}"))
+    }
+
     /// One HTTP GET from the client namespace: the answer, or curl's exit code.
     fn get(&self, url: &str) -> Result<String, i32> {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &format!("{}-c", self.prefix),
-                "curl",
-                "-s",
-                "-m",
-                "1",
-                url,
-            ])
-            .output()
-            .expect("curl runs");
+        let out = self.in_client(&["curl", "-s", "-m", "1", url]);
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
@@ -175,17 +173,7 @@ impl Net {
         let script = format!(
             "import socket\nfor _ in range({n}):\n    s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(1)\n    s.sendto(b'?',('{host}',{port}))\n    try: print(s.recvfrom(100)[0].decode())\n    except Exception: pass\n    s.close()\n"
         );
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &format!("{}-c", self.prefix),
-                "python3",
-                "-c",
-                &script,
-            ])
-            .output()
-            .expect("python runs");
+        let out = self.in_client(&["python3", "-c", &script]);
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_owned)
@@ -520,29 +508,8 @@ fn serve_with_proxy_runs_the_proxy_in_process() {
         == set(&["p1"])));
 }
 
+// Block style first: kubectl takes a file that starts with `{` for JSON.
 const OBJECTS: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
----
-apiVersion: v1
-kind: Node
-metadata: {name: n2}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p1, labels: {app: web}}
-spec:
-  nodeName: n1
-  containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}, {name: dns, containerPort: 5353, protocol: UDP}]}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p2, labels: {app: web}}
-spec:
-  nodeName: n2
-  containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}, {name: dns, containerPort: 5353, protocol: UDP}]}]
----
 apiVersion: v1
 kind: Service
 metadata: {name: web}
@@ -551,18 +518,17 @@ spec:
   selector: {app: web}
   ports: [{name: http, port: 80, targetPort: http}, {name: dns, port: 53, protocol: UDP, targetPort: dns}]
 ---
-apiVersion: v1
-kind: Service
-metadata: {name: empty}
-spec: {selector: {app: none}, ports: [{port: 80}]}
+{apiVersion: v1, kind: Node, metadata: {name: n1}}
 ---
-apiVersion: v1
-kind: Service
-metadata: {name: local}
-spec: {selector: {app: web}, internalTrafficPolicy: Local, ports: [{port: 80, targetPort: http}]}
+{apiVersion: v1, kind: Node, metadata: {name: n2}}
 ---
-apiVersion: v1
-kind: Service
-metadata: {name: lb}
-spec: {type: LoadBalancer, externalTrafficPolicy: Local, selector: {app: web}, ports: [{port: 80, targetPort: http}]}
+{apiVersion: v1, kind: Pod, metadata: {name: p1, labels: {app: web}}, spec: {nodeName: n1, containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}, {name: dns, containerPort: 5353, protocol: UDP}]}]}}
+---
+{apiVersion: v1, kind: Pod, metadata: {name: p2, labels: {app: web}}, spec: {nodeName: n2, containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}, {name: dns, containerPort: 5353, protocol: UDP}]}]}}
+---
+{apiVersion: v1, kind: Service, metadata: {name: empty}, spec: {selector: {app: none}, ports: [{port: 80}]}}
+---
+{apiVersion: v1, kind: Service, metadata: {name: local}, spec: {selector: {app: web}, internalTrafficPolicy: Local, ports: [{port: 80, targetPort: http}]}}
+---
+{apiVersion: v1, kind: Service, metadata: {name: lb}, spec: {type: LoadBalancer, externalTrafficPolicy: Local, selector: {app: web}, ports: [{port: 80, targetPort: http}]}}
 "#;

@@ -606,17 +606,13 @@ mod tests {
     use super::*;
 
     fn meta(uid: &str, owners: &[&str]) -> MetaFields {
+        let reference = |uid: &&str| OwnerReference {
+            uid: uid.to_string(),
+            ..OwnerReference::default()
+        };
         MetaFields {
             uid: Some(uid.into()),
-            owner_references: Some(
-                owners
-                    .iter()
-                    .map(|o| OwnerReference {
-                        uid: o.to_string(),
-                        ..OwnerReference::default()
-                    })
-                    .collect(),
-            ),
+            owner_references: Some(owners.iter().map(reference).collect()),
             ..MetaFields::default()
         }
     }

@@ -497,22 +497,16 @@ mod tests {
 
     fn index() -> Index {
         let mut index = Index::default();
-        index.put_service(service(
-            "web",
-            ServiceSpec {
-                cluster_ip: Some("10.96.0.10".into()),
-                ports: Some(http()),
-                ..Default::default()
-            },
-        ));
-        index.put_service(service(
-            "hl",
-            ServiceSpec {
-                cluster_ip: Some("None".into()),
-                ports: Some(http()),
-                ..Default::default()
-            },
-        ));
+        for (name, cluster_ip) in [("web", "10.96.0.10"), ("hl", "None"), ("empty", "None")] {
+            index.put_service(service(
+                name,
+                ServiceSpec {
+                    cluster_ip: Some(cluster_ip.into()),
+                    ports: Some(http()),
+                    ..Default::default()
+                },
+            ));
+        }
         index.put_slice(slice(
             "hl",
             &[
@@ -520,14 +514,6 @@ mod tests {
                 ("10.244.0.2", None, true),
                 ("10.244.0.3", None, false),
             ],
-        ));
-        index.put_service(service(
-            "empty",
-            ServiceSpec {
-                cluster_ip: Some("None".into()),
-                ports: Some(http()),
-                ..Default::default()
-            },
         ));
         index.put_service(service(
             "ext",
@@ -562,134 +548,134 @@ mod tests {
         }
     }
 
+    use ResponseCode::{NXDomain, NoError, Refused};
+
+    /// Asks each name and type; the answer must be the code and the records (in any order).
+    fn expect(cases: &[(&str, RecordType, ResponseCode, &[&str])]) {
+        for (name, kind, code, records) in cases {
+            let (got, mut answers) = ask(name, *kind);
+            answers.sort();
+            let mut want: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+            want.sort();
+            assert_eq!((got, answers), (*code, want), "{name} {kind}");
+        }
+    }
+
     #[test]
     fn cluster_ip_services() {
-        assert_eq!(
-            ask("web.ns.svc.cluster.local", RecordType::A),
-            (ResponseCode::NoError, vec!["A 10.96.0.10".into()])
-        );
-        // The name exists; it has no AAAA: NODATA.
-        assert_eq!(
-            ask("web.ns.svc.cluster.local", RecordType::AAAA),
-            (ResponseCode::NoError, vec![])
-        );
-        assert_eq!(
-            ask("_http._tcp.web.ns.svc.cluster.local", RecordType::SRV),
+        expect(&[
             (
-                ResponseCode::NoError,
-                vec!["SRV 0 100 80 web.ns.svc.cluster.local.".into()]
-            )
-        );
-        assert_eq!(
-            ask("_nope._tcp.web.ns.svc.cluster.local", RecordType::SRV).0,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(
-            ask("10.0.96.10.in-addr.arpa", RecordType::PTR),
+                "web.ns.svc.cluster.local",
+                RecordType::A,
+                NoError,
+                &["A 10.96.0.10"],
+            ),
+            // The name exists; it has no AAAA: NODATA.
+            ("web.ns.svc.cluster.local", RecordType::AAAA, NoError, &[]),
             (
-                ResponseCode::NoError,
-                vec!["PTR web.ns.svc.cluster.local.".into()]
-            )
-        );
+                "_http._tcp.web.ns.svc.cluster.local",
+                RecordType::SRV,
+                NoError,
+                &["SRV 0 100 80 web.ns.svc.cluster.local."],
+            ),
+            (
+                "_nope._tcp.web.ns.svc.cluster.local",
+                RecordType::SRV,
+                NXDomain,
+                &[],
+            ),
+            (
+                "10.0.96.10.in-addr.arpa",
+                RecordType::PTR,
+                NoError,
+                &["PTR web.ns.svc.cluster.local."],
+            ),
+        ]);
     }
 
     #[test]
     fn headless_services() {
-        let (code, mut a) = ask("hl.ns.svc.cluster.local", RecordType::A);
-        a.sort();
-        assert_eq!(
-            (code, a),
+        expect(&[
             (
-                ResponseCode::NoError,
-                vec!["A 10.244.0.1".into(), "A 10.244.0.2".into()]
-            )
-        );
-        assert_eq!(
-            ask("h1.hl.ns.svc.cluster.local", RecordType::A),
-            (ResponseCode::NoError, vec!["A 10.244.0.1".into()])
-        );
-        // Without a hostname an endpoint is named by its address with dashes, as CoreDNS does.
-        assert_eq!(
-            ask("10-244-0-2.hl.ns.svc.cluster.local", RecordType::A).1,
-            vec!["A 10.244.0.2".to_owned()]
-        );
-        // Not ready: not there.
-        assert_eq!(
-            ask("10-244-0-3.hl.ns.svc.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
-        let (_, mut srv) = ask("_http._tcp.hl.ns.svc.cluster.local", RecordType::SRV);
-        srv.sort();
-        assert_eq!(
-            srv,
-            vec![
-                "SRV 0 50 8080 10-244-0-2.hl.ns.svc.cluster.local.".to_owned(),
-                "SRV 0 50 8080 h1.hl.ns.svc.cluster.local.".to_owned()
-            ]
-        );
-        assert_eq!(
-            ask("1.0.244.10.in-addr.arpa", RecordType::PTR).1,
-            vec!["PTR h1.hl.ns.svc.cluster.local.".to_owned()]
-        );
-        // The specification: no ready endpoints, NXDOMAIN.
-        assert_eq!(
-            ask("empty.ns.svc.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
+                "hl.ns.svc.cluster.local",
+                RecordType::A,
+                NoError,
+                &["A 10.244.0.1", "A 10.244.0.2"],
+            ),
+            (
+                "h1.hl.ns.svc.cluster.local",
+                RecordType::A,
+                NoError,
+                &["A 10.244.0.1"],
+            ),
+            // Without a hostname an endpoint is named by its address with dashes, as CoreDNS
+            // does.
+            (
+                "10-244-0-2.hl.ns.svc.cluster.local",
+                RecordType::A,
+                NoError,
+                &["A 10.244.0.2"],
+            ),
+            // Not ready: not there.
+            (
+                "10-244-0-3.hl.ns.svc.cluster.local",
+                RecordType::A,
+                NXDomain,
+                &[],
+            ),
+            (
+                "_http._tcp.hl.ns.svc.cluster.local",
+                RecordType::SRV,
+                NoError,
+                &[
+                    "SRV 0 50 8080 10-244-0-2.hl.ns.svc.cluster.local.",
+                    "SRV 0 50 8080 h1.hl.ns.svc.cluster.local.",
+                ],
+            ),
+            (
+                "1.0.244.10.in-addr.arpa",
+                RecordType::PTR,
+                NoError,
+                &["PTR h1.hl.ns.svc.cluster.local."],
+            ),
+            // The specification: no ready endpoints, NXDOMAIN.
+            ("empty.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
+        ]);
     }
 
     #[test]
     fn external_names_version_namespaces_and_misses() {
-        assert_eq!(
-            ask("ext.ns.svc.cluster.local", RecordType::A),
-            (ResponseCode::NoError, vec!["CNAME db.example.org.".into()])
-        );
-        assert_eq!(
-            ask("ext.ns.svc.cluster.local", RecordType::SRV),
-            (ResponseCode::NoError, vec![])
-        );
-        assert_eq!(
-            ask("dns-version.cluster.local", RecordType::TXT),
-            (ResponseCode::NoError, vec!["TXT 1.1.0".into()])
-        );
-        assert_eq!(
-            ask("ns.svc.cluster.local", RecordType::A),
-            (ResponseCode::NoError, vec![])
-        );
-        assert_eq!(
-            ask("other.svc.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(
-            ask("nope.ns.svc.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(
-            ask("a.b.web.ns.svc.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(
-            ask("svc.cluster.local", RecordType::A),
-            (ResponseCode::NoError, vec![])
-        );
-        assert_eq!(
-            ask("foo.cluster.local", RecordType::A).0,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(
-            ask("1-2-3-4.ns.pod.cluster.local", RecordType::A).1,
-            vec!["A 1.2.3.4".to_owned()]
-        );
-        assert_eq!(
-            ask("example.org", RecordType::A).0,
-            ResponseCode::Refused,
-            "not the zone's"
-        );
-        assert_eq!(
-            ask("9.9.9.9.in-addr.arpa", RecordType::PTR).0,
-            ResponseCode::Refused,
-            "an unknown address is forwarded"
-        );
+        expect(&[
+            (
+                "ext.ns.svc.cluster.local",
+                RecordType::A,
+                NoError,
+                &["CNAME db.example.org."],
+            ),
+            ("ext.ns.svc.cluster.local", RecordType::SRV, NoError, &[]),
+            (
+                "dns-version.cluster.local",
+                RecordType::TXT,
+                NoError,
+                &["TXT 1.1.0"],
+            ),
+            ("ns.svc.cluster.local", RecordType::A, NoError, &[]),
+            ("other.svc.cluster.local", RecordType::A, NXDomain, &[]),
+            ("nope.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
+            ("a.b.web.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
+            ("svc.cluster.local", RecordType::A, NoError, &[]),
+            ("foo.cluster.local", RecordType::A, NXDomain, &[]),
+            (
+                "1-2-3-4.ns.pod.cluster.local",
+                RecordType::A,
+                NoError,
+                &["A 1.2.3.4"],
+            ),
+            // Not the zone's.
+            ("example.org", RecordType::A, Refused, &[]),
+            // An unknown address is forwarded.
+            ("9.9.9.9.in-addr.arpa", RecordType::PTR, Refused, &[]),
+        ]);
     }
 
     #[test]

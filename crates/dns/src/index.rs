@@ -87,6 +87,15 @@ fn owner(slice: &EndpointSlice) -> Option<ServiceKey> {
     ))
 }
 
+/// A port as DNS names it (its name in lower case); none without a number that fits.
+fn named_port(name: Option<&str>, protocol: Option<&str>, port: Option<i32>) -> Option<NamedPort> {
+    Some(NamedPort {
+        name: name.unwrap_or_default().to_ascii_lowercase(),
+        protocol: self::protocol(protocol),
+        port: u16::try_from(port?).ok()?,
+    })
+}
+
 fn protocol(p: Option<&str>) -> String {
     p.unwrap_or("TCP").to_ascii_lowercase()
 }
@@ -183,30 +192,26 @@ impl Index {
 
     /// Replaces every Service (after a relist).
     pub fn replace_services(&mut self, services: Vec<Service>) {
-        let old: Vec<ServiceKey> = self.services.keys().cloned().collect();
-        self.services.clear();
         self.namespaces.clear();
-        for k in old {
-            self.rebuild(&k);
-        }
-        for service in services {
-            self.put_service(service);
-        }
+        let gone = std::mem::take(&mut self.services).into_keys();
+        self.rebuild_all(gone);
+        services.into_iter().for_each(|s| self.put_service(s));
         self.synced.0 = true;
     }
 
     /// Replaces every slice (after a relist).
     pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
-        let old: Vec<ServiceKey> = self.by_service.keys().cloned().collect();
         self.slices.clear();
-        self.by_service.clear();
-        for k in old {
+        let emptied = std::mem::take(&mut self.by_service).into_keys();
+        self.rebuild_all(emptied);
+        slices.into_iter().for_each(|s| self.put_slice(s));
+        self.synced.1 = true;
+    }
+
+    fn rebuild_all(&mut self, services: impl IntoIterator<Item = ServiceKey>) {
+        for k in services {
             self.rebuild(&k);
         }
-        for slice in slices {
-            self.put_slice(slice);
-        }
-        self.synced.1 = true;
     }
 
     /// A Service's answers.
@@ -282,13 +287,7 @@ impl Index {
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                Some(NamedPort {
-                    name: p.name.clone().unwrap_or_default().to_ascii_lowercase(),
-                    protocol: protocol(p.protocol.as_deref()),
-                    port: u16::try_from(p.port).ok()?,
-                })
-            })
+            .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), Some(p.port)))
             .collect();
         if spec.type_.as_deref() == Some("ExternalName") {
             let target = spec.external_name.clone().unwrap_or_default();
@@ -297,14 +296,7 @@ impl Index {
                 ports,
             });
         }
-        let cluster_ips: Vec<IpAddr> = match &spec.cluster_ips {
-            Some(ips) if !ips.is_empty() => ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
-            _ => spec
-                .cluster_ip
-                .iter()
-                .filter_map(|ip| ip.parse().ok())
-                .collect(),
-        };
+        let cluster_ips = capstan_agent::cluster_ips(spec);
         let headless = spec.cluster_ip.as_deref() == Some("None");
         if !headless {
             return Some(Entry {
@@ -325,13 +317,7 @@ impl Index {
                 .ports
                 .iter()
                 .flatten()
-                .filter_map(|p| {
-                    Some(NamedPort {
-                        name: p.name.clone().unwrap_or_default().to_ascii_lowercase(),
-                        protocol: protocol(p.protocol.as_deref()),
-                        port: u16::try_from(p.port?).ok()?,
-                    })
-                })
+                .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), p.port))
                 .collect();
             for e in slice.endpoints.iter().flatten() {
                 // As CoreDNS: `ready` nil or true. The EndpointSlice controller already marks

@@ -10,13 +10,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 use http_body_util::Full;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
+use kube::Api;
+use kube::runtime::watcher;
 use tokio::net::{TcpListener, UdpSocket};
 
 pub mod answer;
@@ -25,6 +23,7 @@ pub mod metrics;
 pub mod server;
 
 use answer::Zone;
+use capstan_agent::{Change, follow};
 use index::Index;
 use metrics::Metrics;
 
@@ -105,18 +104,6 @@ fn upstreams(args: &DnsArgs) -> anyhow::Result<Vec<SocketAddr>> {
         .collect()
 }
 
-async fn client(args: &DnsArgs) -> anyhow::Result<Client> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
-}
-
 /// Runs the DNS server until the process ends.
 pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let domain = args
@@ -130,20 +117,20 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         pods: args.pods == "insecure",
     };
     let upstreams = upstreams(&args)?;
-    let client = client(&args).await?;
+    let client = capstan_agent::client(args.kubeconfig.as_deref()).await?;
     let index = Arc::new(RwLock::new(Index::default()));
     let metrics = Arc::new(Metrics::new(args.listen.to_string()));
-    let services = tokio::spawn(follow(
+    let services = tokio::spawn(into_index(
         Api::all(client.clone()),
         watcher::Config::default(),
-        index.clone(),
+        ("Services", index.clone()),
         service_change,
     ));
     let slices_config = watcher::Config::default().labels("kubernetes.io/service-name");
-    let slices = tokio::spawn(follow(
+    let slices = tokio::spawn(into_index(
         Api::all(client),
         slices_config,
-        index.clone(),
+        ("EndpointSlices", index.clone()),
         slice_change,
     ));
     if !args.metrics_bind_address.is_empty() {
@@ -177,47 +164,22 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A watch's news, a relist delivered whole.
-enum Change<K> {
-    Listed(Vec<K>),
-    Applied(K),
-    Deleted(K),
-}
-
-/// Follows a watch (with kube-runtime's backoff after errors) into the index.
-async fn follow<K>(
+/// Follows a watch into the index.
+async fn into_index<K>(
     api: Api<K>,
     config: watcher::Config,
-    index: Arc<RwLock<Index>>,
+    (what, index): (&str, Arc<RwLock<Index>>),
     apply: fn(&mut Index, Change<K>),
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut buffer = Vec::new();
-    while let Some(event) = stream.next().await {
-        let change = match event {
-            Ok(Event::Init) => {
-                buffer.clear();
-                continue;
-            }
-            Ok(Event::InitApply(object)) => {
-                buffer.push(object);
-                continue;
-            }
-            Ok(Event::InitDone) => Change::Listed(std::mem::take(&mut buffer)),
-            Ok(Event::Apply(object)) => Change::Applied(object),
-            Ok(Event::Delete(object)) => Change::Deleted(object),
-            Err(err) => {
-                tracing::warn!(%err, "watching the API");
-                continue;
-            }
-        };
+    follow(api, config, what, |change| {
         apply(
             &mut index.write().unwrap_or_else(|p| p.into_inner()),
             change,
-        );
-    }
+        )
+    })
+    .await
 }
 
 fn service_change(index: &mut Index, change: Change<Service>) {

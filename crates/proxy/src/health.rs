@@ -152,65 +152,75 @@ fn json_response(
 
 /// Serves `/healthz` and `/livez` at `addr` until the process ends.
 pub async fn serve_proxy_health(addr: SocketAddr, health: Arc<ProxyHealth>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /healthz and /livez");
-    serve(listener, move |req: Request<Incoming>| {
-        let health = health.clone();
-        async move {
-            let path = req.uri().path();
-            let (metric, with_node) = match path {
-                "/healthz" => (&health.metrics.healthz, true),
-                "/livez" => (&health.metrics.livez, false),
-                _ => {
-                    return Response::builder()
-                        .status(StatusCode::NOT_FOUND)
-                        .body(Full::new("404 page not found\n".into()))
-                        .unwrap_or_else(|_| Response::new(Full::default()));
-                }
-            };
-            let (code, body) = health.answer(with_node);
-            metric
-                .get_or_create(&Code {
-                    code: code.as_u16().to_string(),
-                })
-                .inc();
-            json_response(code, body, None)
-        }
-    })
-    .await
+    serve_paths(addr, "/healthz and /livez", health, health_response).await
 }
 
 /// Serves `/metrics`, `/healthz` and `/proxyMode` at `addr` until the process ends.
 pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics");
-    serve(listener, move |req: Request<Incoming>| {
-        let metrics = metrics.clone();
-        async move {
-            let (code, content_type, body) = match req.uri().path() {
-                "/metrics" => (
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.encode(),
-                ),
-                "/healthz" => (StatusCode::OK, "text/plain; charset=utf-8", "ok".to_owned()),
-                "/proxyMode" => (
-                    StatusCode::OK,
-                    "text/plain; charset=utf-8",
-                    "nftables".to_owned(),
-                ),
-                _ => (
-                    StatusCode::NOT_FOUND,
-                    "text/plain; charset=utf-8",
-                    "404 page not found\n".to_owned(),
-                ),
-            };
-            Response::builder()
-                .status(code)
-                .header(header::CONTENT_TYPE, content_type)
-                .body(Full::new(body.into()))
-                .unwrap_or_else(|_| Response::new(Full::default()))
+    serve_paths(addr, "/metrics", metrics, metrics_response).await
+}
+
+/// kube-proxy's answer at a path of its health server.
+fn health_response(health: &ProxyHealth, path: &str) -> Response<Body> {
+    let (metric, with_node) = match path {
+        "/healthz" => (&health.metrics.healthz, true),
+        "/livez" => (&health.metrics.livez, false),
+        _ => {
+            return text_response(
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "404 page not found\n".into(),
+            );
         }
+    };
+    let (code, body) = health.answer(with_node);
+    metric
+        .get_or_create(&Code {
+            code: code.as_u16().to_string(),
+        })
+        .inc();
+    json_response(code, body, None)
+}
+
+/// kube-proxy's answer at a path of its metrics server.
+fn metrics_response(metrics: &Metrics, path: &str) -> Response<Body> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    match path {
+        "/metrics" => text_response(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        "/healthz" => text_response(StatusCode::OK, TEXT, "ok".to_owned()),
+        "/proxyMode" => text_response(StatusCode::OK, TEXT, "nftables".to_owned()),
+        _ => text_response(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "404 page not found\n".to_owned(),
+        ),
+    }
+}
+
+fn text_response(code: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| Response::new(Full::default()))
+}
+
+/// Listens at `addr` and answers each request with `respond` to its path.
+async fn serve_paths<S: Send + Sync + 'static>(
+    addr: SocketAddr,
+    what: &str,
+    state: Arc<S>,
+    respond: fn(&S, &str) -> Response<Body>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving {what}");
+    serve(listener, move |req: Request<Incoming>| {
+        let state = state.clone();
+        async move { respond(&state, req.uri().path()) }
     })
     .await
 }

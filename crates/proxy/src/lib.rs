@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
+use kube::Api;
+use kube::runtime::watcher;
 use tokio::sync::Notify;
+
+use capstan_agent::{Change, follow};
 
 pub mod conntrack;
 pub mod health;
@@ -140,16 +140,24 @@ pub async fn local_addresses() -> Vec<IpAddr> {
         .collect()
 }
 
-async fn client(args: &ProxyArgs) -> anyhow::Result<Client> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+/// Starts the server `serve` makes at the address a flag names (none when it is empty).
+fn spawn_server<F, Fut>(flag: &str, address: &str, serve: F) -> anyhow::Result<()>
+where
+    F: FnOnce(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    if address.is_empty() {
+        return Ok(());
+    }
+    let addr: SocketAddr = address.parse().with_context(|| flag.to_owned())?;
+    let serving = serve(addr);
+    let flag = flag.to_owned();
+    tokio::spawn(async move {
+        if let Err(err) = serving.await {
+            tracing::error!(%err, %addr, "serving at {flag}");
         }
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
+    });
+    Ok(())
 }
 
 /// Runs the proxy until the process ends.
@@ -202,7 +210,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--nodeport-addresses {value}"))?,
         );
     }
-    let client = client(&args).await?;
+    let client = capstan_agent::client(args.kubeconfig.as_deref()).await?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(ProxyHealth::new(
         &families,
@@ -211,30 +219,18 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     ));
     let shared = Arc::new(Mutex::new(Shared::default()));
     let notify = Arc::new(Notify::new());
-    if !args.healthz_bind_address.is_empty() {
-        let addr: SocketAddr = args
-            .healthz_bind_address
-            .parse()
-            .context("--healthz-bind-address")?;
-        let health = health.clone();
-        tokio::spawn(async move {
-            if let Err(err) = health::serve_proxy_health(addr, health).await {
-                tracing::error!(%err, %addr, "serving /healthz");
-            }
-        });
-    }
-    if !args.metrics_bind_address.is_empty() {
-        let addr: SocketAddr = args
-            .metrics_bind_address
-            .parse()
-            .context("--metrics-bind-address")?;
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(err) = health::serve_metrics(addr, metrics).await {
-                tracing::error!(%err, %addr, "serving /metrics");
-            }
-        });
-    }
+    let health_server = |addr| health::serve_proxy_health(addr, health.clone());
+    spawn_server(
+        "--healthz-bind-address",
+        &args.healthz_bind_address,
+        health_server,
+    )?;
+    let metrics_server = |addr| health::serve_metrics(addr, metrics.clone());
+    spawn_server(
+        "--metrics-bind-address",
+        &args.metrics_bind_address,
+        metrics_server,
+    )?;
     let check_addresses = if nodeport_cidrs.is_empty() {
         Vec::new()
     } else {
@@ -314,9 +310,7 @@ impl Watches {
             let mut shared = lock(&self.shared);
             let name = match change {
                 Change::Listed(services) => {
-                    shared.state.replace_services(services);
-                    shared.services_synced = true;
-                    shared.need_full = true;
+                    shared.services_listed(services);
                     None
                 }
                 Change::Applied(service) => Some(shared.state.put_service(service)),
@@ -338,11 +332,7 @@ impl Watches {
             let mut shared = lock(&self.shared);
             let touched = match change {
                 Change::Listed(slices) => {
-                    shared.state.replace_slices(slices);
-                    shared.slices_synced = true;
-                    shared.need_full = true;
-                    let all: Vec<_> = shared.state.service_names().into_iter().collect();
-                    shared.endpoints_changed.extend(all);
+                    shared.slices_listed(slices);
                     self.changed();
                     return;
                 }
@@ -396,36 +386,6 @@ impl Watches {
             self.notify.notify_one();
         })
         .await;
-    }
-}
-
-/// A watch's news, a relist delivered whole.
-enum Change<K> {
-    Listed(Vec<K>),
-    Applied(K),
-    Deleted(K),
-}
-
-/// Follows a watch (with kube-runtime's backoff after errors) until the process ends.
-async fn follow<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    what: &str,
-    mut handle: impl FnMut(Change<K>),
-) where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut buffer = Vec::new();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => buffer.clear(),
-            Ok(Event::InitApply(object)) => buffer.push(object),
-            Ok(Event::InitDone) => handle(Change::Listed(std::mem::take(&mut buffer))),
-            Ok(Event::Apply(object)) => handle(Change::Applied(object)),
-            Ok(Event::Delete(object)) => handle(Change::Deleted(object)),
-            Err(err) => tracing::warn!(%err, "watching {what}"),
-        }
     }
 }
 

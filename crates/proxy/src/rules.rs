@@ -557,6 +557,14 @@ mod tests {
     }
 
     /// The lines a Service adds to an empty table, without the table and flush lines.
+    /// One Service port's rules as text, a line each.
+    fn rules_text(port: ServicePort) -> String {
+        lines(&[port], &[])
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn lines(ports: &[ServicePort], cluster_cidrs: &[IpNet]) -> BTreeSet<String> {
         let rules = service(Family::V4, ports, None, &Detector { cluster_cidrs });
         let mut tx = Transaction::new("ip", "kube-proxy");
@@ -720,10 +728,7 @@ mod tests {
             "172.30.0.44",
             vec![ep("10.180.0.5", false), ep("10.180.0.10", false)],
         );
-        let text = lines(&[svc.clone()], &[])
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = rules_text(svc.clone());
         assert!(
             text.contains("numgen random mod 2 map { 0 : 10.180.0.10 . 80 , 1 : 10.180.0.5 . 80 }"),
             "{text}"
@@ -742,19 +747,13 @@ mod tests {
                 ..ep("10.180.0.8", false)
             },
         ];
-        let text = lines(&[svc.clone()], &[])
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = rules_text(svc.clone());
         assert!(
             text.contains("numgen random mod 1 map { 0 : 10.180.0.7 . 80 }"),
             "{text}"
         );
         svc.endpoints.push(ep("10.180.0.9", false));
-        let text = lines(&[svc], &[])
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = rules_text(svc);
         assert!(
             text.contains("numgen random mod 1 map { 0 : 10.180.0.9 . 80 }"),
             "{text}"
@@ -765,10 +764,7 @@ mod tests {
     fn internal_local_without_local_endpoints_drops() {
         let mut svc = port("ns7", "svc7", "172.30.0.47", vec![ep("10.180.0.2", false)]);
         svc.internal_local = true;
-        let text = lines(&[svc], &[])
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = rules_text(svc);
         assert!(
             text.contains(
                 r#"no-endpoint-services { 172.30.0.47 . tcp . 80 comment "ns7/svc7:p80" : drop }"#

@@ -395,14 +395,7 @@ impl ClusterState {
         if spec.type_.as_deref() == Some("ExternalName") {
             return Vec::new();
         }
-        let cluster_ips: Vec<IpAddr> = match &spec.cluster_ips {
-            Some(ips) if !ips.is_empty() => ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
-            _ => spec
-                .cluster_ip
-                .iter()
-                .filter_map(|ip| ip.parse().ok())
-                .collect(),
-        };
+        let cluster_ips = capstan_agent::cluster_ips(spec);
         let Some(cluster_ip) = cluster_ips.into_iter().find(|ip| Family::of(ip) == family) else {
             return Vec::new();
         };

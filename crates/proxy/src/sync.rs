@@ -43,6 +43,25 @@ pub struct Shared {
     pub slices_synced: bool,
 }
 
+impl Shared {
+    /// Every Service, after a (re)list: the next sync is full.
+    pub fn services_listed(&mut self, services: Vec<k8s_openapi::api::core::v1::Service>) {
+        self.state.replace_services(services);
+        self.services_synced = true;
+        self.need_full = true;
+    }
+
+    /// Every slice, after a (re)list: the next sync is full, and any Service's endpoints may
+    /// have changed.
+    pub fn slices_listed(&mut self, slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>) {
+        self.state.replace_slices(slices);
+        self.slices_synced = true;
+        self.need_full = true;
+        let all = self.state.service_names();
+        self.endpoints_changed.extend(all);
+    }
+}
+
 /// The proxy's configuration that rules depend on.
 #[derive(Clone, Debug)]
 pub struct SyncConfig {

@@ -175,7 +175,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<D> {
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_option(SkippingOption {
+        self.inner.deserialize_option(SkippingVisitor {
             inner: visitor,
             level: self.level,
         })
@@ -187,36 +187,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<D> {
     }
 }
 
-/// An optional object or metadata: `null`, or a [`Skipping`] over it.
-struct SkippingOption<V> {
-    inner: V,
-    level: Level,
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for SkippingOption<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        self.inner.expecting(formatter)
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        self.inner.visit_none()
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        self.inner.visit_none()
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        self.inner.visit_some(Skipping {
-            inner: deserializer,
-            level: self.level,
-        })
-    }
-}
-
-/// Hands the wrapped visitor a map without `managedFields` (in metadata).
+/// Hands the wrapped visitor a map without `managedFields` (in metadata), or, for an
+/// optional object or metadata, `null` or a [`Skipping`] over it.
 struct SkippingVisitor<V> {
     inner: V,
     level: Level,
@@ -234,6 +206,21 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for SkippingVisitor<V> {
             inner: map,
             level: self.level,
             metadata_next: false,
+        })
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.inner.visit_none()
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.inner.visit_unit()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        self.inner.visit_some(Skipping {
+            inner: deserializer,
+            level: self.level,
         })
     }
 }
