@@ -382,27 +382,17 @@ fn services_carry_traffic_through_capstan_proxy() {
         == set(&["p1", "p2"])));
 
     // ClientIP affinity: every request from the client goes to one pod.
-    server.ok(&[
-        "patch",
-        "service",
-        "web",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"sessionAffinity":"ClientIP"}}"#,
-    ]);
+    let affinity = |mode: &str| {
+        let patch = format!(r#"{{"spec":{{"sessionAffinity":"{mode}"}}}}"#);
+        server.ok(&["patch", "service", "web", "--type=merge", "-p", &patch]);
+    };
+    affinity("ClientIP");
     assert!(until(Duration::from_secs(10), || net
         .table()
         .contains("affinity-")));
     let sticky = net.hits(&web, 30);
     assert_eq!(sticky.len(), 1, "{sticky:?}");
-    server.ok(&[
-        "patch",
-        "service",
-        "web",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"sessionAffinity":"None"}}"#,
-    ]);
+    affinity("None");
     assert!(until(Duration::from_secs(10), || !net
         .table()
         .contains("affinity-")));

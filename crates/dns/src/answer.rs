@@ -548,6 +548,7 @@ mod tests {
         }
     }
 
+    use RecordType::{A, AAAA, PTR, SRV, TXT};
     use ResponseCode::{NXDomain, NoError, Refused};
 
     /// Asks each name and type; the answer must be the code and the records (in any order).
@@ -564,29 +565,19 @@ mod tests {
     #[test]
     fn cluster_ip_services() {
         expect(&[
-            (
-                "web.ns.svc.cluster.local",
-                RecordType::A,
-                NoError,
-                &["A 10.96.0.10"],
-            ),
+            ("web.ns.svc.cluster.local", A, NoError, &["A 10.96.0.10"]),
             // The name exists; it has no AAAA: NODATA.
-            ("web.ns.svc.cluster.local", RecordType::AAAA, NoError, &[]),
+            ("web.ns.svc.cluster.local", AAAA, NoError, &[]),
             (
                 "_http._tcp.web.ns.svc.cluster.local",
-                RecordType::SRV,
+                SRV,
                 NoError,
                 &["SRV 0 100 80 web.ns.svc.cluster.local."],
             ),
-            (
-                "_nope._tcp.web.ns.svc.cluster.local",
-                RecordType::SRV,
-                NXDomain,
-                &[],
-            ),
+            ("_nope._tcp.web.ns.svc.cluster.local", SRV, NXDomain, &[]),
             (
                 "10.0.96.10.in-addr.arpa",
-                RecordType::PTR,
+                PTR,
                 NoError,
                 &["PTR web.ns.svc.cluster.local."],
             ),
@@ -598,34 +589,24 @@ mod tests {
         expect(&[
             (
                 "hl.ns.svc.cluster.local",
-                RecordType::A,
+                A,
                 NoError,
                 &["A 10.244.0.1", "A 10.244.0.2"],
             ),
-            (
-                "h1.hl.ns.svc.cluster.local",
-                RecordType::A,
-                NoError,
-                &["A 10.244.0.1"],
-            ),
+            ("h1.hl.ns.svc.cluster.local", A, NoError, &["A 10.244.0.1"]),
             // Without a hostname an endpoint is named by its address with dashes, as CoreDNS
             // does.
             (
                 "10-244-0-2.hl.ns.svc.cluster.local",
-                RecordType::A,
+                A,
                 NoError,
                 &["A 10.244.0.2"],
             ),
             // Not ready: not there.
-            (
-                "10-244-0-3.hl.ns.svc.cluster.local",
-                RecordType::A,
-                NXDomain,
-                &[],
-            ),
+            ("10-244-0-3.hl.ns.svc.cluster.local", A, NXDomain, &[]),
             (
                 "_http._tcp.hl.ns.svc.cluster.local",
-                RecordType::SRV,
+                SRV,
                 NoError,
                 &[
                     "SRV 0 50 8080 10-244-0-2.hl.ns.svc.cluster.local.",
@@ -634,12 +615,12 @@ mod tests {
             ),
             (
                 "1.0.244.10.in-addr.arpa",
-                RecordType::PTR,
+                PTR,
                 NoError,
                 &["PTR h1.hl.ns.svc.cluster.local."],
             ),
             // The specification: no ready endpoints, NXDOMAIN.
-            ("empty.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
+            ("empty.ns.svc.cluster.local", A, NXDomain, &[]),
         ]);
     }
 
@@ -648,33 +629,23 @@ mod tests {
         expect(&[
             (
                 "ext.ns.svc.cluster.local",
-                RecordType::A,
+                A,
                 NoError,
                 &["CNAME db.example.org."],
             ),
-            ("ext.ns.svc.cluster.local", RecordType::SRV, NoError, &[]),
-            (
-                "dns-version.cluster.local",
-                RecordType::TXT,
-                NoError,
-                &["TXT 1.1.0"],
-            ),
-            ("ns.svc.cluster.local", RecordType::A, NoError, &[]),
-            ("other.svc.cluster.local", RecordType::A, NXDomain, &[]),
-            ("nope.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
-            ("a.b.web.ns.svc.cluster.local", RecordType::A, NXDomain, &[]),
-            ("svc.cluster.local", RecordType::A, NoError, &[]),
-            ("foo.cluster.local", RecordType::A, NXDomain, &[]),
-            (
-                "1-2-3-4.ns.pod.cluster.local",
-                RecordType::A,
-                NoError,
-                &["A 1.2.3.4"],
-            ),
+            ("ext.ns.svc.cluster.local", SRV, NoError, &[]),
+            ("dns-version.cluster.local", TXT, NoError, &["TXT 1.1.0"]),
+            ("ns.svc.cluster.local", A, NoError, &[]),
+            ("other.svc.cluster.local", A, NXDomain, &[]),
+            ("nope.ns.svc.cluster.local", A, NXDomain, &[]),
+            ("a.b.web.ns.svc.cluster.local", A, NXDomain, &[]),
+            ("svc.cluster.local", A, NoError, &[]),
+            ("foo.cluster.local", A, NXDomain, &[]),
+            ("1-2-3-4.ns.pod.cluster.local", A, NoError, &["A 1.2.3.4"]),
             // Not the zone's.
-            ("example.org", RecordType::A, Refused, &[]),
+            ("example.org", A, Refused, &[]),
             // An unknown address is forwarded.
-            ("9.9.9.9.in-addr.arpa", RecordType::PTR, Refused, &[]),
+            ("9.9.9.9.in-addr.arpa", PTR, Refused, &[]),
         ]);
     }
 

@@ -201,9 +201,9 @@ impl Index {
 
     /// Replaces every slice (after a relist).
     pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
+        let emptied = std::mem::take(&mut self.by_service);
         self.slices.clear();
-        let emptied = std::mem::take(&mut self.by_service).into_keys();
-        self.rebuild_all(emptied);
+        self.rebuild_all(emptied.into_keys());
         slices.into_iter().for_each(|s| self.put_slice(s));
         self.synced.1 = true;
     }
