@@ -169,6 +169,46 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// [`line`] of what [`run`] measured.
+/// Starts `task` `rate` times a second for `seconds`, at most
+/// `concurrency × 8` at once, with progress on stderr; returns, when every task has ended, how
+/// many were started.
+async fn open_loop<F, Fut>(
+    (label, rate, seconds): (&str, u64, u64),
+    concurrency: usize,
+    task: F,
+) -> u64
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1) * 8));
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        ticker.tick().await;
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            break;
+        };
+        sent += 1;
+        let work = task();
+        tokio::spawn(async move {
+            work.await;
+            drop(permit);
+        });
+        if sent.is_multiple_of(rate.max(1)) {
+            eprint!(
+                "\r{label}: {:.0}s / {seconds}s        ",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let _ = limit.acquire_many(concurrency.max(1) as u32 * 8).await;
+    eprint!("\r{:80}\r", "");
+    sent
+}
+
 fn measured_line(what: &str, count: usize, measured: (Duration, Histogram<u64>)) -> Value {
     line(what, count, measured.0, &measured.1)
 }
@@ -414,6 +454,17 @@ impl Bench {
     }
 
     /// Creates `count` services (the measured phase of `create`, the fixture of the others).
+    /// Creates the fixture, then times `op` over its objects; the report's line.
+    async fn on_fixture<F, Fut>(&self, label: &str, op: F) -> anyhow::Result<Value>
+    where
+        F: Fn(usize) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+    {
+        self.create("fixture (create)").await?;
+        let measured = run(label, self.args.count, self.args.concurrency, op).await?;
+        Ok(measured_line(label, self.args.count, measured))
+    }
+
     async fn create(&self, label: &str) -> anyhow::Result<(Duration, Histogram<u64>)> {
         let api = self.services();
         run(label, self.args.count, self.args.concurrency, move |i| {
@@ -441,17 +492,15 @@ impl Bench {
                 );
             }
             ScenarioName::Get => {
-                self.create("fixture (create)").await?;
                 let count = args.count;
-                let (elapsed, latencies) = run("get", count, args.concurrency, move |_| {
+                let measured = self.on_fixture("get", move |_| {
                     let api = api.clone();
                     async move {
                         api.get(&name(fastrand::usize(..count))).await?;
                         Ok(())
                     }
-                })
-                .await?;
-                report.insert("get".into(), line("get", count, elapsed, &latencies));
+                });
+                report.insert("get".into(), measured.await?);
             }
             ScenarioName::List => {
                 self.create("fixture (create)").await?;
@@ -528,8 +577,7 @@ impl Bench {
                 );
             }
             ScenarioName::Update => {
-                self.create("fixture (create)").await?;
-                let measured = run("update", args.count, args.concurrency, move |i| {
+                let measured = self.on_fixture("update", move |i| {
                     let api = api.clone();
                     async move {
                         let patch = json!({"metadata": {"labels": {"capstan-bench/round": "1"}}});
@@ -537,27 +585,18 @@ impl Bench {
                             .await?;
                         Ok(())
                     }
-                })
-                .await?;
-                report.insert(
-                    "update".into(),
-                    measured_line("update", args.count, measured),
-                );
+                });
+                report.insert("update".into(), measured.await?);
             }
             ScenarioName::Delete => {
-                self.create("fixture (create)").await?;
-                let measured = run("delete", args.count, args.concurrency, move |i| {
+                let measured = self.on_fixture("delete", move |i| {
                     let api = api.clone();
                     async move {
                         api.delete(&name(i), &DeleteParams::default()).await?;
                         Ok(())
                     }
-                })
-                .await?;
-                report.insert(
-                    "delete".into(),
-                    measured_line("delete", args.count, measured),
-                );
+                });
+                report.insert("delete".into(), measured.await?);
             }
             ScenarioName::Watch => {
                 report.insert("watch".into(), self.watch().await?);
@@ -601,19 +640,9 @@ impl Bench {
         ));
         let errors = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
-        let interval = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 8));
-        let mut sent = 0u64;
-        while started.elapsed() < Duration::from_secs(args.duration) {
-            ticker.tick().await;
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                break;
-            };
-            sent += 1;
+        let task = || {
             let (api, windows, errors) = (api.clone(), windows.clone(), errors.clone());
-            tokio::spawn(async move {
+            async move {
                 let t = Instant::now();
                 let pick = fastrand::u32(..100);
                 let target = name(fastrand::usize(..fixture));
@@ -638,18 +667,9 @@ impl Bench {
                 {
                     let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                 }
-                drop(permit);
-            });
-            if sent.is_multiple_of(args.rate.max(1)) {
-                eprint!(
-                    "\rmixed: {:.0}s / {}s        ",
-                    started.elapsed().as_secs_f64(),
-                    args.duration
-                );
             }
-        }
-        let _ = limit.acquire_many(args.concurrency.max(1) as u32 * 8).await;
-        eprint!("\r{:80}\r", "");
+        };
+        let sent = open_loop(("mixed", args.rate, args.duration), args.concurrency, task).await;
         let windows = windows.lock().map(|w| w.clone()).unwrap_or_default();
         let mut rows = Vec::new();
         println!(

@@ -101,38 +101,13 @@ async fn drive(
     seconds: u64,
     concurrency: usize,
 ) -> (hdrhistogram::Histogram<u64>, usize) {
-    let latencies = Arc::new(Mutex::new(histogram()));
-    let errors = Arc::new(AtomicUsize::new(0));
-    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1) * 8));
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let started = Instant::now();
-    let mut sent = 0u64;
-    while started.elapsed() < Duration::from_secs(seconds) {
-        ticker.tick().await;
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            break;
-        };
-        sent += 1;
-        let (client, path, latencies, errors) = (
-            client.clone(),
-            path.clone(),
-            latencies.clone(),
-            errors.clone(),
-        );
-        tokio::spawn(async move {
+    let tally = Arc::new((Mutex::new(histogram()), AtomicUsize::new(0)));
+    let task = || {
+        let (client, path, tally) = (client.clone(), path.clone(), tally.clone());
+        async move {
             let t = Instant::now();
-            let ok = match http::Request::get(&path).body(kube::client::Body::empty()) {
-                Ok(request) => match client.send(request).await {
-                    Ok(response) => {
-                        let status = response.status();
-                        response.into_body().collect().await.is_ok() && status.is_success()
-                    }
-                    Err(_) => false,
-                },
-                Err(_) => false,
-            };
-            if ok {
+            let (latencies, errors) = &*tally;
+            if get_ok(&client, &path).await {
                 let _ = latencies
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -140,19 +115,26 @@ async fn drive(
             } else {
                 errors.fetch_add(1, Ordering::Relaxed);
             }
-            drop(permit);
-        });
-        if sent.is_multiple_of(rate.max(1)) {
-            eprint!(
-                "\r{label}: {:.0}s / {seconds}s        ",
-                started.elapsed().as_secs_f64()
-            );
         }
-    }
-    let _ = limit.acquire_many(concurrency.max(1) as u32 * 8).await;
-    eprint!("\r{:80}\r", "");
+    };
+    crate::open_loop((label, rate, seconds), concurrency, task).await;
+    let (latencies, errors) = &*tally;
     let histogram = latencies.lock().unwrap_or_else(|e| e.into_inner()).clone();
     (histogram, errors.load(Ordering::Relaxed))
+}
+
+/// Whether `GET path` succeeds, its body read whole.
+async fn get_ok(client: &kube::Client, path: &str) -> bool {
+    let Ok(request) = http::Request::get(path).body(kube::client::Body::empty()) else {
+        return false;
+    };
+    match client.send(request).await {
+        Ok(response) => {
+            let status = response.status();
+            response.into_body().collect().await.is_ok() && status.is_success()
+        }
+        Err(_) => false,
+    }
 }
 
 fn row(what: &str, h: &hdrhistogram::Histogram<u64>, errors: usize) {
