@@ -295,20 +295,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .then(|| Compactor::start(store.clone(), args.etcd_compaction_interval));
     let service_strategy = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
     let strategies = capstan_resources::registered(service_strategy.clone());
-    let prefixes: Vec<(String, capstan_registry::cache::Projection)> = strategies
-        .iter()
-        .map(|strategy| {
-            let (kind, from_json) = (strategy.clone(), strategy.clone());
-            let project = capstan_registry::cache::Projection::new(
-                move |object| kind.selectable(object),
-                move |json| from_json.selectable_json(json),
-            );
-            (strategy.info().list_prefix(""), project)
-        })
-        .collect();
-    let caches = Arc::new(CacheSet::new(
+    let caches = Arc::new(CacheSet::for_kinds(
         store.clone(),
-        prefixes,
+        &strategies,
         capstan_registry::cache::HistoryLimits {
             events: 102_400,
             bytes: args.watch_cache_history_bytes,

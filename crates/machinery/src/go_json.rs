@@ -186,10 +186,11 @@ fn check<'v>(
     {
         return None;
     }
-    let go = go_type(node, named);
+    // Named only for a mismatch: most values match.
+    let go = || go_type(node, named);
     if resolved.get("properties").is_some() {
         let Value::Object(map) = value else {
-            return fail(false, &go);
+            return fail(false, &go());
         };
         // Inside it, the struct is the innermost one (`ServicePort`).
         let owner = reference
@@ -200,7 +201,7 @@ fn check<'v>(
     match text("type") {
         "array" => {
             let Value::Array(items) = value else {
-                return fail(false, &go);
+                return fail(false, &go());
             };
             let item = resolved.get("items")?;
             items
@@ -209,7 +210,7 @@ fn check<'v>(
         }
         "object" => {
             let Value::Object(map) = value else {
-                return fail(false, &go);
+                return fail(false, &go());
             };
             let values = resolved
                 .get("additionalProperties")
@@ -223,11 +224,11 @@ fn check<'v>(
                 (_, Some(_)) => true,
                 _ => false,
             };
-            (!fits).then(|| mismatch(value, true, owner, path, &go))
+            (!fits).then(|| mismatch(value, true, owner, path, &go()))
         }
-        "number" => (!value.is_number()).then(|| mismatch(value, false, owner, path, &go)),
-        "boolean" => (!value.is_boolean()).then(|| mismatch(value, false, owner, path, &go)),
-        "string" => (!value.is_string()).then(|| mismatch(value, false, owner, path, &go)),
+        "number" => (!value.is_number()).then(|| mismatch(value, false, owner, path, &go())),
+        "boolean" => (!value.is_boolean()).then(|| mismatch(value, false, owner, path, &go())),
+        "string" => (!value.is_string()).then(|| mismatch(value, false, owner, path, &go())),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
-use crate::typed::{for_rules, mutate, mutate_normal, read, write_back, write_changes};
+use crate::typed::{RulesView, for_rules, mutate, read};
 pub use crate::typed::{from_typed, to_typed};
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
@@ -261,22 +261,25 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// See [`Strategy::default`].
     fn default(&self, object: &mut Value);
     /// [`DynStrategy::default`] of an object in its type's form (a create's: decoded from
-    /// the body or built from the type), written back only when defaulting changed it.
-    fn default_normal(&self, object: &mut Value);
-    /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`].
-    fn prepare_for_create(&self, object: &mut Value);
+    /// the body or built from the type) as `view` holds it, written back only when defaulting
+    /// changed it.
+    fn default_normal(&self, object: &mut Value, view: &mut RulesView);
+    /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`] on the
+    /// object `view` holds; `object` takes the changes when admitted.
+    fn prepare_for_create(&self, object: &mut Value, view: &mut RulesView);
     /// The typed half of a write, after defaulting and managedFields (`old` is the stored
     /// object on update): for a create, [`Strategy::allocate`] then
     /// [`Strategy::validate_create`]; for an update of the main resource, status kept (where
     /// the kind has one), [`Strategy::prepare_for_update`], allocation and
     /// [`Strategy::validate_update`]; for a `/status` update, everything but status and
     /// metadata kept, [`Strategy::prepare_for_status_update`] and
-    /// [`Strategy::validate_status_update`]. Each object is decoded once and `object` written
-    /// back once; returns the allocations and the validation errors.
+    /// [`Strategy::validate_status_update`]. The new object is the one `view` holds (decoded
+    /// by an earlier rule of the same write, or now), `old` is decoded once, and `object`
+    /// takes the changes once; returns the allocations and the validation errors.
     async fn admit(
         &self,
         storage: &dyn Storage,
-        object: &mut Value,
+        (object, view): (&mut Value, &mut RulesView),
         old: Option<&Value>,
         subresource: Subresource,
         dry_run: bool,
@@ -409,38 +412,52 @@ impl<S: Strategy> DynStrategy for S {
         mutate(object, |o| Strategy::default(self, o));
     }
 
-    fn default_normal(&self, object: &mut Value) {
-        mutate_normal(object, |o| Strategy::default(self, o));
+    fn default_normal(&self, object: &mut Value, view: &mut RulesView) {
+        if let Ok(typed) = view.typed::<S::Object>(object) {
+            Strategy::default(self, typed);
+            // managedFields are recorded on the defaulted JSON.
+            view.sync::<S::Object>(object);
+        }
     }
 
-    fn prepare_for_create(&self, object: &mut Value) {
+    fn prepare_for_create(&self, object: &mut Value, view: &mut RulesView) {
         let info = Strategy::info(self);
         if let Value::Object(map) = object
             && info.has_status
             && !info.status_on_create
+            && map.shift_remove("status").is_some()
         {
-            map.shift_remove("status");
+            view.forget();
         }
-        // After defaulting, the object is in its type's form.
-        mutate_normal(object, |o| Strategy::prepare_for_create(self, o));
+        if let Ok(typed) = view.typed::<S::Object>(object) {
+            Strategy::prepare_for_create(self, typed);
+        }
     }
 
     async fn admit(
         &self,
         storage: &dyn Storage,
-        object: &mut Value,
+        (object, view): (&mut Value, &mut RulesView),
         old: Option<&Value>,
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<(WriteExtras, FieldErrors), ApiError> {
-        match (old, subresource) {
-            (Some(old), Subresource::Status) => keep_all_but_status(object, old),
+        // What the stored object gives the new one, outside the rules: the view is decoded
+        // again when it changed anything.
+        let given = match (old, subresource) {
+            (Some(old), Subresource::Status) => {
+                keep_all_but_status(object, old);
+                true
+            }
             (Some(old), Subresource::Main | Subresource::Finalize)
                 if Strategy::info(self).has_status =>
             {
-                copy_field(object, old, "status");
+                copy_field(object, old, "status")
             }
-            _ => {}
+            _ => false,
+        };
+        if given {
+            view.forget();
         }
         // An object the kind's types refuse cannot be admitted: a 500 where allocation would
         // run, an invalid `/status` update otherwise.
@@ -454,40 +471,38 @@ impl<S: Strategy> DynStrategy for S {
             Ok(old) => old,
             Err(error) => return undecoded(error),
         };
-        let mut new: S::Object = match for_rules(object) {
+        let new = match view.typed::<S::Object>(object) {
             Ok(new) => new,
             Err(error) => return undecoded(error),
         };
-        let untouched = new.clone();
         let (extras, errors) = match (&old, subresource) {
             (None, _) => {
-                let extras = Strategy::allocate(self, storage, &mut new, None, dry_run).await?;
-                let errors = Strategy::validate_create(self, &new);
+                let extras = Strategy::allocate(self, storage, new, None, dry_run).await?;
+                let errors = Strategy::validate_create(self, new);
                 (extras, errors)
             }
             (Some(old), Subresource::Main) => {
-                Strategy::prepare_for_update(self, &mut new, old);
-                let extras =
-                    Strategy::allocate(self, storage, &mut new, Some(old), dry_run).await?;
-                (extras, Strategy::validate_update(self, &new, old))
+                Strategy::prepare_for_update(self, new, old);
+                let extras = Strategy::allocate(self, storage, new, Some(old), dry_run).await?;
+                (extras, Strategy::validate_update(self, new, old))
             }
             (Some(old), Subresource::Status) => {
-                Strategy::prepare_for_status_update(self, &mut new, old);
-                let errors = Strategy::validate_status_update(self, &new, old);
+                Strategy::prepare_for_status_update(self, new, old);
+                let errors = Strategy::validate_status_update(self, new, old);
                 (WriteExtras::default(), errors)
             }
             (Some(old), Subresource::Finalize) => (
                 WriteExtras::default(),
-                Strategy::validate_finalize_update(self, &new, old),
+                Strategy::validate_finalize_update(self, new, old),
             ),
         };
         match subresource {
             // A status update's object was put together from the stored one and the body's
             // status, in no particular order: it is written back whole, in its type's order.
-            Subresource::Status => write_back(object, &new, untouched.metadata()),
+            Subresource::Status => view.sync_whole::<S::Object>(object),
             // Otherwise it is in its type's form already (decoded from a body, encoded from a
             // typed object, or normalized by defaulting), with status kept in place or last.
-            Subresource::Main | Subresource::Finalize => write_changes(object, new, &untouched),
+            Subresource::Main | Subresource::Finalize => view.sync::<S::Object>(object),
         }
         always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))
@@ -602,16 +617,18 @@ impl<S: Strategy> DynStrategy for S {
     }
 }
 
-/// Copies `field` from `from` to `to` (removing it from `to` when `from` lacks it).
-pub fn copy_field(to: &mut Value, from: &Value, field: &str) {
-    if let Value::Object(map) = to {
-        match from.get(field) {
-            Some(value) => {
-                map.insert(field.to_string(), value.clone());
-            }
-            None => {
-                map.shift_remove(field);
-            }
+/// Copies `field` from `from` to `to` (removing it from `to` when `from` lacks it); whether
+/// that changed `to`.
+pub fn copy_field(to: &mut Value, from: &Value, field: &str) -> bool {
+    let Value::Object(map) = to else {
+        return false;
+    };
+    match from.get(field) {
+        Some(value) if map.get(field) != Some(value) => {
+            map.insert(field.to_string(), value.clone());
+            true
         }
+        Some(_) => false,
+        None => map.shift_remove(field).is_some(),
     }
 }

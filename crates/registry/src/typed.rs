@@ -6,6 +6,8 @@
 //! written back around them ([`write_back`]): a write decodes the object's fields once per
 //! rule, not its field-manager history as well.
 
+use std::any::Any;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserializer;
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
@@ -70,12 +72,12 @@ pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta)
 /// Writes back what a rule changed, `untouched` being what it was given: nothing when it
 /// changed nothing, only `metadata` when nothing else changed (a generation bump), else as
 /// [`write_back`]. The same result as `write_back`, without encoding what did not change.
-pub fn write_changes<T: Object>(object: &mut Value, mut typed: T, untouched: &T) {
-    if typed == *untouched {
+pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T) {
+    if typed == untouched {
         return;
     }
     let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
-    let only_metadata = typed == *untouched;
+    let only_metadata = typed == untouched;
     *typed.metadata_mut() = metadata;
     let slot = object.as_object_mut().and_then(|o| o.get_mut("metadata"));
     match (only_metadata, slot, serde_json::to_value(typed.metadata())) {
@@ -84,7 +86,7 @@ pub fn write_changes<T: Object>(object: &mut Value, mut typed: T, untouched: &T)
             let stored = std::mem::take(slot);
             *slot = with_managed_fields_of(value, Some(stored));
         }
-        _ => write_back(object, &typed, untouched.metadata()),
+        _ => write_back(object, typed, untouched.metadata()),
     }
 }
 
@@ -107,20 +109,104 @@ pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) 
     Some(result)
 }
 
-/// [`mutate`] for an object already in its type's form (decoded from a request body or
-/// stored, so writing it back unchanged would give the same `Value`): written back only when
-/// the rule changed something.
-pub fn mutate_normal<T: Object, R>(
-    object: &mut Value,
-    rule: impl FnOnce(&mut T) -> R,
-) -> Option<R> {
-    let mut typed: T = for_rules(object).ok()?;
-    let untouched = typed.clone();
-    let result = rule(&mut typed);
-    if typed != untouched {
-        write_back(object, &typed, untouched.metadata());
+/// A write's object decoded once for its kind's rules and shared by every rule the write
+/// runs (defaulting, preparation, admission), instead of decoded from the JSON by each one.
+///
+/// It holds the object as the rules have left it and as the JSON last had it (both without
+/// managedFields, which the rules never see, so the registry's managedFields bookkeeping on
+/// the JSON leaves it valid). The rules' changes reach the JSON when it is brought up to date
+/// ([`RulesView::sync`]); the registry's own edits of the JSON's system metadata go to the view
+/// too ([`RulesView::edit_meta`]), and any other edit of the JSON drops it
+/// ([`RulesView::forget`]), so the next rule decodes again.
+#[derive(Default)]
+pub struct RulesView(Option<Box<dyn Viewed>>);
+
+/// A [`RulesView`]'s object, of whatever kind.
+trait Viewed: Send + Sync {
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn edit_meta(&mut self, edit: &dyn Fn(&mut ObjectMeta));
+    fn boxed_clone(&self) -> Box<dyn Viewed>;
+}
+
+/// The object as the rules have left it, and as the JSON has it.
+struct Held<T> {
+    current: T,
+    synced: T,
+}
+
+impl<T: Object> Viewed for Held<T> {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
-    Some(result)
+
+    fn edit_meta(&mut self, edit: &dyn Fn(&mut ObjectMeta)) {
+        edit(self.current.metadata_mut());
+        edit(self.synced.metadata_mut());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn Viewed> {
+        Box::new(Held {
+            current: self.current.clone(),
+            synced: self.synced.clone(),
+        })
+    }
+}
+
+impl Clone for RulesView {
+    fn clone(&self) -> Self {
+        RulesView(self.0.as_ref().map(|held| held.boxed_clone()))
+    }
+}
+
+impl RulesView {
+    /// Makes the same edit of system metadata the registry makes of the JSON.
+    pub fn edit_meta(&mut self, edit: impl Fn(&mut ObjectMeta)) {
+        if let Some(held) = &mut self.0 {
+            held.edit_meta(&edit);
+        }
+    }
+
+    /// Drops the decoded object: the JSON was changed otherwise.
+    pub fn forget(&mut self) {
+        self.0 = None;
+    }
+
+    fn held<T: Object>(&mut self) -> Option<&mut Held<T>> {
+        self.0.as_mut()?.as_any_mut().downcast_mut::<Held<T>>()
+    }
+
+    /// The object as the rules see it: held, or decoded from `object` ([`for_rules`]).
+    pub fn typed<T: Object>(&mut self, object: &Value) -> Result<&mut T, String> {
+        if self.held::<T>().is_none() {
+            let current: T = for_rules(object)?;
+            self.0 = Some(Box::new(Held {
+                synced: current.clone(),
+                current,
+            }));
+        }
+        self.held::<T>()
+            .map(|held| &mut held.current)
+            .ok_or_else(|| "the view holds another kind".to_string())
+    }
+
+    /// Brings `object` up to date with what the rules changed ([`write_changes`]).
+    pub fn sync<T: Object>(&mut self, object: &mut Value) {
+        if let Some(held) = self.held::<T>()
+            && held.current != held.synced
+        {
+            write_changes(object, &mut held.current, &held.synced);
+            held.synced = held.current.clone();
+        }
+    }
+
+    /// Writes the object back into `object` whole ([`write_back`]), as a `/status` update
+    /// does with an object put together from two.
+    pub fn sync_whole<T: Object>(&mut self, object: &mut Value) {
+        if let Some(held) = self.held::<T>() {
+            write_back(object, &held.current, held.synced.metadata());
+            held.synced = held.current.clone();
+        }
+    }
 }
 
 /// Runs a typed rule that reads `object`; `None` when the object does not decode.
@@ -426,7 +512,7 @@ mod tests {
         let mut full = object.clone();
         write_back(&mut full, &changed, untouched.metadata());
         let mut partial = object.clone();
-        write_changes(&mut partial, changed, &untouched);
+        write_changes(&mut partial, &mut changed.clone(), &untouched);
         (full, partial)
     }
 

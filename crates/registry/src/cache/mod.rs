@@ -420,6 +420,22 @@ pub struct CacheSet {
 }
 
 impl CacheSet {
+    /// A cache for each of these kinds, under its storage prefix.
+    pub fn for_kinds(
+        storage: Arc<dyn Storage>,
+        kinds: &[Arc<dyn crate::DynStrategy>],
+        history_limit: HistoryLimits,
+    ) -> Self {
+        let prefixes = kinds
+            .iter()
+            .map(|kind| {
+                let prefix = kind.info().list_prefix("");
+                (prefix, Projection::of_kind(kind.clone()))
+            })
+            .collect();
+        Self::new(storage, prefixes, history_limit)
+    }
+
     /// Caches for these storage prefixes (each ending in `/`), each with its kind's projection.
     pub fn new(
         storage: Arc<dyn Storage>,

@@ -28,6 +28,15 @@ impl Projection {
         }
     }
 
+    /// What `kind`'s selectors read, from decoded objects or straight from their JSON.
+    pub fn of_kind(kind: Arc<dyn crate::DynStrategy>) -> Self {
+        let from_json = kind.clone();
+        Self::new(
+            move |object| kind.selectable(object),
+            move |json| from_json.selectable_json(json),
+        )
+    }
+
     /// A projection of decoded objects only.
     pub fn of_objects(object: impl Fn(&Value) -> Selectable + Send + Sync + 'static) -> Self {
         Self::new(object, |_| None)

@@ -72,8 +72,9 @@ pub fn apply(
     merge_into(&mut object, &config, schema, 0, status);
 
     // Conflicts: fields another manager owns that the apply changes.
-    let comparison = tracking.filtered(compare(&live_object, &object, schema));
-    let changed = comparison.changed();
+    let (changed, removed) = tracking
+        .filtered(compare(&live_object, &object, schema))
+        .changed_and_removed();
     let mut conflicts = Vec::new();
     for owner in entries.iter_mut().filter(|owner| !mine(owner)) {
         if force {
@@ -84,7 +85,7 @@ pub fn apply(
                 field: render_path(path),
             }));
         }
-        owner.retain(|path| !comparison.removed.contains(path));
+        owner.retain(|path| !removed.contains(path));
     }
     if !conflicts.is_empty() {
         conflicts.sort_by(|a, b| (&a.manager, &a.field).cmp(&(&b.manager, &b.field)));

@@ -18,7 +18,7 @@
 //!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
 use capstan_machinery::schema::{Shape, shape};
@@ -114,13 +114,17 @@ impl Tracking {
     }
 
     /// `comparison` without the reset fields (upstream's `FilterFields` on the comparison).
-    fn filtered(&self, comparison: Comparison) -> Comparison {
-        let keep = |set: Set| -> Set { set.into_iter().filter(|p| !self.resets_path(p)).collect() };
-        Comparison {
-            added: keep(comparison.added),
-            modified: keep(comparison.modified),
-            removed: keep(comparison.removed),
+    fn filtered(&self, mut comparison: Comparison) -> Comparison {
+        if !self.resets.is_empty() {
+            for set in [
+                &mut comparison.added,
+                &mut comparison.modified,
+                &mut comparison.removed,
+            ] {
+                set.retain(|p| !self.resets_path(p));
+            }
         }
+        comparison
     }
 
     /// `set` as this write records it: without the reset fields (and everything under them)
@@ -189,7 +193,7 @@ fn to_field_set(value: &Value, schema: Option<&'static Value>, path: &mut Path, 
             let granular = matches!(node, Shape::Map(_));
             for (key, child) in map {
                 let declared = !granular && child_schema(&node, key).is_some();
-                path.push(format!("f:{key}"));
+                path.push(field_step(key));
                 to_field_set(child, child_schema(&node, key), path, out);
                 let empty = child.is_null() || child.as_object().is_some_and(Map::is_empty);
                 if empty || !declared {
@@ -229,10 +233,19 @@ struct Comparison {
 }
 
 impl Comparison {
-    /// Everything the newer object sets anew or differently.
-    fn changed(&self) -> Set {
-        self.added.union(&self.modified).cloned().collect()
+    /// Everything the newer object sets anew or differently, and everything it no longer has.
+    fn changed_and_removed(mut self) -> (Set, Set) {
+        self.added.append(&mut self.modified);
+        (self.added, self.removed)
     }
+}
+
+/// The step naming a struct field or map key.
+fn field_step(key: &str) -> String {
+    let mut step = String::with_capacity(key.len() + 2);
+    step.push_str("f:");
+    step.push_str(key);
+    step
 }
 
 /// Compares `lhs` (the live object) with `rhs` (the new one).
@@ -295,7 +308,7 @@ fn compare_node(
                 if skip(key) {
                     continue;
                 }
-                path.push(format!("f:{key}"));
+                path.push(field_step(key));
                 let other = r.and_then(|r| r.get(key));
                 compare_node(Some(value), other, child_schema(&node, key), path, out);
                 path.pop();
@@ -304,7 +317,7 @@ fn compare_node(
                 if skip(key) || l.is_some_and(|l| l.contains_key(key)) {
                     continue;
                 }
-                path.push(format!("f:{key}"));
+                path.push(field_step(key));
                 compare_node(None, Some(value), child_schema(&node, key), path, out);
                 path.pop();
             }
@@ -427,31 +440,39 @@ fn value_order(a: &Value, b: &Value) -> Ordering {
 /// below them carry `.`; children in upstream's order.
 fn to_fields_v1(set: &Set) -> Value {
     #[derive(Default)]
-    struct Node {
+    struct Node<'s> {
         member: bool,
-        children: BTreeMap<String, Node>,
+        children: Vec<(&'s str, Node<'s>)>,
     }
-    fn render(node: &Node) -> Value {
-        let mut out = Map::new();
+    fn render(node: Node<'_>) -> Value {
+        let mut out = Map::with_capacity(node.children.len() + 1);
         if node.member && !node.children.is_empty() {
-            out.insert(".".into(), json!({}));
+            out.insert(".".into(), Value::Object(Map::new()));
         }
-        let mut children: Vec<(&String, &Node)> = node.children.iter().collect();
+        let mut children = node.children;
         children.sort_by(|a, b| step_order(a.0, b.0));
         for (step, child) in children {
-            out.insert(step.clone(), render(child));
+            out.insert(step.to_string(), render(child));
         }
         Value::Object(out)
     }
+    // The set is ordered, so a path's parent steps are the latest children at each level.
     let mut root = Node::default();
     for path in set {
         let mut node = &mut root;
         for step in path {
-            node = node.children.entry(step.clone()).or_default();
+            let index = match node.children.last() {
+                Some((last, _)) if *last == step.as_str() => node.children.len() - 1,
+                _ => {
+                    node.children.push((step.as_str(), Node::default()));
+                    node.children.len() - 1
+                }
+            };
+            node = &mut node.children[index].1;
         }
         node.member = true;
     }
-    render(&root)
+    render(root)
 }
 
 /// The set a `fieldsV1` value names.
@@ -542,6 +563,13 @@ impl Owner {
         self.edited |= self.owned.len() != before;
     }
 
+    /// Owns `set` as well.
+    fn extend(&mut self, set: Set) {
+        let before = self.owned.len();
+        self.owned.extend(set);
+        self.edited |= self.owned.len() != before;
+    }
+
     /// Owns `set` instead.
     fn replace(&mut self, set: Set) {
         if self.owned != set {
@@ -595,13 +623,14 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
 /// Records an `Update` by `manager` on `new`, given the stored `old` object (None on create).
 pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
     let live = old.unwrap_or_else(|| tracking.zero());
-    let comparison = tracking.filtered(compare(live, new, tracking.schema));
-    let changed = comparison.changed();
+    let (changed, removed) = tracking
+        .filtered(compare(live, new, tracking.schema))
+        .changed_and_removed();
     let mut entries = entries_of(old);
     // Every other manager loses what this write changed or removed.
     for owner in entries.iter_mut() {
         if !is_entry_of(&owner.entry, manager, "Update", tracking) {
-            owner.retain(|p| !changed.contains(p) && !comparison.removed.contains(p));
+            owner.retain(|p| !changed.contains(p) && !removed.contains(p));
         }
     }
     let taken = tracking.recordable(changed);
@@ -611,9 +640,9 @@ pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracki
         .find(|owner| is_entry_of(&owner.entry, manager, "Update", tracking))
     {
         Some(owner) => {
-            owner.retain(|p| !comparison.removed.contains(p));
+            owner.retain(|p| !removed.contains(p));
             if !taken.is_empty() {
-                owner.replace(owner.owned.union(&taken).cloned().collect());
+                owner.extend(taken);
                 owner.entry["time"] = json!(now);
             }
         }

@@ -2,6 +2,8 @@
 //! they share.
 
 use super::*;
+use crate::typed::RulesView;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 mod typed;
 
@@ -190,11 +192,12 @@ impl Registry {
             }
         }
         // A body or a typed object is in its type's form already; an applied configuration
-        // is normalized by defaulting.
+        // is normalized by defaulting. The rules of this write share one decoded object.
+        let mut view = RulesView::default();
         if options.applied {
             self.strategy.default(&mut object);
         } else {
-            self.strategy.default_normal(&mut object);
+            self.strategy.default_normal(&mut object, &mut view);
         }
         if !options.applied {
             crate::managed::record_update(
@@ -204,9 +207,18 @@ impl Registry {
                 &crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main),
             );
         }
-        meta::set_meta_str(&mut object, "uid", &uuid::Uuid::new_v4().to_string());
-        meta::set_meta_str(&mut object, "creationTimestamp", &meta::now_rfc3339());
-        self.strategy.prepare_for_create(&mut object);
+        let uid = uuid::Uuid::new_v4().to_string();
+        let created = meta::now_rfc3339();
+        meta::set_meta_str(&mut object, "uid", &uid);
+        meta::set_meta_str(&mut object, "creationTimestamp", &created);
+        match serde_json::from_value::<Time>(json!(created)) {
+            Ok(time) => view.edit_meta(|m| {
+                m.uid = Some(uid.clone());
+                m.creation_timestamp = Some(time.clone());
+            }),
+            Err(_) => view.forget(),
+        }
+        self.strategy.prepare_for_create(&mut object, &mut view);
         if info.namespaced {
             self.check_namespace(namespace, meta::name(&object)).await?;
         }
@@ -215,9 +227,11 @@ impl Registry {
         let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
         for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
             let mut candidate = object.clone();
+            let mut candidate_view = view.clone();
             if generate {
                 let name = generate_name(&prefix);
                 meta::set_meta_str(&mut candidate, "name", &name);
+                candidate_view.edit_meta(|m| m.name = Some(name.clone()));
             }
             let name = meta::name(&candidate).to_string();
             let key = info.key(namespace, &name);
@@ -227,7 +241,7 @@ impl Registry {
                 .strategy
                 .admit(
                     self.storage.as_ref(),
-                    &mut candidate,
+                    (&mut candidate, &mut candidate_view),
                     None,
                     Subresource::Main,
                     options.dry_run,
@@ -554,8 +568,10 @@ impl Registry {
             }
             meta::metadata_mut(&mut new).shift_remove("generation");
             meta::metadata_mut(&mut new).shift_remove("selfLink");
+            // The rules of this write share one decoded object.
+            let mut view = RulesView::default();
             match form {
-                Form::Normal => self.strategy.default_normal(&mut new),
+                Form::Normal => self.strategy.default_normal(&mut new, &mut view),
                 Form::Any => self.strategy.default(&mut new),
             }
             if !options.applied {
@@ -570,7 +586,7 @@ impl Registry {
                 .strategy
                 .admit(
                     self.storage.as_ref(),
-                    &mut new,
+                    (&mut new, &mut view),
                     Some(&old),
                     subresource,
                     options.dry_run,

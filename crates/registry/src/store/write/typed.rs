@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::strategy::Object;
-use crate::typed::{from_typed, to_typed};
+use crate::typed::{for_rules, from_typed};
 
 impl Registry {
     /// [`Registry::update`] of a typed object (pinned to its `resourceVersion` when it has one).
@@ -23,8 +23,9 @@ impl Registry {
         .await
     }
 
-    /// [`Registry::patch`] whose `apply` changes the stored object as its type (all of it,
-    /// managedFields included); the object must exist.
+    /// [`Registry::patch`] whose `apply` changes the stored object as its type; the object
+    /// must exist. `apply` is given the object without its managedFields, which the registry
+    /// keeps itself (an update's entries come from the stored object, not from the new one).
     pub async fn patch_typed<T: Object>(
         &self,
         namespace: &str,
@@ -39,7 +40,7 @@ impl Registry {
             subresource,
             Form::Normal,
             |current| {
-                let typed: T = to_typed(current).map_err(ApiError::internal)?;
+                let typed: T = for_rules(current).map_err(ApiError::internal)?;
                 Ok(from_typed(&apply(typed)?))
             },
         )
