@@ -966,7 +966,15 @@ impl SliceWriter {
             }
             self.record(key, &updated);
         }
+        // While the Service is pending deletion its slices are the garbage collector's: one it
+        // no longer owns is being orphaned (`--cascade=orphan`), not left over, and deleting
+        // it would race the collector (upstream's reason for creating nothing then, applied to
+        // the deletes the race would otherwise make).
+        let pending_deletion = service.metadata.deletion_timestamp.is_some();
         for slice in plan.deletes {
+            if pending_deletion && !owned_by(&slice, service) {
+                continue;
+            }
             let name = slice.metadata.name.clone().unwrap_or_default();
             let uid = slice.metadata.uid.clone().unwrap_or_default();
             self.state().tracked.insert(uid, -1);

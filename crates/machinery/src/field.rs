@@ -4,6 +4,67 @@ use serde_json::Value;
 
 use crate::status::Cause;
 
+/// A field's path, put into words only when an error names it (upstream's `field.Path`):
+/// `FieldPath::root("subsets").index(0).child("addresses")` reads `subsets[0].addresses`.
+/// Validation walks every element of a list; building each one's path as a `String` first
+/// cost more than the checks themselves.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldPath<'a> {
+    parent: Option<&'a FieldPath<'a>>,
+    step: Step<'a>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step<'a> {
+    Field(&'a str),
+    Index(usize),
+}
+
+impl<'a> FieldPath<'a> {
+    /// A top-level field.
+    pub fn root(name: &'a str) -> Self {
+        FieldPath {
+            parent: None,
+            step: Step::Field(name),
+        }
+    }
+
+    /// A field of this one.
+    pub fn child(&'a self, name: &'a str) -> FieldPath<'a> {
+        FieldPath {
+            parent: Some(self),
+            step: Step::Field(name),
+        }
+    }
+
+    /// An element of this list.
+    pub fn index(&'a self, index: usize) -> FieldPath<'a> {
+        FieldPath {
+            parent: Some(self),
+            step: Step::Index(index),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(parent) = self.parent {
+            parent.fmt(f)?;
+        }
+        match self.step {
+            Step::Field(name) if self.parent.is_some() => write!(f, ".{name}"),
+            Step::Field(name) => f.write_str(name),
+            Step::Index(index) => write!(f, "[{index}]"),
+        }
+    }
+}
+
+impl From<&FieldPath<'_>> for String {
+    fn from(path: &FieldPath<'_>) -> String {
+        path.to_string()
+    }
+}
+
 /// The kind of a field error (`field.ErrorType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorType {
@@ -195,8 +256,13 @@ impl FieldErrors {
         value: &str,
         rule: impl FnOnce(&str) -> Vec<M>,
     ) {
+        let messages = rule(value);
+        if messages.is_empty() {
+            return;
+        }
+        // Put into words only when there is something wrong (a `&FieldPath` is built here).
         let path = path.into();
-        for message in rule(value) {
+        for message in messages {
             self.push(FieldError::invalid(
                 path.clone(),
                 &Value::String(value.into()),
@@ -287,5 +353,25 @@ mod tests {
         errors.push(FieldError::required("a", ""));
         errors.push(FieldError::required("b", ""));
         assert_eq!(errors.aggregate(), "[a: Required value, b: Required value]");
+    }
+
+    #[test]
+    fn a_field_path_reads_as_upstream_writes_it_and_only_when_an_error_names_it() {
+        let subsets = FieldPath::root("subsets");
+        let subset = subsets.index(1);
+        let address = subset.child("addresses");
+        assert_eq!(
+            address.index(0).child("ip").to_string(),
+            "subsets[1].addresses[0].ip"
+        );
+        let mut errors = FieldErrors::new();
+        errors.check(&subset.child("hostname"), "ok", |_| Vec::<String>::new());
+        errors.check(&subset.child("nodeName"), "No", |v| {
+            vec![format!("{v} is bad")]
+        });
+        assert_eq!(
+            errors.aggregate(),
+            "subsets[1].nodeName: Invalid value: \"No\": No is bad"
+        );
     }
 }

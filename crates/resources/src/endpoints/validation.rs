@@ -1,37 +1,34 @@
 //! `ValidateEndpoints`.
 
-use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::field::{FieldError, FieldErrors, FieldPath};
 use capstan_machinery::ip;
 use capstan_machinery::validation::{PORT_RANGE, dns1123_label, dns1123_subdomain, qualified_name};
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, Endpoints};
 use serde_json::json;
 
-fn address(errors: &mut FieldErrors, path: &str, address: &EndpointAddress) {
+fn address(errors: &mut FieldErrors, path: &FieldPath, address: &EndpointAddress) {
     let ip = &*address.ip;
+    let at_ip = path.child("ip");
     // 1.36's strict check: leading zeros and IPv4-mapped IPv6 are refused with their own text
     // (the legacy sloppy parse accepts them, so the special-address check still runs).
     if let Some(problem) = ip::strict_problem(ip) {
-        errors.push(FieldError::invalid(
-            format!("{path}.ip"),
-            &json!(ip),
-            problem,
-        ));
+        errors.push(FieldError::invalid(&at_ip, &json!(ip), problem));
     }
     if let Some(hostname) = address.hostname.as_deref().filter(|h| !h.is_empty()) {
-        errors.check(format!("{path}.hostname"), hostname, dns1123_label);
+        errors.check(&path.child("hostname"), hostname, dns1123_label);
     }
     if let Some(node) = address.node_name.as_deref() {
-        errors.check(format!("{path}.nodeName"), node, dns1123_subdomain);
+        errors.check(&path.child("nodeName"), node, dns1123_subdomain);
     }
     match ip::parse_sloppy(ip) {
         None => errors.push(FieldError::invalid(
-            format!("{path}.ip"),
+            &at_ip,
             &json!(ip),
             "must be a valid IP address",
         )),
         Some(addr) => {
             if let Some(why) = ip::special_problem(addr, ip) {
-                errors.push(FieldError::invalid(format!("{path}.ip"), &json!(ip), why));
+                errors.push(FieldError::invalid(&at_ip, &json!(ip), why));
             }
         }
     }
@@ -60,22 +57,23 @@ fn port(errors: &mut FieldErrors, path: &str, port: &EndpointPort, named: bool) 
 /// Validates an Endpoints object.
 pub fn validate(endpoints: &Endpoints) -> FieldErrors {
     let mut errors = FieldErrors::new();
+    let subsets = FieldPath::root("subsets");
     for (i, subset) in endpoints.subsets.iter().flatten().enumerate() {
-        let path = format!("subsets[{i}]");
+        let path = subsets.index(i);
         let ready = subset.addresses.as_deref().unwrap_or_default();
         let not_ready = subset.not_ready_addresses.as_deref().unwrap_or_default();
         let ports = subset.ports.as_deref().unwrap_or_default();
         if ready.is_empty() && not_ready.is_empty() {
             errors.push(FieldError::required(
-                path.clone(),
+                &path,
                 "must specify `addresses` or `notReadyAddresses`",
             ));
         }
-        for (j, a) in ready.iter().enumerate() {
-            address(&mut errors, &format!("{path}.addresses[{j}]"), a);
-        }
-        for (j, a) in not_ready.iter().enumerate() {
-            address(&mut errors, &format!("{path}.notReadyAddresses[{j}]"), a);
+        for (list, addresses) in [("addresses", ready), ("notReadyAddresses", not_ready)] {
+            let list = path.child(list);
+            for (j, a) in addresses.iter().enumerate() {
+                address(&mut errors, &list.index(j), a);
+            }
         }
         for (k, p) in ports.iter().enumerate() {
             port(

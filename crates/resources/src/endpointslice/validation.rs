@@ -1,6 +1,6 @@
 //! `ValidateEndpointSlice` / `ValidateEndpointSliceUpdate` (pkg/apis/discovery/validation).
 
-use capstan_machinery::field::{FieldError, FieldErrors};
+use capstan_machinery::field::{FieldError, FieldErrors, FieldPath};
 use capstan_machinery::ip;
 use capstan_machinery::validation::{
     dns1123_label, dns1123_subdomain, label_value, qualified_name,
@@ -22,15 +22,13 @@ pub fn validate(slice: &EndpointSlice, old: Option<&EndpointSlice>) -> FieldErro
     let mut errors = FieldErrors::new();
     address_type(&mut errors, &slice.address_type);
     ports(&mut errors, slice);
-    let mut endpoint_errors = FieldErrors::new();
-    endpoints(&mut endpoint_errors, slice);
     // Endpoints an update leaves as they were are not judged again.
     let unchanged = old.is_some_and(|old| {
         old.endpoints.as_deref().unwrap_or_default()
             == slice.endpoints.as_deref().unwrap_or_default()
     });
     if !unchanged {
-        errors.0.extend(endpoint_errors.0);
+        endpoints(&mut errors, slice);
     }
     if let Some(old) = old
         && old.address_type != slice.address_type
@@ -101,32 +99,33 @@ fn endpoints(errors: &mut FieldErrors, slice: &EndpointSlice) {
         ));
         return;
     }
+    let list = FieldPath::root("endpoints");
     for (i, endpoint) in endpoints.iter().enumerate() {
-        endpoint_rules(errors, &format!("endpoints[{i}]"), endpoint, slice);
+        endpoint_rules(errors, &list.index(i), endpoint, slice);
     }
 }
 
 fn endpoint_rules(
     errors: &mut FieldErrors,
-    path: &str,
+    path: &FieldPath,
     endpoint: &Endpoint,
     slice: &EndpointSlice,
 ) {
-    let addresses_path = format!("{path}.addresses");
+    let addresses_path = path.child("addresses");
     if endpoint.addresses.is_empty() {
         errors.push(FieldError::required(
-            addresses_path.clone(),
+            &addresses_path,
             "must contain at least 1 address",
         ));
     } else if endpoint.addresses.len() > MAX_ADDRESSES {
         errors.push(FieldError::too_many(
-            addresses_path.clone(),
+            &addresses_path,
             endpoint.addresses.len(),
             MAX_ADDRESSES,
         ));
     }
     for (j, address) in endpoint.addresses.iter().enumerate() {
-        let at = format!("{addresses_path}[{j}]");
+        let at = addresses_path.index(j);
         match slice.address_type.as_str() {
             "IPv4" | "IPv6" => {
                 ip_address(errors, &at, &addresses_path, address, &slice.address_type)
@@ -136,12 +135,12 @@ fn endpoint_rules(
         }
     }
     if let Some(node) = endpoint.node_name.as_deref() {
-        errors.check(format!("{path}.nodeName"), node, dns1123_subdomain);
+        errors.check(&path.child("nodeName"), node, dns1123_subdomain);
     }
     // deprecatedTopology is dropped before validation (v1 writes never keep it); zone,
     // conditions and targetRef are not validated upstream.
     if let Some(hostname) = endpoint.hostname.as_deref() {
-        errors.check(format!("{path}.hostname"), hostname, dns1123_label);
+        errors.check(&path.child("hostname"), hostname, dns1123_label);
     }
     if let Some(hints) = endpoint.hints.as_ref() {
         hint_rules(errors, &format!("{path}.hints"), hints);
@@ -151,7 +150,13 @@ fn endpoint_rules(
 /// One address of an IP slice: 1.36's strict parse (and, for IPv6, canonical form), then
 /// the family (reported on the list, without an index, as upstream), then the ranges an
 /// endpoint may not use.
-fn ip_address(errors: &mut FieldErrors, path: &str, list: &str, address: &str, family: &str) {
+fn ip_address(
+    errors: &mut FieldErrors,
+    path: &FieldPath,
+    list: &FieldPath,
+    address: &str,
+    family: &str,
+) {
     if let Some(problem) = ip::strict_problem(address) {
         errors.push(FieldError::invalid(path, &json!(address), problem));
         return;
@@ -185,7 +190,7 @@ fn ip_address(errors: &mut FieldErrors, path: &str, list: &str, address: &str, f
 }
 
 /// `IsFullyQualifiedDomainName`: a DNS subdomain with at least two labels.
-fn fqdn(errors: &mut FieldErrors, path: &str, address: &str) {
+fn fqdn(errors: &mut FieldErrors, path: &FieldPath, address: &str) {
     let name = address.strip_suffix('.').unwrap_or(address);
     if name.is_empty() {
         errors.push(FieldError::required(path, ""));

@@ -1,0 +1,145 @@
+//! CREATE: a new object from a body (or a controller's typed object), its name generated
+//! when asked, allocated, validated and written when absent.
+
+use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+impl Registry {
+    /// CREATE. `object` is the decoded body with the namespace already settled.
+    pub async fn create(
+        &self,
+        namespace: &str,
+        mut object: Value,
+        options: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let info = self.strategy.info();
+        {
+            let meta = meta::metadata_mut(&mut object);
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+                "resourceVersion",
+                "generation",
+            ] {
+                meta.shift_remove(field);
+            }
+            if info.namespaced {
+                meta.insert("namespace".into(), json!(namespace));
+            } else {
+                meta.shift_remove("namespace");
+            }
+        }
+        // A body or a typed object is in its type's form already; an applied configuration
+        // is normalized by defaulting. The rules of this write share one decoded object.
+        let mut view = RulesView::default();
+        if options.applied {
+            self.strategy.default(&mut object);
+        } else {
+            self.strategy.default_normal(&mut object, &mut view);
+        }
+        if !options.applied {
+            crate::managed::record_update(
+                &mut object,
+                None,
+                &options.field_manager,
+                &crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main),
+            );
+        }
+        let uid = uuid::Uuid::new_v4().to_string();
+        let created = meta::now_rfc3339();
+        meta::set_meta_str(&mut object, "uid", &uid);
+        meta::set_meta_str(&mut object, "creationTimestamp", &created);
+        match serde_json::from_value::<Time>(json!(created)) {
+            Ok(time) => view.edit_meta(|m| {
+                m.uid = Some(uid.clone());
+                m.creation_timestamp = Some(time.clone());
+            }),
+            Err(_) => view.forget(),
+        }
+        self.strategy.prepare_for_create(&mut object, &mut view);
+        if info.namespaced {
+            self.check_namespace(namespace, meta::name(&object)).await?;
+        }
+        let prefix = meta::meta_str(&object, "generateName").to_string();
+        let generate = meta::name(&object).is_empty() && !prefix.is_empty();
+        let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
+        for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
+            let mut candidate = object.clone();
+            let mut candidate_view = view.clone();
+            if generate {
+                let name = generate_name(&prefix);
+                meta::set_meta_str(&mut candidate, "name", &name);
+                candidate_view.edit_meta(|m| m.name = Some(name.clone()));
+            }
+            let name = meta::name(&candidate).to_string();
+            let key = info.key(namespace, &name);
+            // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
+            // and validation sees the allocated values.
+            let (extras, invalid) = self
+                .strategy
+                .admit(
+                    self.storage.as_ref(),
+                    (&mut candidate, &mut candidate_view),
+                    None,
+                    Subresource::Main,
+                    options.dry_run,
+                )
+                .await?;
+            let mut errors = FieldErrors::new();
+            self.validate_meta_create(&candidate, &mut errors);
+            errors.extend(invalid);
+            if !errors.is_empty() {
+                return Err(self.invalid(meta::name(&candidate), &errors));
+            }
+            if options.dry_run {
+                let existing = self.storage.get(&key, None).await.map_err(storage_error)?;
+                if existing.kv.is_some() {
+                    return Err(ApiError::already_exists(info.group_resource(), &name));
+                }
+                meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
+                return Ok(candidate);
+            }
+            let absent = Compare::Absent(key.clone());
+            let txn = self.put(absent, &key, &mut candidate, options.applied, extras)?;
+            match self.storage.txn(txn).await.map_err(storage_error)? {
+                TxnOutcome::Committed { revision, .. } => return Ok(at(candidate, revision)),
+                TxnOutcome::Failed { current, .. } => {
+                    let taken = current.first().is_some_and(Option::is_some);
+                    if !taken {
+                        continue; // an allocation raced another write: allocate again
+                    }
+                    if generate && attempt + 1 < attempts {
+                        continue;
+                    }
+                    if generate {
+                        return Err(ApiError::generate_name_exhausted(
+                            info.group_resource(),
+                            &name,
+                        ));
+                    }
+                    let existing = current
+                        .first()
+                        .and_then(|kv| kv.as_ref())
+                        .and_then(|kv| self.decode(kv).ok());
+                    let mut err = ApiError::already_exists(info.group_resource(), &name);
+                    if existing.is_some_and(|e| !meta::meta_str(&e, "deletionTimestamp").is_empty())
+                    {
+                        err.message = format!("object is being deleted: {}", err.message);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Err(ApiError::new(
+            500,
+            capstan_machinery::Reason::ServerTimeout,
+            format!(
+                "The create operation against {} could not be completed at this time, please try again.",
+                info.group_resource()
+            ),
+        ))
+    }
+}
