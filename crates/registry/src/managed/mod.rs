@@ -17,7 +17,6 @@
 //! - The fields the subresource resets (status for the main resource; spec and more for
 //!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
-use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
@@ -29,11 +28,13 @@ use crate::{ResourceInfo, Subresource};
 pub use unchanged::same_ignoring_times;
 
 mod apply;
+mod fields_v1;
 #[cfg(test)]
 mod tests;
 mod unchanged;
 
 pub use apply::{Conflict, apply};
+use fields_v1::{from_fields_v1, to_fields_v1};
 
 /// A path of fieldsV1 steps (`f:spec`, `k:{…}`, `v:…`).
 type Path = Vec<String>;
@@ -366,134 +367,6 @@ fn owns_under(set: &Set, node: &[String]) -> bool {
     set.range(node.to_vec()..)
         .next()
         .is_some_and(|p| p.starts_with(node))
-}
-
-/// Upstream's order of path elements: field names, then keys, then values, then indexes;
-/// keys and values compared as values (so port 80 precedes port 443).
-fn step_order(a: &str, b: &str) -> Ordering {
-    fn rank(step: &str) -> u8 {
-        match step.get(..2) {
-            Some("f:") => 0,
-            Some("k:") => 1,
-            Some("v:") => 2,
-            _ => 3,
-        }
-    }
-    let parsed = |s: &str| serde_json::from_str::<Value>(&s[2..]).unwrap_or(Value::Null);
-    rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
-        1 | 2 => value_order(&parsed(a), &parsed(b)),
-        3 => {
-            let index = |s: &str| s[2..].parse::<i64>().unwrap_or_default();
-            index(a).cmp(&index(b))
-        }
-        _ => a.cmp(b),
-    })
-}
-
-/// structured-merge-diff's total order of values: numbers, strings, booleans, lists, maps
-/// (as sorted field lists), null.
-fn value_order(a: &Value, b: &Value) -> Ordering {
-    fn rank(v: &Value) -> u8 {
-        match v {
-            Value::Number(_) => 0,
-            Value::String(_) => 1,
-            Value::Bool(_) => 2,
-            Value::Array(_) => 3,
-            Value::Object(_) => 4,
-            Value::Null => 5,
-        }
-    }
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let (x, y) = (
-                x.as_f64().unwrap_or_default(),
-                y.as_f64().unwrap_or_default(),
-            );
-            x.partial_cmp(&y).unwrap_or(Ordering::Equal)
-        }
-        (Value::String(x), Value::String(y)) => x.cmp(y),
-        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
-        (Value::Array(x), Value::Array(y)) => x
-            .iter()
-            .zip(y)
-            .map(|(x, y)| value_order(x, y))
-            .find(|o| o.is_ne())
-            .unwrap_or_else(|| x.len().cmp(&y.len())),
-        (Value::Object(x), Value::Object(y)) => {
-            fn sorted(m: &Map<String, Value>) -> Vec<(&String, &Value)> {
-                let mut fields: Vec<(&String, &Value)> = m.iter().collect();
-                fields.sort_by(|a, b| a.0.cmp(b.0));
-                fields
-            }
-            let (x, y) = (sorted(x), sorted(y));
-            x.iter()
-                .zip(&y)
-                .map(|((kx, vx), (ky, vy))| kx.cmp(ky).then_with(|| value_order(vx, vy)))
-                .find(|o| o.is_ne())
-                .unwrap_or_else(|| x.len().cmp(&y.len()))
-        }
-        _ => rank(a).cmp(&rank(b)),
-    }
-}
-
-/// A set as `fieldsV1`: members with nothing below them are `{}`, members with something
-/// below them carry `.`; children in upstream's order.
-fn to_fields_v1(set: &Set) -> Value {
-    #[derive(Default)]
-    struct Node<'s> {
-        member: bool,
-        children: Vec<(&'s str, Node<'s>)>,
-    }
-    fn render(node: Node<'_>) -> Value {
-        let mut out = Map::with_capacity(node.children.len() + 1);
-        if node.member && !node.children.is_empty() {
-            out.insert(".".into(), Value::Object(Map::new()));
-        }
-        let mut children = node.children;
-        children.sort_by(|a, b| step_order(a.0, b.0));
-        for (step, child) in children {
-            out.insert(step.to_string(), render(child));
-        }
-        Value::Object(out)
-    }
-    // The set is ordered, so a path's parent steps are the latest children at each level.
-    let mut root = Node::default();
-    for path in set {
-        let mut node = &mut root;
-        for step in path {
-            let index = match node.children.last() {
-                Some((last, _)) if *last == step.as_str() => node.children.len() - 1,
-                _ => {
-                    node.children.push((step.as_str(), Node::default()));
-                    node.children.len() - 1
-                }
-            };
-            node = &mut node.children[index].1;
-        }
-        node.member = true;
-    }
-    render(root)
-}
-
-/// The set a `fieldsV1` value names.
-fn from_fields_v1(value: &Value) -> Set {
-    fn walk(value: &Value, path: &mut Path, out: &mut Set) {
-        let Some(map) = value.as_object() else { return };
-        if (map.is_empty() || map.contains_key(".")) && !path.is_empty() {
-            out.insert(path.clone());
-        }
-        for (key, child) in map {
-            if key == "." {
-                continue;
-            }
-            path.push(key.clone());
-            walk(child, path, out);
-            path.pop();
-        }
-    }
-    let mut out = Set::new();
-    walk(value, &mut Vec::new(), &mut out);
-    out
 }
 
 /// An entry's set.
