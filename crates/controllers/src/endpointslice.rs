@@ -339,7 +339,15 @@ pub(crate) fn reconcile(inputs: &Inputs<'_>, existing: Vec<EndpointSlice>) -> Pl
     let mut plan = Plan::default();
     let mut by_type: HashMap<String, Vec<EndpointSlice>> = HashMap::new();
     let mut unsupported = Vec::new();
-    for slice in existing {
+    // While the Service is pending deletion its slices are the garbage collector's: one it no
+    // longer owns is being orphaned (`--cascade=orphan`), not left over, and deleting it would
+    // race the collector (upstream's reason for creating nothing then, applied to the deletes
+    // the race would otherwise make).
+    let deleting = inputs.service.metadata.deletion_timestamp.is_some();
+    let judged = existing
+        .into_iter()
+        .filter(|slice| !deleting || owned_by(slice, inputs.service));
+    for slice in judged {
         if types.contains(&slice.address_type.as_str()) {
             by_type
                 .entry(slice.address_type.clone())
@@ -674,6 +682,28 @@ mod tests {
     }
 
     #[test]
+    fn a_service_pending_deletion_leaves_the_slices_it_no_longer_owns() {
+        let mut service = service();
+        let zones = zones();
+        let pods = vec![pod(1, true)];
+        let mut slices = Vec::new();
+        apply(
+            &mut slices,
+            reconcile(&inputs_of(&service, &pods, &zones), Vec::new()),
+        );
+        // The garbage collector orphans the slice (`kubectl delete --cascade=orphan`).
+        slices[0].metadata.owner_references = None;
+        // A Service not being deleted replaces a slice it does not own.
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&plan), (1, 0, 1));
+        // One being deleted leaves it, and creates nothing in its place (at the write).
+        service.metadata.deletion_timestamp =
+            Some(serde_json::from_value(json!("2026-11-26T00:00:00Z")).expect("a time"));
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), slices);
+        assert!(plan.deletes.is_empty());
+    }
+
+    #[test]
     fn a_pod_on_an_unknown_node_is_left_out_and_reported() {
         let service = service();
         let pods = vec![pod(1, true)];
@@ -966,15 +996,7 @@ impl SliceWriter {
             }
             self.record(key, &updated);
         }
-        // While the Service is pending deletion its slices are the garbage collector's: one it
-        // no longer owns is being orphaned (`--cascade=orphan`), not left over, and deleting
-        // it would race the collector (upstream's reason for creating nothing then, applied to
-        // the deletes the race would otherwise make).
-        let pending_deletion = service.metadata.deletion_timestamp.is_some();
         for slice in plan.deletes {
-            if pending_deletion && !owned_by(&slice, service) {
-                continue;
-            }
             let name = slice.metadata.name.clone().unwrap_or_default();
             let uid = slice.metadata.uid.clone().unwrap_or_default();
             self.state().tracked.insert(uid, -1);

@@ -76,6 +76,12 @@ pub fn now_rfc3339() -> String {
     format_timestamp(jiff::Timestamp::now())
 }
 
+/// Now, to the second: the time [`now_rfc3339`] writes, as a timestamp.
+pub fn now_second() -> jiff::Timestamp {
+    let now = jiff::Timestamp::now();
+    jiff::Timestamp::from_second(now.as_second()).unwrap_or(now)
+}
+
 /// The time `seconds` from now, as [`now_rfc3339`] formats it (deletion deadlines).
 pub fn rfc3339_in(seconds: i64) -> String {
     let now = jiff::Timestamp::now();

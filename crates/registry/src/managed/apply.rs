@@ -217,10 +217,10 @@ fn prune(
     };
     match (shape_of(Some(&*value), schema), value) {
         (Shape::Struct(properties), Value::Object(map)) => {
-            map.retain(|key, child| visit(format!("f:{key}"), child, properties.get(key), path));
+            map.retain(|key, child| visit(field_step(key), child, properties.get(key), path));
         }
         (Shape::Map(values), Value::Object(map)) => {
-            map.retain(|key, child| visit(format!("f:{key}"), child, values, path));
+            map.retain(|key, child| visit(field_step(key), child, values, path));
         }
         (Shape::ListMap(items, keys), Value::Array(list)) => {
             list.retain_mut(|element| {

@@ -49,16 +49,17 @@ impl Registry {
             );
         }
         let uid = uuid::Uuid::new_v4().to_string();
-        let created = meta::now_rfc3339();
+        let created = meta::now_second();
         meta::set_meta_str(&mut object, "uid", &uid);
-        meta::set_meta_str(&mut object, "creationTimestamp", &created);
-        match serde_json::from_value::<Time>(json!(created)) {
-            Ok(time) => view.edit_meta(|m| {
-                m.uid = Some(uid.clone());
-                m.creation_timestamp = Some(time.clone());
-            }),
-            Err(_) => view.forget(),
-        }
+        meta::set_meta_str(
+            &mut object,
+            "creationTimestamp",
+            &meta::format_timestamp(created),
+        );
+        view.edit_meta(|m| {
+            m.uid = Some(uid.clone());
+            m.creation_timestamp = Some(Time(created));
+        });
         self.strategy.prepare_for_create(&mut object, &mut view);
         if info.namespaced {
             self.check_namespace(namespace, meta::name(&object)).await?;
