@@ -299,10 +299,15 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// What label and field selectors read of an object: the watch cache keeps only this
     /// beside the object's JSON.
     fn selectable(&self, object: &Value) -> crate::cache::Selectable;
-    /// [`DynStrategy::selectable`] of an object's JSON, decoded straight into the kind's type
-    /// (or, for a kind without selectable fields, its name, namespace and labels alone);
-    /// `None` when it does not decode.
-    fn selectable_json(&self, json: &[u8]) -> Option<crate::cache::Selectable>;
+    /// [`DynStrategy::selectable`] of an object's JSON: for a kind without selectable fields,
+    /// its name, namespace and labels decoded from `metadata` (the object's metadata member)
+    /// alone; otherwise the whole object (`whole`, without managedFields) decoded straight
+    /// into the kind's type. `None` when it does not decode.
+    fn selectable_json(
+        &self,
+        metadata: &[u8],
+        whole: &dyn Fn() -> Vec<u8>,
+    ) -> Option<crate::cache::Selectable>;
     /// The value of a field for field selectors; `None` when the field is not supported.
     fn field_value(&self, object: &Value, field: &str) -> Option<String>;
     /// See [`Strategy::unsupported_field_message`].
@@ -550,21 +555,21 @@ impl<S: Strategy> DynStrategy for S {
         )
     }
 
-    fn selectable_json(&self, json: &[u8]) -> Option<crate::cache::Selectable> {
+    fn selectable_json(
+        &self,
+        metadata: &[u8],
+        whole: &dyn Fn() -> Vec<u8>,
+    ) -> Option<crate::cache::Selectable> {
         let fields = Strategy::selectable_fields(self);
         if fields.is_empty() {
-            #[derive(serde::Deserialize)]
-            struct Named {
-                metadata: NamedMeta,
-            }
             #[derive(serde::Deserialize)]
             struct NamedMeta {
                 name: Option<String>,
                 namespace: Option<String>,
                 labels: Option<std::collections::BTreeMap<String, String>>,
             }
-            let named: Named = serde_json::from_slice(json).ok()?;
-            let m = named.metadata;
+            // Only the metadata is read: the rest of the object is not even scanned.
+            let m: NamedMeta = serde_json::from_slice(metadata).ok()?;
             return Some(crate::cache::Selectable::from_parts(
                 m.name.as_deref().unwrap_or_default(),
                 m.namespace.as_deref().unwrap_or_default(),
@@ -572,7 +577,7 @@ impl<S: Strategy> DynStrategy for S {
                 [],
             ));
         }
-        let typed: S::Object = serde_json::from_slice(json).ok()?;
+        let typed: S::Object = serde_json::from_slice(&whole()).ok()?;
         let m = typed.metadata();
         Some(crate::cache::Selectable::from_parts(
             m.name.as_deref().unwrap_or_default(),

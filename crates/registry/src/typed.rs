@@ -351,7 +351,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkippingMap<A> {
 }
 
 /// A field name, borrowed from the input when it can be (serde's own `Cow` always copies).
-struct Key<'de>(std::borrow::Cow<'de, str>);
+pub(crate) struct Key<'de>(pub(crate) std::borrow::Cow<'de, str>);
 
 impl<'de> serde::Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

@@ -3,6 +3,10 @@
 
 use bytes::Bytes;
 use capstan_storage::Revision;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use crate::typed::Key;
 
 /// An object's JSON as the cache keeps it.
 pub(super) enum Json {
@@ -29,43 +33,34 @@ pub(super) struct Stored {
 }
 
 impl Stored {
-    /// Finds the parts of a stored value (valid JSON); `None` when it has another shape.
+    /// Checks a stored value's JSON and finds its parts, in one pass; `None` when it is not
+    /// JSON or has another shape (no whitespace around it, `kind` and `apiVersion` first, a
+    /// `metadata` object).
     pub(super) fn locate(bytes: Bytes) -> Option<Self> {
+        if bytes.first() != Some(&b'{') || bytes.last() != Some(&b'}') {
+            return None;
+        }
+        let mut json = serde_json::Deserializer::from_slice(&bytes);
+        let parts = json.deserialize_map(Members).ok()?;
+        json.end().ok()?;
+        let base = bytes.as_ptr() as usize;
+        // Borrowed values point into the bytes; anything else is refused, not trusted.
+        let span = |raw: &RawValue| {
+            let start = (raw.get().as_ptr() as usize).checked_sub(base)?;
+            let end = start.checked_add(raw.get().len())?;
+            (end <= bytes.len()).then_some((start, end))
+        };
+        // The third member starts after the second's value and its comma.
         let mut scan = Scanner {
             bytes: &bytes,
-            at: 0,
+            at: span(parts.second?)?.1,
         };
-        scan.expect(b'{')?;
-        let mut index = 0;
-        let mut members = None;
-        let mut metadata = None;
-        loop {
-            scan.whitespace();
-            if index == 2 {
-                members = Some(scan.at);
-            }
-            let key = scan.string()?;
-            scan.whitespace();
-            scan.expect(b':')?;
-            scan.whitespace();
-            let value = scan.at;
-            scan.value()?;
-            match (index, key) {
-                (0, b"kind") | (1, b"apiVersion") => {}
-                (0 | 1, _) => return None,
-                (_, b"metadata") => metadata = Some((value, scan.at)),
-                _ => {}
-            }
-            index += 1;
-            scan.whitespace();
-            match scan.next()? {
-                b',' => {}
-                b'}' => break,
-                _ => return None,
-            }
-        }
-        let (start, end) = metadata?;
-        if scan.at != bytes.len() || bytes.get(start) != Some(&b'{') {
+        scan.whitespace();
+        scan.expect(b',')?;
+        scan.whitespace();
+        let members = scan.at;
+        let (start, end) = span(parts.metadata?)?;
+        if bytes.get(start) != Some(&b'{') {
             return None;
         }
         let metadata_end = end - 1;
@@ -73,7 +68,7 @@ impl Stored {
             .iter()
             .all(u8::is_ascii_whitespace);
         Some(Stored {
-            members: members?,
+            members,
             metadata_start: start,
             metadata_end,
             metadata_empty,
@@ -133,6 +128,46 @@ impl Stored {
             }
         }
         wrote
+    }
+}
+
+/// What [`Stored::locate`] reads of a JSON object while checking all of it: the second
+/// member's value when the first two are `kind` and `apiVersion`, and the (last) `metadata`
+/// member's value; both borrowed, so their places in the bytes are known.
+#[derive(Default)]
+struct Parts<'a> {
+    second: Option<&'a RawValue>,
+    metadata: Option<&'a RawValue>,
+}
+
+/// Reads a JSON object's members into [`Parts`].
+struct Members;
+
+impl<'de> Visitor<'de> for Members {
+    type Value = Parts<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parts<'de>, A::Error> {
+        let (mut parts, mut typed) = (Parts::default(), true);
+        let mut index = 0;
+        while let Some(Key(key)) = map.next_key()? {
+            let value: &'de RawValue = map.next_value()?;
+            match (index, key.as_ref()) {
+                (0, "kind") => {}
+                (1, "apiVersion") => parts.second = Some(value),
+                (0 | 1, _) => typed = false,
+                (_, "metadata") => parts.metadata = Some(value),
+                _ => {}
+            }
+            index += 1;
+        }
+        if !typed {
+            parts.second = None;
+        }
+        Ok(parts)
     }
 }
 

@@ -89,15 +89,16 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
-        // The stored bytes are kept when they have Capstan's shape; the projection reads them
+        // The stored bytes are kept when they have Capstan's shape; the projection reads their
+        // metadata alone, or (a kind with selectable fields in `spec` or `status`) the object
         // without managedFields, straight into the kind's type.
-        // Checked whole first (syntax without building anything, then the text): the
-        // scanner that finds the parts trusts what it is given.
-        if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
-            && std::str::from_utf8(value).is_ok()
+        // The text is checked first: finding the parts checks the JSON's syntax, not that
+        // what its strings hold is UTF-8.
+        if std::str::from_utf8(value).is_ok()
             && let Some(stored) = Stored::locate(value.clone())
             && !stored.has_resource_version()
         {
+            let metadata = &value[stored.metadata_start..=stored.metadata_end];
             let mut object = CachedObject {
                 selectable: Selectable::default(),
                 key: key.clone(),
@@ -105,9 +106,12 @@ impl CachedObject {
                 json: Json::Stored(stored),
                 lines: Default::default(),
             };
-            let mut for_rules = Vec::with_capacity(value.len());
-            object.write_item_for_rules(&mut for_rules);
-            let projected = project.project_json(&for_rules).or_else(|| {
+            let for_rules = || {
+                let mut for_rules = Vec::with_capacity(value.len());
+                object.write_item_for_rules(&mut for_rules);
+                for_rules
+            };
+            let projected = project.project_json(metadata, &for_rules).or_else(|| {
                 // Only what the projection reads is decoded (not managedFields, not the rest).
                 serde_json::from_slice::<Projected>(value)
                     .ok()

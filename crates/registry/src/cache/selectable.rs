@@ -12,15 +12,16 @@ pub struct Projection {
 }
 
 type ProjectObject = dyn Fn(&Value) -> Selectable + Send + Sync;
-type ProjectJson = dyn Fn(&[u8]) -> Option<Selectable> + Send + Sync;
+type ProjectJson = dyn Fn(&[u8], &dyn Fn() -> Vec<u8>) -> Option<Selectable> + Send + Sync;
 
 impl Projection {
-    /// `object` projects a decoded object; `json` projects an object's JSON (without
-    /// `metadata.managedFields`, which selectors never read) straight from the bytes, `None`
-    /// when it cannot (then the object is decoded for `object`).
+    /// `object` projects a decoded object; `json` projects an object's JSON straight from the
+    /// bytes, given its `metadata` member and a function that writes the whole object without
+    /// `metadata.managedFields` (which selectors never read); `None` when it cannot (then the
+    /// object is decoded for `object`).
     pub fn new(
         object: impl Fn(&Value) -> Selectable + Send + Sync + 'static,
-        json: impl Fn(&[u8]) -> Option<Selectable> + Send + Sync + 'static,
+        json: impl Fn(&[u8], &dyn Fn() -> Vec<u8>) -> Option<Selectable> + Send + Sync + 'static,
     ) -> Self {
         Projection {
             object: Arc::new(object),
@@ -33,13 +34,13 @@ impl Projection {
         let from_json = kind.clone();
         Self::new(
             move |object| kind.selectable(object),
-            move |json| from_json.selectable_json(json),
+            move |metadata, whole| from_json.selectable_json(metadata, whole),
         )
     }
 
     /// A projection of decoded objects only.
     pub fn of_objects(object: impl Fn(&Value) -> Selectable + Send + Sync + 'static) -> Self {
-        Self::new(object, |_| None)
+        Self::new(object, |_, _| None)
     }
 
     /// What selectors read of `object`.
@@ -47,9 +48,10 @@ impl Projection {
         (self.object)(object)
     }
 
-    /// What selectors read of an object's JSON, when it can be read from the bytes.
-    pub fn project_json(&self, json: &[u8]) -> Option<Selectable> {
-        (self.json)(json)
+    /// What selectors read of an object's JSON, when it can be read from the bytes: its
+    /// `metadata` member, and `whole` for the object without managedFields.
+    pub fn project_json(&self, metadata: &[u8], whole: &dyn Fn() -> Vec<u8>) -> Option<Selectable> {
+        (self.json)(metadata, whole)
     }
 }
 

@@ -2,6 +2,7 @@
 
 use capstan_machinery::fields::FieldSelector;
 use capstan_machinery::labels::LabelSelector;
+use capstan_machinery::meta;
 use serde_json::json;
 
 use bytes::Bytes;
@@ -190,6 +191,41 @@ fn stored_values_are_served_without_reencoding() {
     // Stored as another type: served with the type asked for.
     same_as_reencoded(&json!({"kind": "Endpoints", "apiVersion": "v1", "metadata": {"name": "a"}}));
     same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v2", "metadata": {}}));
+}
+
+/// Stored bytes written by hand: what the cache serves is what a full decode reads, and
+/// bytes that are not JSON are refused, however far in the fault is.
+#[test]
+fn stored_bytes_are_checked_while_their_parts_are_found() {
+    let project = projection();
+    let decode =
+        |text: &[u8]| CachedObject::decode("/k".into(), &Bytes::copy_from_slice(text), 7, &project);
+    for text in [
+        &br#"{"kind":"Service","apiVersion":"v1" , "metadata" : {"name":"a"} ,"spec":{}}"#[..],
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"metadata":{"name":"b"}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","meta\u0064ata":{"name":"c"},"spec":{"x":"\"}"}}"#,
+        br#" {"kind":"Service","apiVersion":"v1","metadata":{"name":"d"}}"#,
+    ] {
+        let cached = decode(text).expect("valid JSON is cached");
+        let mut expected: Value = serde_json::from_slice(text).expect("JSON");
+        meta::strip_type_meta(&mut expected);
+        meta::set_meta_str(&mut expected, "resourceVersion", "7");
+        assert_eq!(
+            cached.object(),
+            expected,
+            "{}",
+            String::from_utf8_lossy(text)
+        );
+        assert_eq!(cached.selectable.name(), expected["metadata"]["name"]);
+    }
+    for text in [
+        &br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"spec":{"x":tru}}"#[..],
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"spec":[1,}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"}}}"#,
+        b"{\"kind\":\"Service\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"\xff\"}}",
+    ] {
+        assert!(decode(text).is_none(), "{}", String::from_utf8_lossy(text));
+    }
 }
 
 #[test]
