@@ -128,9 +128,8 @@ fn fields<'v>(
         let Some(field) = properties.get(key) else {
             continue;
         };
-        let named = named_string(owner, key);
         path.push(key);
-        let found = check(owner, field, named, value, path);
+        let found = check(owner, field, Some(key), value, path);
         path.pop();
         if found.is_some() {
             return found;
@@ -139,11 +138,12 @@ fn fields<'v>(
     None
 }
 
-/// One value against its schema node, inside struct `owner` at `path`.
+/// One value against its schema node, inside struct `owner` at `path`; `field` is the
+/// struct's field it is (or is an element of), for naming a named string type.
 fn check<'v>(
     owner: &str,
     node: &'static Value,
-    named: Option<&str>,
+    field: Option<&str>,
     value: &'v Value,
     path: &mut Vec<&'v str>,
 ) -> Option<String> {
@@ -187,7 +187,7 @@ fn check<'v>(
         return None;
     }
     // Named only for a mismatch: most values match.
-    let go = || go_type(node, named);
+    let go = || go_type(node, field.and_then(|key| named_string(owner, key)));
     if resolved.get("properties").is_some() {
         let Value::Object(map) = value else {
             return fail(false, &go());
@@ -206,7 +206,7 @@ fn check<'v>(
             let item = resolved.get("items")?;
             items
                 .iter()
-                .find_map(|v| check(owner, item, named, v, path))
+                .find_map(|v| check(owner, item, field, v, path))
         }
         "object" => {
             let Value::Object(map) = value else {
