@@ -32,6 +32,7 @@ async fn every_acknowledged_write_survives_sigkill() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (going, first_ack) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut acked = Vec::new();
             for line in BufReader::new(stdout).lines() {
@@ -41,13 +42,18 @@ async fn every_acknowledged_write_survives_sigkill() {
                     && let Ok(revision) = revision.parse::<i64>()
                 {
                     acked.push((key.to_owned(), revision));
+                    if acked.len() == 1 {
+                        let _ = going.send(());
+                    }
                 }
             }
             acked
         });
-        // Let it get going, then kill it at a random moment.
+        // Let it get going (its first write acknowledged: a loaded machine may take a while to
+        // start it), then kill it at a random moment.
         let started = Instant::now();
-        std::thread::sleep(Duration::from_millis(random_millis(300, 1500)));
+        let _ = first_ack.recv_timeout(Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(random_millis(0, 1200)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let acked = reader.join().unwrap();
