@@ -153,8 +153,14 @@ impl<'de> Visitor<'de> for Members {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parts<'de>, A::Error> {
         let (mut parts, mut typed) = (Parts::default(), true);
         let mut index = 0;
+        let mut seen = Vec::new();
         while let Some(Key(key)) = map.next_key()? {
             let value: &'de RawValue = map.next_value()?;
+            // A repeated member would be served twice, and Go's decoder merges what the
+            // cache's readers take the last of: such an object is decoded and re-encoded.
+            if seen.contains(&key) {
+                typed = false;
+            }
             match (index, key.as_ref()) {
                 (0, "kind") => {}
                 (1, "apiVersion") => parts.second = Some(value),
@@ -162,6 +168,7 @@ impl<'de> Visitor<'de> for Members {
                 (_, "metadata") => parts.metadata = Some(value),
                 _ => {}
             }
+            seen.push(key);
             index += 1;
         }
         if !typed {

@@ -197,12 +197,20 @@ fn stored_values_are_served_without_reencoding() {
 /// bytes that are not JSON are refused, however far in the fault is.
 #[test]
 fn stored_bytes_are_checked_while_their_parts_are_found() {
-    let project = projection();
+    // Projected from the metadata member alone, as a kind without selectable fields is.
+    let project = Projection::new(
+        |object| Selectable::new(object, []),
+        |metadata, _| {
+            let metadata: Value = serde_json::from_slice(metadata).ok()?;
+            Some(Selectable::new(&json!({ "metadata": metadata }), []))
+        },
+    );
     let decode =
         |text: &[u8]| CachedObject::decode("/k".into(), &Bytes::copy_from_slice(text), 7, &project);
     for text in [
         &br#"{"kind":"Service","apiVersion":"v1" , "metadata" : {"name":"a"} ,"spec":{}}"#[..],
-        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"metadata":{"name":"b"}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a","labels":{"x":"1"}},"metadata":{"name":"b"}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"e"},"spec":{"a":1},"spec":{}}"#,
         br#"{"kind":"Service","apiVersion":"v1","meta\u0064ata":{"name":"c"},"spec":{"x":"\"}"}}"#,
         br#" {"kind":"Service","apiVersion":"v1","metadata":{"name":"d"}}"#,
     ] {
@@ -217,6 +225,14 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
             String::from_utf8_lossy(text)
         );
         assert_eq!(cached.selectable.name(), expected["metadata"]["name"]);
+        assert_eq!(cached.selectable.label("x"), None);
+        // What is served is what was read, each member once.
+        let served = String::from_utf8_lossy(&cached.typed_json("Service", "v1")).into_owned();
+        for member in ["\"metadata\"", "\"spec\""] {
+            assert!(served.matches(member).count() <= 1, "{served}");
+        }
+        let typed = meta::with_type_meta(&expected, "v1", "Service");
+        assert_eq!(serde_json::from_str::<Value>(&served).ok(), Some(typed));
     }
     for text in [
         &br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"spec":{"x":tru}}"#[..],
