@@ -55,8 +55,18 @@ impl Server {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             netns: netns.map(str::to_string),
         };
-        server.launch();
-        server
+        // The port was free when picked; another test's server may take it before this one
+        // binds (the tests run in parallel): then it starts again on another.
+        for _ in 0..5 {
+            match server.try_launch() {
+                Err(log) if log.contains("Address already in use") => {
+                    server.port = free_port();
+                }
+                Err(log) => panic!("capstan did not become ready: {log}"),
+                Ok(()) => return server,
+            }
+        }
+        panic!("capstan found no free port: {}", server.log());
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -67,7 +77,15 @@ impl Server {
         self.data_dir().join("kubeconfig")
     }
 
+    /// Starts the server again on its data directory and port, and waits until it is ready.
     pub fn launch(&mut self) {
+        if let Err(log) = self.try_launch() {
+            panic!("capstan did not become ready: {log}");
+        }
+    }
+
+    /// [`Server::launch`], answering the log when the server exits or is not ready in 20 s.
+    fn try_launch(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.path().join("log")).expect("log file");
         let child = command_in(self.netns.as_deref(), env!("CARGO_BIN_EXE_capstan"))
             .arg("serve")
@@ -90,11 +108,16 @@ impl Server {
             if self.kubeconfig().exists()
                 && self.kubectl(&["get", "--raw", "/readyz"]).status.success()
             {
-                return;
+                return Ok(());
+            }
+            let exited = self.child.as_mut().map(|c| c.try_wait());
+            if let Some(Ok(Some(_))) = exited {
+                self.child = None;
+                return Err(self.log());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("capstan did not become ready: {}", self.log());
+        Err(self.log())
     }
 
     /// The server's process id while it runs.
