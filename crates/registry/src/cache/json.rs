@@ -89,7 +89,7 @@ impl Stored {
                 return false;
             }
             match scan.member() {
-                Some(b"resourceVersion") => return true,
+                Some(key) if named(key, "resourceVersion") => return true,
                 Some(_) => {}
                 None => return false,
             }
@@ -102,7 +102,7 @@ impl Stored {
 
     /// Writes `metadata`'s members (comma-separated, without the braces) other than `skip`;
     /// whether it wrote any.
-    pub(super) fn write_metadata_members_except(&self, skip: &[u8], out: &mut Vec<u8>) -> bool {
+    pub(super) fn write_metadata_members_except(&self, skip: &str, out: &mut Vec<u8>) -> bool {
         let mut scan = Scanner {
             bytes: &self.bytes,
             at: self.metadata_start + 1,
@@ -115,7 +115,7 @@ impl Stored {
             }
             let start = scan.at;
             let Some(key) = scan.member() else { break };
-            if key != skip {
+            if !named(key, skip) {
                 if wrote {
                     out.push(b',');
                 }
@@ -176,6 +176,18 @@ impl<'de> Visitor<'de> for Members {
         }
         Ok(parts)
     }
+}
+
+/// Whether a member's raw name (escapes not decoded) is `name`.
+fn named(raw: &[u8], name: &str) -> bool {
+    if !raw.contains(&b'\\') {
+        return raw == name.as_bytes();
+    }
+    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    quoted.push(b'"');
+    serde_json::from_slice::<String>(&quoted).is_ok_and(|decoded| decoded == name)
 }
 
 /// Steps over the members and values of JSON already known to be valid.

@@ -217,7 +217,7 @@ impl CachedObject {
             Json::Stored(stored) => {
                 out.push(b'{');
                 out.extend_from_slice(&stored.bytes[stored.members..=stored.metadata_start]);
-                let wrote = stored.write_metadata_members_except(b"managedFields", out);
+                let wrote = stored.write_metadata_members_except("managedFields", out);
                 out.extend_from_slice(ResourceVersionMember::new(!wrote, self.revision).as_bytes());
                 out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
             }

@@ -213,6 +213,7 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"e"},"spec":{"a":1},"spec":{}}"#,
         br#"{"kind":"Service","apiVersion":"v1","meta\u0064ata":{"name":"c"},"spec":{"x":"\"}"}}"#,
         br#" {"kind":"Service","apiVersion":"v1","metadata":{"name":"d"}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"f","resource\u0056ersion":"3"}}"#,
     ] {
         let cached = decode(text).expect("valid JSON is cached");
         let mut expected: Value = serde_json::from_slice(text).expect("JSON");
@@ -233,6 +234,7 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         }
         let typed = meta::with_type_meta(&expected, "v1", "Service");
         assert_eq!(serde_json::from_str::<Value>(&served).ok(), Some(typed));
+        assert_eq!(served.matches("ersion\":").count(), 2, "{served}");
     }
     for text in [
         &br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a"},"spec":{"x":tru}}"#[..],
