@@ -41,7 +41,7 @@ impl Stored {
             return None;
         }
         let mut json = serde_json::Deserializer::from_slice(&bytes);
-        let parts = json.deserialize_map(Members).ok()?;
+        let parts = json.deserialize_map(Members).ok().flatten()?;
         json.end().ok()?;
         let base = bytes.as_ptr() as usize;
         // Borrowed values point into the bytes; anything else is refused, not trusted.
@@ -74,6 +74,11 @@ impl Stored {
             metadata_empty,
             bytes,
         })
+    }
+
+    /// The `metadata` member's value, braces included (sharing the stored bytes).
+    pub(super) fn metadata(&self) -> Bytes {
+        self.bytes.slice(self.metadata_start..=self.metadata_end)
     }
 
     /// Whether `metadata` has a `resourceVersion` member (then the value is not held as
@@ -131,50 +136,43 @@ impl Stored {
     }
 }
 
-/// What [`Stored::locate`] reads of a JSON object while checking all of it: the second
-/// member's value when the first two are `kind` and `apiVersion`, and the (last) `metadata`
-/// member's value; both borrowed, so their places in the bytes are known.
+/// What [`Stored::locate`] reads of a JSON object while checking all of it, when it has
+/// Capstan's shape: the second member's value (`apiVersion`'s) and the `metadata` member's,
+/// both borrowed, so their places in the bytes are known.
 #[derive(Default)]
 struct Parts<'a> {
     second: Option<&'a RawValue>,
     metadata: Option<&'a RawValue>,
 }
 
-/// Reads a JSON object's members into [`Parts`].
+/// Reads a JSON object's members into [`Parts`]: `None` when `kind` and `apiVersion` are not
+/// first, or a member is repeated (it would be served twice, and Go's decoder merges what the
+/// cache's readers take the last of: such an object is decoded and re-encoded).
 struct Members;
 
 impl<'de> Visitor<'de> for Members {
-    type Value = Parts<'de>;
+    type Value = Option<Parts<'de>>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parts<'de>, A::Error> {
-        let (mut parts, mut typed) = (Parts::default(), true);
-        let mut index = 0;
-        let mut seen = Vec::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut parts, mut shaped) = (Parts::default(), true);
+        let mut seen = std::collections::BTreeSet::new();
         while let Some(Key(key)) = map.next_key()? {
             let value: &'de RawValue = map.next_value()?;
-            // A repeated member would be served twice, and Go's decoder merges what the
-            // cache's readers take the last of: such an object is decoded and re-encoded.
-            if seen.contains(&key) {
-                typed = false;
-            }
-            match (index, key.as_ref()) {
+            match (seen.len(), key.as_ref()) {
                 (0, "kind") => {}
                 (1, "apiVersion") => parts.second = Some(value),
-                (0 | 1, _) => typed = false,
+                (0 | 1, _) => shaped = false,
                 (_, "metadata") => parts.metadata = Some(value),
                 _ => {}
             }
-            seen.push(key);
-            index += 1;
+            // Every member is read all the same: the whole object is checked.
+            shaped &= seen.insert(key);
         }
-        if !typed {
-            parts.second = None;
-        }
-        Ok(parts)
+        Ok(shaped.then_some(parts))
     }
 }
 

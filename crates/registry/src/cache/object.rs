@@ -98,7 +98,7 @@ impl CachedObject {
             && let Some(stored) = Stored::locate(value.clone())
             && !stored.has_resource_version()
         {
-            let metadata = &value[stored.metadata_start..=stored.metadata_end];
+            let metadata = stored.metadata();
             let mut object = CachedObject {
                 selectable: Selectable::default(),
                 key: key.clone(),
@@ -111,7 +111,7 @@ impl CachedObject {
                 object.write_item_for_rules(&mut for_rules);
                 for_rules
             };
-            let projected = project.project_json(metadata, &for_rules).or_else(|| {
+            let projected = project.project_json(&metadata, &for_rules).or_else(|| {
                 // Only what the projection reads is decoded (not managedFields, not the rest).
                 serde_json::from_slice::<Projected>(value)
                     .ok()

@@ -143,7 +143,7 @@ fn endpoint_rules(
         errors.check(&path.child("hostname"), hostname, dns1123_label);
     }
     if let Some(hints) = endpoint.hints.as_ref() {
-        hint_rules(errors, &format!("{path}.hints"), hints);
+        hint_rules(errors, &path.child("hints"), hints);
     }
 }
 
@@ -212,25 +212,20 @@ fn fqdn(errors: &mut FieldErrors, path: &FieldPath, address: &str) {
     }
 }
 
-fn hint_rules(errors: &mut FieldErrors, path: &str, hints: &EndpointHints) {
+fn hint_rules(errors: &mut FieldErrors, path: &FieldPath, hints: &EndpointHints) {
     let zones: Vec<&str> = hints.for_zones.iter().flatten().map(|z| &*z.name).collect();
-    if !hint_list(errors, &format!("{path}.forZones"), &zones, label_value) {
+    if !hint_list(errors, &path.child("forZones"), &zones, label_value) {
         return;
     }
     let nodes: Vec<&str> = hints.for_nodes.iter().flatten().map(|n| &*n.name).collect();
-    hint_list(
-        errors,
-        &format!("{path}.forNodes"),
-        &nodes,
-        dns1123_subdomain,
-    );
+    hint_list(errors, &path.child("forNodes"), &nodes, dns1123_subdomain);
 }
 
 /// One list of hints: at most eight, each name once and valid by `rule`; `false` when there
 /// are too many (upstream then stops judging the hints).
 fn hint_list(
     errors: &mut FieldErrors,
-    path: &str,
+    path: &FieldPath,
     names: &[&str],
     rule: fn(&str) -> Vec<String>,
 ) -> bool {
@@ -239,11 +234,12 @@ fn hint_list(
         return false;
     }
     for (i, name) in names.iter().enumerate() {
-        let at = format!("{path}[{i}].name");
+        let element = path.index(i);
+        let at = element.child("name");
         if names[..i].contains(name) {
-            errors.push(FieldError::duplicate(at.clone(), &json!(name)));
+            errors.push(FieldError::duplicate(&at, &json!(name)));
         }
-        errors.check(at, name, rule);
+        errors.check(&at, name, rule);
     }
     true
 }
