@@ -426,6 +426,10 @@ fn services_carry_traffic_through_capstan_proxy() {
     assert_eq!(net.get(&lb), Err(28), "timed out: dropped");
     set_ready(&server, "p1", true);
     assert!(until(Duration::from_secs(10), || net.node_get(&check).0 == "200"));
+    // `lb` and `web` have slices of their own, synced as each arrives: `lb`'s health says
+    // nothing of `web`'s rules (CI once stopped the proxy between the two).
+    assert!(until(Duration::from_secs(10), || net.hits(&web, 20)
+        == set(&["p1", "p2"])));
 
     // The proxy's own health and metrics, under kube-proxy's names.
     let (code, body) = net.node_get("http://127.0.0.1:10256/healthz");
