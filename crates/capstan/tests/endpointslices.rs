@@ -301,6 +301,67 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     follow.abort();
 }
 
+/// Many Services over the same 150 pods, created at once: each ends with every pod in exactly
+/// one of its two slices. A sync that ran after the controller's own slice reached the watch
+/// cache but before the controller had filed it under its Service once created the second
+/// slice's 50 endpoints again, in a third slice no later event would remove.
+#[test]
+fn services_created_together_get_each_pod_in_exactly_one_slice() {
+    const SERVICES: usize = 30;
+    let (server, pods) = serve_web(150, &[], false);
+    let services: String = (0..SERVICES)
+        .map(|i| WEB_SERVICE.replace("name: web}", &format!("name: web-{i}}}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let file = server.apply_file("services.yaml", &services);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let want: BTreeSet<&str> = pods.iter().map(|(_, ip, _)| ip.as_str()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list: serde_json::Value =
+            serde_json::from_str(&server.ok(&["get", "endpointslices", "-o", "json"]))
+                .expect("slice list");
+        let mut sizes: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+        let mut addresses: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for slice in list["items"].as_array().into_iter().flatten() {
+            let service = slice["metadata"]["labels"]["kubernetes.io/service-name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let endpoints = slice["endpoints"].as_array().cloned().unwrap_or_default();
+            sizes
+                .entry(service.clone())
+                .or_default()
+                .push(endpoints.len());
+            addresses.entry(service).or_default().extend(
+                endpoints
+                    .iter()
+                    .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|a| a.as_str().map(str::to_string)),
+            );
+        }
+        let wrong: Vec<String> = (0..SERVICES)
+            .map(|i| format!("web-{i}"))
+            .filter(|name| {
+                let mut have = sizes.get(name).cloned().unwrap_or_default();
+                have.sort_unstable();
+                let listed = addresses.get(name).cloned().unwrap_or_default();
+                let unique: BTreeSet<&str> = listed.iter().map(String::as_str).collect();
+                have != [50, 100] || listed.len() != 150 || unique != want
+            })
+            .map(|name| format!("{name}: slices {:?}", sizes.get(&name)))
+            .collect();
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not one slice per pod: {wrong:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn the_python_client_reads_slices_and_nodes_through_its_typed_apis() {
     let (server, _) = serve_web(2, &[1], true);

@@ -354,11 +354,27 @@ pub(crate) fn key_of(selectable: &Selectable) -> Key {
 /// watch ends: `event` sees each change (`true` while a (re)start replays what exists), and
 /// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
 /// was open can be forgotten (as an informer's Replace does).
-pub(crate) fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R)
+///
+/// Answers how far the callbacks have got: the revision up to which `event` has seen every
+/// change (an informer's "has synced up to"), so a caller that reads what the callbacks keep
+/// can first wait for its own write to be in it.
+pub(crate) fn follow<E, R>(
+    registry: Arc<Registry>,
+    event: E,
+    replayed: R,
+) -> tokio::sync::watch::Receiver<capstan_storage::Revision>
 where
     E: Fn(EventType, &CachedObject, bool) + Send + 'static,
     R: Fn(HashSet<Key>) + Send + 'static,
 {
+    let (progress, seen) = tokio::sync::watch::channel(0);
+    let advance = move |revision| {
+        progress.send_if_modified(|r| {
+            let later = revision > *r;
+            *r = (*r).max(revision);
+            later
+        });
+    };
     tokio::spawn(async move {
         loop {
             let mut watcher = watch_all(&registry, true);
@@ -370,11 +386,15 @@ where
                             seen.insert(key_of(&object.selectable));
                         }
                         event(kind, &object, replay.is_some());
+                        if replay.is_none() {
+                            advance(watcher.progress());
+                        }
                     }
-                    WatchItem::Bookmark(_, true) => {
+                    WatchItem::Bookmark(revision, true) => {
                         if let Some(seen) = replay.take() {
                             replayed(seen);
                         }
+                        advance(revision);
                     }
                     _ => {}
                 }
@@ -382,6 +402,7 @@ where
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     });
+    seen
 }
 
 impl EndpointsController {

@@ -731,6 +731,8 @@ pub(crate) struct SliceWriter {
     state: std::sync::Mutex<SliceState>,
     /// The controller's queue (set when it starts).
     queue: std::sync::OnceLock<Arc<crate::queue::WorkQueue<crate::endpoints::Key>>>,
+    /// Each Service's last slice write, and how far the slice watch has filed them.
+    own: crate::tracker::OwnWrites<crate::endpoints::Key>,
 }
 
 #[derive(Default)]
@@ -750,9 +752,6 @@ struct SliceState {
     /// in flight (`None`: none yet): whether that event was this write's own is decided when
     /// the write returns with its generation.
     in_flight: HashMap<String, Option<i64>>,
-    /// The revision of each Service's last slice write: a sync first waits for the watch to
-    /// show it (upstream's stale-informer check).
-    written: HashMap<crate::endpoints::Key, i64>,
 }
 
 /// A slice's identity as its watch event tells it.
@@ -780,6 +779,7 @@ impl SliceWriter {
             max: max.clamp(1, 1000),
             state: std::sync::Mutex::new(SliceState::default()),
             queue: std::sync::OnceLock::new(),
+            own: Default::default(),
         }
     }
 
@@ -817,7 +817,7 @@ impl SliceWriter {
             },
         );
         let writer = self.clone();
-        crate::endpoints::follow(
+        let indexed = crate::endpoints::follow(
             self.slices.clone(),
             move |kind, object, _| {
                 let s = &object.selectable;
@@ -873,19 +873,13 @@ impl SliceWriter {
             },
             |_| {},
         );
+        self.own.follow(indexed);
     }
 
-    /// This controller's slices of a Service, as the watch shows them, once the watch shows
+    /// This controller's slices of a Service, as the watch shows them, once the index shows
     /// this controller's last write for it; `None` while it does not yet.
     async fn existing(&self, key: &crate::endpoints::Key) -> Option<Vec<EndpointSlice>> {
-        let written = self.state().written.get(key).copied();
-        if let Some(revision) = written
-            && !self
-                .slices
-                .cache()
-                .wait_for(revision, std::time::Duration::from_secs(1))
-                .await
-        {
+        if !self.own.caught_up(key).await {
             return None;
         }
         let names: Vec<String> = self
@@ -1034,14 +1028,12 @@ impl SliceWriter {
     }
 
     fn record_revision(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
-        if let Ok(revision) = capstan_machinery::meta::meta_str(object, "resourceVersion").parse() {
-            self.state().written.insert(key.clone(), revision);
-        }
+        self.own.record(key, object);
     }
 
     /// Forgets a Service that is gone.
     pub(crate) fn forget(&self, key: &crate::endpoints::Key) {
-        self.state().written.remove(key);
+        self.own.forget(key);
     }
 }
 

@@ -20,6 +20,7 @@ pub mod masters;
 mod mirroring;
 mod namespace;
 pub mod queue;
+mod tracker;
 
 pub use endpoints::EndpointsController;
 pub use garbage_collector::GarbageCollector;
@@ -28,14 +29,14 @@ pub use kubernetes_service::KubernetesServiceController;
 pub use mirroring::MirroringController;
 pub use namespace::NamespaceController;
 
-/// A watch over every object of a kind, from its current state (the initial events, then a
-/// bookmark marking their end when `end_bookmark`).
 /// A test's object from its JSON.
 #[cfg(test)]
 pub(crate) fn decoded<T: serde::de::DeserializeOwned>(object: serde_json::Value) -> T {
     serde_json::from_value(object).expect("the test's JSON decodes")
 }
 
+/// A watch over every object of a kind, from its current state (the initial events, then a
+/// bookmark marking their end when `end_bookmark`).
 pub(crate) fn watch_all(
     registry: &capstan_registry::Registry,
     end_bookmark: bool,

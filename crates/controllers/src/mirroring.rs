@@ -51,6 +51,8 @@ pub struct MirroringController {
     index: Mutex<HashMap<Key, BTreeSet<String>>>,
     /// Which Services have a selector, from the Service watch.
     selectors: Mutex<HashMap<Key, bool>>,
+    /// Each Service's last slice write, and how far the slice watch has filed them.
+    own: crate::tracker::OwnWrites<Key>,
 }
 
 /// The part of a Service the controller reads.
@@ -217,6 +219,7 @@ impl MirroringController {
             slices,
             index: Mutex::new(HashMap::new()),
             selectors: Mutex::new(HashMap::new()),
+            own: Default::default(),
         }
     }
 
@@ -265,7 +268,7 @@ impl MirroringController {
         {
             // Mirrored slices: kept in the index; a change by anyone else is undone.
             let (c, q) = (controller.clone(), queue.clone());
-            follow(
+            let indexed = follow(
                 controller.slices.clone(),
                 move |kind, object, _| {
                     let s = &object.selectable;
@@ -297,6 +300,7 @@ impl MirroringController {
                 },
                 |_| {},
             );
+            controller.own.follow(indexed);
         }
         for _ in 0..WORKERS {
             let (c, q) = (controller.clone(), queue.clone());
@@ -341,8 +345,18 @@ impl MirroringController {
     }
 
     async fn sync(&self, key: &Key) -> Result<(), ApiError> {
+        if !self.own.caught_up(key).await {
+            return Err(ApiError::internal(
+                "EndpointSlice informer cache is out of date",
+            ));
+        }
         let existing = self.existing(key);
         let Some(endpoints) = self.source(key) else {
+            if existing.is_empty() {
+                // Nothing mirrored, and the index shows this controller's last write: no
+                // later sync needs to wait for anything.
+                self.own.forget(key);
+            }
             for slice in &existing {
                 self.delete(key, slice).await?;
             }
@@ -439,14 +453,16 @@ impl MirroringController {
                     .create(&key.0, from_typed(&slice), &options())
                     .await
                 {
+                    Ok(created) => self.own.record(key, &created),
                     Err(e) if !e.is_forbidden() => return Err(e),
-                    _ => {}
+                    Err(_) => {}
                 }
             }
         }
         for slice in updates {
             let name = slice.metadata.name.clone().unwrap_or_default();
-            self.slices
+            let patched = self
+                .slices
                 .patch_typed(
                     &key.0,
                     &name,
@@ -464,6 +480,7 @@ impl MirroringController {
                     },
                 )
                 .await?;
+            self.own.record(key, &patched);
         }
         for slice in &deletes {
             self.delete(key, slice).await?;
@@ -478,8 +495,12 @@ impl MirroringController {
             .delete(&key.0, name, &DeleteOptions::default())
             .await
         {
+            Ok(deleted) => {
+                self.own.record(key, &deleted.object);
+                Ok(())
+            }
             Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
+            Err(_) => Ok(()),
         }
     }
 }
