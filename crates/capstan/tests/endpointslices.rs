@@ -362,6 +362,89 @@ fn services_created_together_get_each_pod_in_exactly_one_slice() {
     }
 }
 
+/// A mirrored slice is replaced whole when its Endpoints change, as upstream's update of a
+/// freshly built slice: a finalizer someone added, and the `generateName` it was created with,
+/// are gone. A node whose zone label is empty gives its endpoints no zone, and a Service that
+/// prefers the same node has its ready endpoints hinted to their node.
+#[test]
+fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
+    let server = Server::start();
+    let endpoints = |ips: &[&str]| {
+        let addresses: Vec<String> = ips
+            .iter()
+            .map(|ip| format!("{{ip: {ip}, nodeName: n0}}"))
+            .collect();
+        format!(
+            "apiVersion: v1\nkind: Endpoints\nmetadata: {{name: ext}}\nsubsets: [{{addresses: [{}], ports: [{{port: 5432}}]}}]\n",
+            addresses.join(", ")
+        )
+    };
+    let file = server.apply_file(
+        "ext.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: ext}}\nspec: {{ports: [{{port: 5432}}]}}\n---\n{}",
+            endpoints(&["192.0.2.30"])
+        ),
+    );
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let slices_of = |service: &str, output: &str, what: &str, done: &dyn Fn(&str) -> bool| {
+        let selector = format!("kubernetes.io/service-name={service}");
+        let args = ["get", "endpointslices", "-l", &selector, "-o", output];
+        wait_for(&server, what, &args, done)
+    };
+    let name = slices_of("ext", "name", "the mirrored slice", &|out| {
+        out.starts_with("endpointslice.discovery.k8s.io/ext-")
+    });
+    let name = name.trim().to_string();
+    let generate_name = server.ok(&["get", &name, "-o", "jsonpath={.metadata.generateName}"]);
+    assert_eq!(generate_name, "ext-");
+    server.ok(&[
+        "patch",
+        &name,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["example.com/keep"]}}"#,
+    ]);
+    let file = server.apply_file("ext2.yaml", &endpoints(&["192.0.2.30", "192.0.2.31"]));
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let slice = wait_for(
+        &server,
+        "the mirrored slice with both addresses",
+        &["get", &name, "-o", "json"],
+        |out| out.contains("192.0.2.31"),
+    );
+    let slice: serde_json::Value = serde_json::from_str(&slice).expect("slice");
+    assert_eq!(slice["metadata"]["finalizers"], serde_json::Value::Null);
+    assert_eq!(slice["metadata"]["generateName"], serde_json::Value::Null);
+
+    // A Service with a selector, its pod on a node whose zone label is empty.
+    let (yaml, pods) = manifests("web", 1, &[]);
+    let yaml = yaml.replace(
+        "topology.kubernetes.io/zone: zone-a",
+        "topology.kubernetes.io/zone: ''",
+    );
+    let file = server.apply_file("pods.yaml", &yaml);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    for (pod, ip, ready) in &pods {
+        common::set_pod_status(&server, pod, ip, *ready);
+    }
+    let service = WEB_SERVICE.replace("spec: {", "spec: {trafficDistribution: PreferSameNode, ");
+    let file = server.apply_file("service.yaml", &service);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let slice = slices_of("web", "json", "web's slice with its pod", &|out| {
+        out.contains(&pods[0].1)
+    });
+    let slices: serde_json::Value = serde_json::from_str(&slice).expect("slices");
+    let endpoint = &slices["items"][0]["endpoints"][0];
+    assert_eq!(endpoint["nodeName"], "n1");
+    assert_eq!(endpoint["zone"], serde_json::Value::Null, "{endpoint}");
+    assert_eq!(
+        endpoint["hints"],
+        serde_json::json!({"forNodes": [{"name": "n1"}]}),
+        "{endpoint}"
+    );
+}
+
 #[test]
 fn the_python_client_reads_slices_and_nodes_through_its_typed_apis() {
     let (server, _) = serve_web(2, &[1], true);

@@ -467,10 +467,11 @@ impl EndpointsController {
         // controller, so neither waits for the other's writes.
         let queue = Arc::new(Queues {
             endpoints: Arc::new(WorkQueue::default()),
-            slices: controller
-                .slices
-                .as_ref()
-                .map(|_| Arc::new(WorkQueue::default())),
+            slices: controller.slices.as_ref().map(|_| {
+                Arc::new(WorkQueue::with_backoff(
+                    crate::queue::Backoff::ENDPOINT_SLICES,
+                ))
+            }),
         });
         // Services: every change syncs that Service; their selectors are remembered so a pod
         // change only wakes the Services that select (or selected) it. Services known from
@@ -726,6 +727,13 @@ impl EndpointsController {
     ) -> Result<(), ApiError> {
         match self.selected(key)? {
             Selection::Pods(service, pods) => {
+                // Before the trigger time is taken, as upstream: a sync refused for a stale
+                // index leaves the pods' change times to its retry.
+                if !writer.caught_up(key).await {
+                    return Err(ApiError::internal(
+                        "EndpointSlice informer cache is out of date",
+                    ));
+                }
                 let trigger = Self::trigger_time(&self.slice_triggers, key, &service, &pods);
                 writer.sync(key, &service, &pods, &trigger).await
             }

@@ -425,12 +425,14 @@ fn reconcile_type(
             entry.1.insert(endpoint);
         }
     }
+    let mut unchanged = Vec::new();
     for (key, (ports, wanted)) in desired {
         let current = existing_by_ports.remove(&key).unwrap_or_default();
-        let (c, u, d) = by_port_mapping(inputs, address_type, ports, current, wanted);
-        creates.extend(c);
-        updates.extend(u);
-        deletes.extend(d);
+        let planned = by_port_mapping(inputs, address_type, ports, current, wanted);
+        creates.extend(planned.creates);
+        updates.extend(planned.updates);
+        deletes.extend(planned.deletes);
+        unchanged.extend(planned.unchanged);
     }
     deletes.extend(existing_by_ports.into_values().flatten());
     // The placeholder: when everything of this type would go and nothing come.
@@ -443,6 +445,7 @@ fn reconcile_type(
             creates.push(placeholder);
         }
     }
+    crate::trafficdist::Hints::of(service).reconcile(&mut creates, &mut updates, unchanged);
     // A create paired with a delete of this type becomes an update of the deleted slice.
     let mut i = 0;
     while i < deletes.len() && !creates.is_empty() {
@@ -462,12 +465,12 @@ fn reconcile_type(
     plan.deletes.extend(deletes);
 }
 
+/// Upstream's `placeholderSliceCompare`: of the metadata only the namespace and labels count
+/// (not the owner references: an orphaned placeholder that fits is kept, not replaced).
 fn placeholder_equal(a: &EndpointSlice, b: &EndpointSlice) -> bool {
     a.metadata.namespace == b.metadata.namespace
         && a.metadata.labels.clone().unwrap_or_default()
             == b.metadata.labels.clone().unwrap_or_default()
-        && a.metadata.owner_references.clone().unwrap_or_default()
-            == b.metadata.owner_references.clone().unwrap_or_default()
         && a.address_type == b.address_type
         && a.ports.as_deref().unwrap_or_default().is_empty()
         && a.endpoints.as_deref().unwrap_or_default().is_empty()
@@ -480,7 +483,7 @@ fn by_port_mapping(
     ports: Vec<EndpointPort>,
     existing: Vec<EndpointSlice>,
     mut wanted: Desired,
-) -> (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>) {
+) -> Planned {
     let service = inputs.service;
     let max = inputs.max.max(1);
     let mut slices: Vec<EndpointSlice> = Vec::new();
@@ -496,7 +499,6 @@ fn by_port_mapping(
             }
         }
         let (labels, labels_changed) = slice_labels(Some(&slice), service);
-        let mut next = slice.clone();
         let decision = if updated || kept.len() != len(&slice) {
             if kept.is_empty() { 2 } else { 1 }
         } else if labels_changed {
@@ -504,6 +506,7 @@ fn by_port_mapping(
         } else {
             0
         };
+        let mut next = slice;
         if decision == 1 {
             next.endpoints = Some(kept);
             next.metadata.labels = Some(labels);
@@ -542,15 +545,28 @@ fn by_port_mapping(
             }
         }
     }
-    let (mut updates, mut deletes) = (Vec::new(), Vec::new());
+    let mut planned = Planned {
+        creates,
+        ..Planned::default()
+    };
     for (slice, decision) in slices.into_iter().zip(state) {
         match decision {
-            1 => updates.push(slice),
-            2 => deletes.push(slice),
-            _ => {}
+            1 => planned.updates.push(slice),
+            2 => planned.deletes.push(slice),
+            _ => planned.unchanged.push(slice),
         }
     }
-    (creates, updates, deletes)
+    planned
+}
+
+/// What [`by_port_mapping`] decided for the slices of one port set.
+#[derive(Default)]
+struct Planned {
+    creates: Vec<EndpointSlice>,
+    updates: Vec<EndpointSlice>,
+    deletes: Vec<EndpointSlice>,
+    /// Existing slices it leaves as they are (their hints are judged after).
+    unchanged: Vec<EndpointSlice>,
 }
 
 #[cfg(test)]
@@ -661,6 +677,74 @@ mod tests {
         assert_eq!(counts(&again), (0, 0, 0));
     }
 
+    /// The hints of each endpoint, in order (`None`: no hints; zones and nodes by name).
+    fn hints(slices: &[EndpointSlice]) -> Vec<Option<(Vec<String>, Vec<String>)>> {
+        let mut all: Vec<&k8s_openapi::api::discovery::v1::Endpoint> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .collect();
+        all.sort_by_key(|e| e.addresses.clone());
+        all.iter()
+            .map(|e| {
+                e.hints.as_ref().map(|h| {
+                    let zones = h.for_zones.iter().flatten().map(|z| z.name.clone());
+                    let nodes = h.for_nodes.iter().flatten().map(|n| n.name.clone());
+                    (zones.collect(), nodes.collect())
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn traffic_distribution_hints_ready_endpoints_close_and_nothing_else_keeps_hints() {
+        let mut service = service();
+        let zones = zones();
+        let pods = vec![pod(1, true), pod(2, false)];
+        let set = |service: &mut Service, distribution: Option<&str>| {
+            service.spec.as_mut().expect("spec").traffic_distribution =
+                distribution.map(str::to_string);
+        };
+        let both = Some((vec!["zone-a".to_string()], vec!["n1".to_string()]));
+        let zone = Some((vec!["zone-a".to_string()], vec![]));
+
+        // PreferSameNode: the ready endpoint to its zone and node, the other unhinted.
+        set(&mut service, Some("PreferSameNode"));
+        let mut slices = Vec::new();
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), Vec::new());
+        assert_eq!(hints(&plan.creates), [both, None]);
+        apply(&mut slices, plan);
+        let steady = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&steady), (0, 0, 0));
+
+        // PreferClose: a slice nothing else changes is updated for its hints alone.
+        set(&mut service, Some("PreferClose"));
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&plan), (0, 1, 0));
+        assert_eq!(hints(&plan.updates), [zone.clone(), None]);
+        apply(&mut slices, plan);
+        let steady = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&steady), (0, 0, 0));
+
+        // The topology-mode annotation overrides it; without Capstan's nodes' CPU, no hints.
+        service.metadata.annotations =
+            Some([(TOPOLOGY_MODE_ANNOTATION.to_string(), "Auto".to_string())].into());
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&plan), (0, 1, 0));
+        assert_eq!(hints(&plan.updates), [None, None]);
+        service.metadata.annotations = None;
+
+        // No trafficDistribution: every hint goes, and then nothing is written.
+        set(&mut service, None);
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), slices.clone());
+        assert_eq!(counts(&plan), (0, 1, 0));
+        assert_eq!(hints(&plan.updates), [None, None]);
+        apply(&mut slices, plan);
+        let steady = reconcile(&inputs_of(&service, &pods, &zones), slices);
+        assert_eq!(counts(&steady), (0, 0, 0));
+    }
+
+    const TOPOLOGY_MODE_ANNOTATION: &str = "service.kubernetes.io/topology-mode";
+
     #[test]
     fn no_pods_leave_one_placeholder_that_is_kept() {
         let service = service();
@@ -677,8 +761,13 @@ mod tests {
                 .is_empty()
         );
         apply(&mut slices, plan);
-        let again = reconcile(&inputs, slices);
+        let again = reconcile(&inputs, slices.clone());
         assert_eq!(counts(&again), (0, 0, 0));
+        // An orphaned placeholder (another owner, or none) that otherwise fits is kept too:
+        // upstream's comparison reads only the namespace and labels of its metadata.
+        slices[0].metadata.owner_references = None;
+        let orphaned = reconcile(&inputs, slices);
+        assert_eq!(counts(&orphaned), (0, 0, 0));
     }
 
     #[test]
@@ -807,6 +896,8 @@ impl SliceWriter {
                     let zone = object
                         .selectable
                         .label(capstan_resources::node::ZONE_LABEL)
+                        // An empty zone label is no zone (upstream's podToEndpoint).
+                        .filter(|zone| !zone.is_empty())
                         .map(str::to_string);
                     state.zones.insert(name, zone);
                 }
@@ -843,8 +934,10 @@ impl SliceWriter {
                 let tracked = state.tracked.get(&uid).copied();
                 if kind == EventType::Deleted {
                     state.tracked.remove(&uid);
-                    // Deleted by someone else: the Service gets its endpoints back.
-                    if tracked == Some(-1) {
+                    // A slice this controller wrote, deleted by someone else: the Service gets
+                    // its endpoints back. As upstream's tracker, one it never wrote (since it
+                    // started) or deleted itself wakes nothing.
+                    if tracked.is_none_or(|generation| generation == -1) {
                         wake.clear();
                     }
                 } else if let (true, Some(service)) = (ours, service) {
@@ -874,6 +967,13 @@ impl SliceWriter {
             |_| {},
         );
         self.own.follow(indexed);
+    }
+
+    /// Whether the slice index shows this controller's last write for a Service (waiting a
+    /// little for it): a sync must not read the Service's slices before (upstream's
+    /// `StaleSlices`).
+    pub(crate) async fn caught_up(&self, key: &crate::endpoints::Key) -> bool {
+        self.own.caught_up(key).await
     }
 
     /// This controller's slices of a Service, as the watch shows them, once the index shows

@@ -21,6 +21,7 @@ mod mirroring;
 mod namespace;
 pub mod queue;
 mod tracker;
+mod trafficdist;
 
 pub use endpoints::EndpointsController;
 pub use garbage_collector::GarbageCollector;

@@ -234,7 +234,9 @@ impl MirroringController {
     /// Runs for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::<Key>::default());
+        let queue = Arc::new(WorkQueue::<Key>::with_backoff(
+            crate::queue::Backoff::MIRRORING,
+        ));
         {
             // Services: a sync when one without a selector comes or goes, or its selector
             // comes or goes.
@@ -454,33 +456,22 @@ impl MirroringController {
                     .await
                 {
                     Ok(created) => self.own.record(key, &created),
-                    Err(e) if !e.is_forbidden() => return Err(e),
-                    Err(_) => {}
+                    // A namespace being deleted takes no new objects: the sync ends there,
+                    // as upstream's (nothing updated or deleted either, nothing retried).
+                    Err(e) if e.is_forbidden() => return Ok(()),
+                    Err(e) => return Err(e),
                 }
             }
         }
+        // Upstream replaces the whole slice (an update without a resourceVersion): what else
+        // the stored metadata held (generateName, finalizers) is not kept.
         for slice in updates {
             let name = slice.metadata.name.clone().unwrap_or_default();
-            let patched = self
+            let (updated, _) = self
                 .slices
-                .patch_typed(
-                    &key.0,
-                    &name,
-                    &options(),
-                    Subresource::Main,
-                    |current: EndpointSlice| {
-                        let mut next = slice.clone();
-                        next.metadata = ObjectMeta {
-                            labels: slice.metadata.labels.clone(),
-                            annotations: slice.metadata.annotations.clone(),
-                            owner_references: slice.metadata.owner_references.clone(),
-                            ..current.metadata
-                        };
-                        Ok(next)
-                    },
-                )
+                .update_typed(&key.0, &name, &slice, &options(), Subresource::Main)
                 .await?;
-            self.own.record(key, &patched);
+            self.own.record(key, &updated);
         }
         for slice in &deletes {
             self.delete(key, slice).await?;

@@ -37,6 +37,21 @@ impl Backoff {
         max_retries: Some(15),
     };
 
+    /// The EndpointSlice controller's service queue (`defaultSyncBackOff` 1 s doubling to
+    /// `maxSyncBackOff` 1,000 s, 15 retries).
+    pub const ENDPOINT_SLICES: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(1000),
+        max_retries: Some(15),
+    };
+
+    /// The EndpointSlice mirroring controller's queue (1 s doubling to 100 s, 15 retries).
+    pub const MIRRORING: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(100),
+        max_retries: Some(15),
+    };
+
     /// The delay before retry number `failures` (1-based).
     pub fn delay(&self, failures: u32) -> Duration {
         let exponent = failures.saturating_sub(1).min(30);
