@@ -1096,10 +1096,13 @@ fn group_by_addresses<K>(
 }
 
 /// Upstream's `RepackSubsets`: the subsets of an Endpoints in canonical form (each address
-/// once per port, not-ready winning over ready, ports with the same addresses together).
+/// once per port, not-ready winning over ready, ports with the same addresses together). An
+/// address (an IP and its target's UID) is given as it first appears anywhere in the
+/// Endpoints, whichever port it is listed under later.
 pub(crate) fn repack(subsets: &[EndpointSubset]) -> Vec<Subset> {
     let mut by_port: BTreeMap<Option<PortOrder>, (Option<EndpointPort>, PortAddresses)> =
         BTreeMap::new();
+    let mut first: HashMap<(String, String), EndpointAddress> = HashMap::new();
     for subset in subsets {
         let ports: Vec<Option<EndpointPort>> = match subset.ports.as_deref() {
             Some(ports) if !ports.is_empty() => ports.iter().cloned().map(Some).collect(),
@@ -1118,14 +1121,16 @@ pub(crate) fn repack(subsets: &[EndpointSubset]) -> Vec<Subset> {
                 .as_ref()
                 .and_then(|t| t.uid.clone())
                 .unwrap_or_default();
+            let key = (address.ip.clone(), uid);
+            let address = first.entry(key.clone()).or_insert_with(|| address.clone());
             for port in &ports {
                 let entry = by_port
                     .entry(port.as_ref().map(port_order))
                     .or_insert_with(|| (port.clone(), BTreeMap::new()));
                 let slot = entry
                     .1
-                    .entry((address.ip.clone(), uid.clone()))
-                    .or_insert((address.clone(), ready));
+                    .entry(key.clone())
+                    .or_insert_with(|| (address.clone(), ready));
                 slot.1 &= ready;
             }
         }

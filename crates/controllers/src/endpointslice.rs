@@ -27,7 +27,7 @@ type Labels = BTreeMap<String, String>;
 /// A set of ports as a key: sorted (name, port, protocol, appProtocol), unset apart from empty.
 type PortKey = Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>;
 /// An endpoint's identity: its sorted addresses, hostname and target's namespace and name.
-type EndpointKey = (Vec<String>, String, String, String);
+pub(crate) type EndpointKey = (Vec<String>, String, String, String);
 
 /// What a sync decided to write.
 #[derive(Debug, Default)]
@@ -66,7 +66,7 @@ fn port_key(ports: &[EndpointPort]) -> PortKey {
     key
 }
 
-fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
+pub(crate) fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
     let mut addresses = endpoint.addresses.clone();
     addresses.sort();
     let target = endpoint.target_ref.as_ref();
@@ -79,7 +79,7 @@ fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
 }
 
 /// `EndpointsEqualBeyondHash`: node, zone, conditions and target (less its resourceVersion).
-fn equal_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
+pub(crate) fn equal_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
     let same_target = match (&a.target_ref, &b.target_ref) {
         (Some(a), Some(b)) => {
             a.kind == b.kind

@@ -24,6 +24,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::endpoints::{Key, follow, key_of, repack};
+use crate::endpointslice::{EndpointKey, endpoint_key, equal_beyond_key};
 use crate::queue::WorkQueue;
 
 /// The label that keeps an Endpoints from being mirrored.
@@ -169,6 +170,23 @@ fn desired(endpoints: &Endpoints) -> BTreeMap<SliceKey, (Vec<EndpointPort>, Vec<
             }
         }
     }
+    // Upstream keeps each slice's endpoints in a set keyed as a slice endpoint's identity
+    // (addresses, hostname, target namespace and name): of two with one identity the later
+    // wins. Here it takes the earlier one's place, so the order stays the subsets'.
+    for (_, list) in out.values_mut() {
+        let mut at: HashMap<EndpointKey, usize> = HashMap::new();
+        let mut unique: Vec<Endpoint> = Vec::with_capacity(list.len());
+        for endpoint in list.drain(..) {
+            match at.entry(endpoint_key(&endpoint)) {
+                std::collections::hash_map::Entry::Occupied(i) => unique[*i.get()] = endpoint,
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(unique.len());
+                    unique.push(endpoint);
+                }
+            }
+        }
+        *list = unique;
+    }
     out
 }
 
@@ -183,23 +201,19 @@ fn slice_meta(endpoints: &Endpoints, name: &str) -> (Labels, Labels) {
     (labels, annotations)
 }
 
-/// Endpoints compared as a set (the order they are listed in does not matter).
-fn same_endpoints(a: &[Endpoint], b: &[Endpoint]) -> bool {
-    let canonical = |list: &[Endpoint]| {
-        let mut out: Vec<String> = list
-            .iter()
-            .map(|e| {
-                let mut e = e.clone();
-                if let Some(target) = e.target_ref.as_mut() {
-                    target.resource_version = None;
-                }
-                serde_json::to_string(&e).unwrap_or_default()
-            })
-            .collect();
-        out.sort();
-        out
-    };
-    canonical(a) == canonical(b)
+/// Whether a slice's endpoints are already the desired ones (upstream's `totalChanges` finds
+/// nothing added, updated or removed): each is found by its identity and compared on what
+/// the identity leaves out ([`equal_beyond_key`]); fields neither reads, such as hints
+/// someone added, are left alone.
+fn same_endpoints(existing: &[Endpoint], desired: &[Endpoint]) -> bool {
+    let wanted: HashMap<EndpointKey, &Endpoint> =
+        desired.iter().map(|e| (endpoint_key(e), e)).collect();
+    existing.len() == wanted.len()
+        && existing.iter().all(|endpoint| {
+            wanted
+                .get(&endpoint_key(endpoint))
+                .is_some_and(|want| equal_beyond_key(want, endpoint))
+        })
 }
 
 fn options() -> WriteOptions {
@@ -529,6 +543,70 @@ mod tests {
             .collect();
         assert_eq!(v6.len(), 1);
         assert_eq!(v6[0][0].addresses, ["2001:db8::1"]);
+    }
+
+    /// An endpoint's addresses and hostname.
+    type Named = (String, Option<String>);
+
+    /// The endpoints wanted for each address type, with their hostnames.
+    fn wanted(endpoints: serde_json::Value) -> Vec<(String, Vec<Named>)> {
+        desired(&crate::decoded(endpoints))
+            .into_iter()
+            .filter(|(_, (_, list))| !list.is_empty())
+            .map(|(k, (_, list))| {
+                let list = list
+                    .into_iter()
+                    .map(|e| (e.addresses.join(","), e.hostname));
+                (k.0, list.collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_endpoint_per_identity_as_upstream_sets_them() {
+        // Two spellings of one IPv6 address are one endpoint; of two with one identity, the
+        // later wins (here: not ready).
+        let e: Endpoints = crate::decoded(json!({"metadata": {"name": "ext"}, "subsets": [
+            {"addresses": [{"ip": "2001:DB8::1"}],
+             "notReadyAddresses": [{"ip": "2001:db8::1"}], "ports": [{"port": 80}]}]}));
+        let six: Vec<Endpoint> = desired(&e).into_values().flat_map(|(_, l)| l).collect();
+        assert_eq!(six.len(), 1);
+        assert_eq!(six[0].addresses, ["2001:db8::1"]);
+        assert_eq!(
+            six[0].conditions.as_ref().and_then(|c| c.ready),
+            Some(false)
+        );
+        // One address listed under two ports: as it first appears (RepackSubsets).
+        let both = wanted(json!({"metadata": {"name": "ext"}, "subsets": [
+            {"addresses": [{"ip": "10.0.0.1", "hostname": "h1"}], "ports": [{"port": 443}]},
+            {"addresses": [{"ip": "10.0.0.1", "hostname": "h2"}], "ports": [{"port": 80}]}]}));
+        assert_eq!(
+            both,
+            [(
+                "IPv4".to_string(),
+                vec![("10.0.0.1".to_string(), Some("h1".to_string()))]
+            )]
+        );
+    }
+
+    #[test]
+    fn endpoints_are_compared_by_identity_and_what_it_leaves_out() {
+        let endpoint = |ready: bool, zone: Option<&str>| -> Endpoint {
+            crate::decoded(
+                json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "hints": zone.map(|z| json!({"forZones": [{"name": z}]}))}),
+            )
+        };
+        // Hints someone added are not the mirror's business.
+        assert!(same_endpoints(
+            &[endpoint(true, Some("a"))],
+            &[endpoint(true, None)]
+        ));
+        assert!(!same_endpoints(
+            &[endpoint(false, None)],
+            &[endpoint(true, None)]
+        ));
+        assert!(!same_endpoints(&[], &[endpoint(true, None)]));
     }
 
     #[test]
