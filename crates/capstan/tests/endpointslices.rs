@@ -71,6 +71,16 @@ fn wait_for(server: &Server, what: &str, args: &[&str], done: impl Fn(&str) -> b
 
 const WEB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n";
 
+/// Services `web-0`.. selecting the `web` pods, applied in one go.
+fn create_web_services(server: &Server, count: usize) {
+    let services: String = (0..count)
+        .map(|i| WEB_SERVICE.replace("name: web}", &format!("name: web-{i}}}")))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let file = server.apply_file("services.yaml", &services);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+}
+
 #[test]
 fn kubectl_lists_watches_selects_and_describes_endpointslices() {
     let (server, _) = serve_web(3, &[2], true);
@@ -309,12 +319,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
 fn services_created_together_get_each_pod_in_exactly_one_slice() {
     const SERVICES: usize = 30;
     let (server, pods) = serve_web(150, &[], false);
-    let services: String = (0..SERVICES)
-        .map(|i| WEB_SERVICE.replace("name: web}", &format!("name: web-{i}}}")))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    let file = server.apply_file("services.yaml", &services);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    create_web_services(&server, SERVICES);
     let want: BTreeSet<&str> = pods.iter().map(|(_, ip, _)| ip.as_str()).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -442,6 +447,53 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
         endpoint["hints"],
         serde_json::json!({"forNodes": [{"name": "n1"}]}),
         "{endpoint}"
+    );
+}
+
+/// A restart writes nothing: the controllers start their syncs only once their indexes hold
+/// what exists (upstream's cache sync). Before, a sync that ran ahead of the slice or pod
+/// replay created slices again and deleted them, or wrote Endpoints without their pods.
+#[test]
+fn a_restart_rewrites_no_endpoints_and_no_slices() {
+    const SERVICES: usize = 10;
+    let (mut server, _) = serve_web(150, &[], false);
+    create_web_services(&server, SERVICES);
+    let versions = |server: &Server| {
+        let jsonpath =
+            "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}";
+        let slices = server.ok(&["get", "endpointslices", "-o", jsonpath]);
+        let endpoints = server.ok(&["get", "endpoints", "-o", jsonpath]);
+        let mut all: Vec<String> = format!("{slices} {endpoints}")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        all.sort();
+        all
+    };
+    wait_for(
+        &server,
+        "every Service's two slices",
+        &["get", "endpointslices", "-o", "name"],
+        |out| out.lines().filter(|l| l.contains("/web-")).count() == 2 * SERVICES,
+    );
+    // Settled: nothing changes from one look to the next.
+    let mut before = versions(&server);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = versions(&server);
+        if now == before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slices never settled");
+        before = now;
+    }
+    server.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        versions(&server),
+        before,
+        "objects written after the restart"
     );
 }
 

@@ -346,6 +346,19 @@ fn time_text(time: &Time) -> String {
     }
 }
 
+/// How far a [`follow`] has got: `None` until its first replay of what exists is complete (an
+/// informer's `HasSynced`), then the revision up to which its callbacks have seen every change.
+pub(crate) type Progress = tokio::sync::watch::Receiver<Option<capstan_storage::Revision>>;
+
+/// Waits until every one of these follows has replayed what exists, as a controller waits for
+/// its informers' caches to sync before its workers start (a sync before would read an index
+/// still filling: Endpoints without their pods, slices created again).
+pub(crate) async fn synced(follows: &[Progress]) {
+    for progress in follows {
+        let _ = progress.clone().wait_for(Option::is_some).await;
+    }
+}
+
 pub(crate) fn key_of(selectable: &Selectable) -> Key {
     (selectable.namespace().into(), selectable.name().into())
 }
@@ -355,23 +368,18 @@ pub(crate) fn key_of(selectable: &Selectable) -> Key {
 /// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
 /// was open can be forgotten (as an informer's Replace does).
 ///
-/// Answers how far the callbacks have got: the revision up to which `event` has seen every
-/// change (an informer's "has synced up to"), so a caller that reads what the callbacks keep
-/// can first wait for its own write to be in it.
-pub(crate) fn follow<E, R>(
-    registry: Arc<Registry>,
-    event: E,
-    replayed: R,
-) -> tokio::sync::watch::Receiver<capstan_storage::Revision>
+/// Answers how far the callbacks have got ([`Progress`]), so a caller that reads what the
+/// callbacks keep can wait until the first replay is in it, or its own write.
+pub(crate) fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R) -> Progress
 where
     E: Fn(EventType, &CachedObject, bool) + Send + 'static,
     R: Fn(HashSet<Key>) + Send + 'static,
 {
-    let (progress, seen) = tokio::sync::watch::channel(0);
+    let (progress, seen) = tokio::sync::watch::channel(None);
     let advance = move |revision| {
-        progress.send_if_modified(|r| {
-            let later = revision > *r;
-            *r = (*r).max(revision);
+        progress.send_if_modified(|r: &mut Option<capstan_storage::Revision>| {
+            let later = r.is_none_or(|r| revision > r);
+            *r = Some(r.map_or(revision, |r| r.max(revision)));
             later
         });
     };
@@ -473,13 +481,14 @@ impl EndpointsController {
                 ))
             }),
         });
+        let (services_synced, pods_synced, endpoints_synced);
         // Services: every change syncs that Service; their selectors are remembered so a pod
         // change only wakes the Services that select (or selected) it. Services known from
         // before a watch restart and not replayed were deleted meanwhile.
         {
             let (on_event, on_replayed) = (controller.clone(), controller.clone());
             let (event_queue, replay_queue) = (queue.clone(), queue.clone());
-            follow(
+            services_synced = follow(
                 controller.services.clone(),
                 move |kind, object, _| {
                     // Only the selector is decoded; the rest of the Service is skipped.
@@ -508,7 +517,7 @@ impl EndpointsController {
         {
             let (on_event, on_replayed) = (controller.clone(), controller.clone());
             let (event_queue, replay_queue) = (queue.clone(), queue.clone());
-            follow(
+            pods_synced = follow(
                 controller.pods.clone(),
                 move |kind, object, _| {
                     let s = &object.selectable;
@@ -533,7 +542,7 @@ impl EndpointsController {
         // later only deletions matter (a deleted Endpoints of a live Service is re-created).
         {
             let event_queue = queue.clone();
-            follow(
+            endpoints_synced = follow(
                 controller.endpoints.clone(),
                 move |kind, object, replaying| {
                     // Only the start-up pass reads the object (for the leader annotation);
@@ -552,9 +561,11 @@ impl EndpointsController {
         }
         if let (Some(writer), Some(slices)) = (&controller.slices, &queue.slices) {
             let (controller, writer, slices) = (controller.clone(), writer.clone(), slices.clone());
+            let mut follows = vec![services_synced.clone(), pods_synced.clone()];
             let started = group.spawn("eps-controller", async move {
                 // Its own watches (nodes, slices) run here too.
-                writer.start(slices.clone());
+                follows.extend(writer.start(slices.clone()));
+                synced(&follows).await;
                 let mut workers = tokio::task::JoinSet::new();
                 for _ in 0..controller.workers.1 {
                     let (controller, writer) = (controller.clone(), writer.clone());
@@ -572,17 +583,20 @@ impl EndpointsController {
         // Upstream's default of five concurrent syncs (`--concurrent-endpoint-syncs`): a sync
         // waits for its durable write, and others proceed meanwhile; one key is never synced
         // twice at once.
+        let follows = [services_synced, pods_synced, endpoints_synced];
         for _ in 0..controller.workers.0 {
-            let controller = controller.clone();
-            tokio::spawn(
-                queue
+            let (controller, queue, follows) = (controller.clone(), queue.clone(), follows.clone());
+            tokio::spawn(async move {
+                synced(&follows).await;
+                let work = queue
                     .endpoints
                     .clone()
                     .work("endpoints sync", move |key: Key| {
                         let controller = controller.clone();
                         async move { controller.sync(&key.0, &key.1).await }
-                    }),
-            );
+                    });
+                work.await
+            });
         }
     }
 

@@ -881,11 +881,11 @@ impl SliceWriter {
     pub(crate) fn start(
         self: &Arc<Self>,
         queue: Arc<crate::queue::WorkQueue<crate::endpoints::Key>>,
-    ) {
+    ) -> [crate::endpoints::Progress; 2] {
         use capstan_registry::cache::EventType;
         let _ = self.queue.set(queue.clone());
         let writer = self.clone();
-        crate::endpoints::follow(
+        let nodes = crate::endpoints::follow(
             self.nodes.clone(),
             move |kind, object, _| {
                 let name = object.selectable.name().to_string();
@@ -966,7 +966,8 @@ impl SliceWriter {
             },
             |_| {},
         );
-        self.own.follow(indexed);
+        self.own.follow(indexed.clone());
+        [nodes, indexed]
     }
 
     /// Whether the slice index shows this controller's last write for a Service (waiting a

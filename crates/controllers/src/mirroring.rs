@@ -247,6 +247,7 @@ impl MirroringController {
 
     /// Runs for the life of the process.
     pub fn start(self) {
+        let (services_synced, endpoints_synced, slices_synced);
         let controller = Arc::new(self);
         let queue = Arc::new(WorkQueue::<Key>::with_backoff(
             crate::queue::Backoff::MIRRORING,
@@ -255,7 +256,7 @@ impl MirroringController {
             // Services: a sync when one without a selector comes or goes, or its selector
             // comes or goes.
             let (c, q) = (controller.clone(), queue.clone());
-            follow(
+            services_synced = follow(
                 controller.services.clone(),
                 move |kind, object, _| {
                     let key = key_of(&object.selectable);
@@ -275,7 +276,7 @@ impl MirroringController {
         {
             // Endpoints: every change of one that is (or was) mirrored.
             let q = queue.clone();
-            follow(
+            endpoints_synced = follow(
                 controller.endpoints.clone(),
                 move |_, object, _| q.add(key_of(&object.selectable)),
                 |_| {},
@@ -316,14 +317,21 @@ impl MirroringController {
                 },
                 |_| {},
             );
-            controller.own.follow(indexed);
+            controller.own.follow(indexed.clone());
+            slices_synced = indexed;
         }
+        // Workers start once every index holds what exists (upstream's cache sync).
+        let follows = [services_synced, endpoints_synced, slices_synced];
         for _ in 0..WORKERS {
-            let (c, q) = (controller.clone(), queue.clone());
-            tokio::spawn(q.work("endpointslice mirroring", move |key: Key| {
-                let c = c.clone();
-                async move { c.sync(&key).await }
-            }));
+            let (c, q, follows) = (controller.clone(), queue.clone(), follows.clone());
+            tokio::spawn(async move {
+                crate::endpoints::synced(&follows).await;
+                let work = q.work("endpointslice mirroring", move |key: Key| {
+                    let c = c.clone();
+                    async move { c.sync(&key).await }
+                });
+                work.await
+            });
         }
     }
 

@@ -13,7 +13,6 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use capstan_storage::Revision;
-use tokio::sync::watch;
 
 /// How long a sync waits for its own last write to reach the index before it is retried.
 const CATCH_UP: Duration = Duration::from_secs(1);
@@ -21,7 +20,7 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 /// The revision of each key's last write, and how far the index has got.
 pub(crate) struct OwnWrites<K> {
     written: Mutex<HashMap<K, Revision>>,
-    indexed: OnceLock<watch::Receiver<Revision>>,
+    indexed: OnceLock<crate::endpoints::Progress>,
 }
 
 impl<K: Eq + Hash + Clone> Default for OwnWrites<K> {
@@ -39,7 +38,7 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
     }
 
     /// The index's progress, as [`crate::endpoints::follow`] answers it.
-    pub(crate) fn follow(&self, indexed: watch::Receiver<Revision>) {
+    pub(crate) fn follow(&self, indexed: crate::endpoints::Progress) {
         let _ = self.indexed.set(indexed);
     }
 
@@ -68,7 +67,8 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
             return false;
         };
         let mut indexed = indexed.clone();
-        let reached = tokio::time::timeout(CATCH_UP, indexed.wait_for(|r| *r >= revision)).await;
+        let caught_up = |r: &Option<Revision>| r.is_some_and(|r| r >= revision);
+        let reached = tokio::time::timeout(CATCH_UP, indexed.wait_for(caught_up)).await;
         matches!(reached, Ok(Ok(_)))
     }
 }
@@ -77,6 +77,7 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::sync::watch;
 
     #[tokio::test(start_paused = true)]
     async fn a_sync_waits_until_the_index_shows_its_keys_last_write() {
@@ -88,7 +89,7 @@ mod tests {
         writes.record(&"a", &json!({"metadata": {"resourceVersion": "12"}}));
         writes.record(&"a", &json!({"metadata": {"resourceVersion": "9"}}));
         assert!(!writes.caught_up(&"a").await, "no index yet");
-        let (progress, indexed) = watch::channel(11);
+        let (progress, indexed) = watch::channel(Some(11));
         writes.follow(indexed);
         assert!(
             !writes.caught_up(&"a").await,
@@ -100,7 +101,7 @@ mod tests {
         );
         let waiting = tokio::spawn(async move { writes.caught_up(&"a").await });
         tokio::time::sleep(Duration::from_millis(100)).await;
-        progress.send_replace(12);
+        progress.send_replace(Some(12));
         assert!(
             waiting.await.expect("joined"),
             "the index reached the write"
