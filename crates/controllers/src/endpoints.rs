@@ -741,15 +741,8 @@ impl EndpointsController {
     ) -> Result<(), ApiError> {
         match self.selected(key)? {
             Selection::Pods(service, pods) => {
-                // Before the trigger time is taken, as upstream: a sync refused for a stale
-                // index leaves the pods' change times to its retry.
-                if !writer.caught_up(key).await {
-                    return Err(ApiError::internal(
-                        "EndpointSlice informer cache is out of date",
-                    ));
-                }
-                let trigger = Self::trigger_time(&self.slice_triggers, key, &service, &pods);
-                writer.sync(key, &service, &pods, &trigger).await
+                let trigger = || Self::trigger_time(&self.slice_triggers, key, &service, &pods);
+                writer.sync(key, &service, &pods, trigger).await
             }
             Selection::Skip => Ok(()),
             // Its slices go by their owner reference (the garbage collector).

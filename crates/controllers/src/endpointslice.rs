@@ -970,53 +970,31 @@ impl SliceWriter {
         [nodes, indexed]
     }
 
-    /// Whether the slice index shows this controller's last write for a Service (waiting a
-    /// little for it): a sync must not read the Service's slices before (upstream's
-    /// `StaleSlices`).
-    pub(crate) async fn caught_up(&self, key: &crate::endpoints::Key) -> bool {
-        self.own.caught_up(key).await
+    /// This controller's slices of a Service, as the slice index shows them, less those
+    /// pending deletion (upstream's `dropEndpointSlicesPendingDeletion`).
+    fn existing(&self, key: &crate::endpoints::Key) -> Vec<EndpointSlice> {
+        let names = self.state().index.get(key).cloned().unwrap_or_default();
+        let mut slices = cached_slices(&self.slices, &key.0, &names);
+        slices.retain(|slice| slice.metadata.deletion_timestamp.is_none());
+        slices
     }
 
-    /// This controller's slices of a Service, as the watch shows them, once the index shows
-    /// this controller's last write for it; `None` while it does not yet.
-    async fn existing(&self, key: &crate::endpoints::Key) -> Option<Vec<EndpointSlice>> {
-        if !self.own.caught_up(key).await {
-            return None;
-        }
-        let names: Vec<String> = self
-            .state()
-            .index
-            .get(key)
-            .map(|n| n.iter().cloned().collect())
-            .unwrap_or_default();
-        let info = self.slices.strategy().info();
-        Some(
-            names
-                .iter()
-                .filter_map(|name| self.slices.cache().get(&info.key(&key.0, name)))
-                .filter_map(|cached| {
-                    // managedFields are the registry's: the write keeps the stored ones.
-                    from_json_without_managed_fields::<EndpointSlice>(cached.raw_json()).ok()
-                })
-                .filter(|slice| slice.metadata.deletion_timestamp.is_none())
-                .collect(),
-        )
-    }
-
-    /// Reconciles and writes a Service's slices; the trigger time goes on every slice written.
+    /// Reconciles and writes a Service's slices; the trigger time (`trigger`, taken only once
+    /// the slice index shows this controller's last write, as upstream's `StaleSlices` check
+    /// comes first: a refused sync leaves the pods' change times to its retry) goes on every
+    /// slice written.
     pub(crate) async fn sync(
         &self,
         key: &crate::endpoints::Key,
         service: &Service,
         pods: &[Arc<Pod>],
-        trigger: &str,
+        trigger: impl FnOnce() -> String,
     ) -> Result<(), capstan_machinery::ApiError> {
         use capstan_machinery::ApiError;
-        let Some(existing) = self.existing(key).await else {
-            return Err(ApiError::internal(
-                "EndpointSlice informer cache is out of date",
-            ));
-        };
+        self.own.ensure_caught_up(key).await?;
+        let trigger = trigger();
+        let trigger = trigger.as_str();
+        let existing = self.existing(key);
         let (zones, replayed) = {
             let state = self.state();
             (state.zones.clone(), state.nodes_replayed)
@@ -1104,7 +1082,7 @@ impl SliceWriter {
                 )
                 .await
             {
-                Ok(deleted) => self.record_revision(key, &deleted.object),
+                Ok(deleted) => self.own.record(key, &deleted.object),
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
@@ -1125,10 +1103,6 @@ impl SliceWriter {
     fn record(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
         let uid = capstan_machinery::meta::meta_str(object, "uid").to_string();
         self.state().tracked.insert(uid, generation_of(object));
-        self.record_revision(key, object);
-    }
-
-    fn record_revision(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
         self.own.record(key, object);
     }
 
@@ -1136,6 +1110,21 @@ impl SliceWriter {
     pub(crate) fn forget(&self, key: &crate::endpoints::Key) {
         self.own.forget(key);
     }
+}
+
+/// The named slices of a namespace, as the watch cache holds them now, without their
+/// managedFields (the registry's: a write keeps the stored ones).
+pub(crate) fn cached_slices(
+    slices: &capstan_registry::Registry,
+    namespace: &str,
+    names: &std::collections::BTreeSet<String>,
+) -> Vec<EndpointSlice> {
+    let info = slices.strategy().info();
+    names
+        .iter()
+        .filter_map(|name| slices.cache().get(&info.key(namespace, name)))
+        .filter_map(|cached| from_json_without_managed_fields(cached.raw_json()).ok())
+        .collect()
 }
 
 /// A written object's `metadata.generation` (0 for none).

@@ -337,17 +337,8 @@ impl MirroringController {
 
     /// The mirrored slices of a Service, as the slice watch last showed them.
     fn existing(&self, key: &Key) -> Vec<EndpointSlice> {
-        let names: Vec<String> = self
-            .index()
-            .get(key)
-            .map(|n| n.iter().cloned().collect())
-            .unwrap_or_default();
-        let info = self.slices.strategy().info();
-        names
-            .iter()
-            .filter_map(|name| self.slices.cache().get(&info.key(&key.0, name)))
-            .filter_map(|cached| serde_json::from_slice(cached.raw_json()).ok())
-            .collect()
+        let names = self.index().get(key).cloned().unwrap_or_default();
+        crate::endpointslice::cached_slices(&self.slices, &key.0, &names)
     }
 
     /// The Endpoints to mirror for a Service, if it should be mirrored.
@@ -369,11 +360,7 @@ impl MirroringController {
     }
 
     async fn sync(&self, key: &Key) -> Result<(), ApiError> {
-        if !self.own.caught_up(key).await {
-            return Err(ApiError::internal(
-                "EndpointSlice informer cache is out of date",
-            ));
-        }
+        self.own.ensure_caught_up(key).await?;
         let existing = self.existing(key);
         let Some(endpoints) = self.source(key) else {
             if existing.is_empty() {

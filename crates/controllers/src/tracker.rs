@@ -12,6 +12,7 @@ use std::hash::Hash;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use capstan_machinery::ApiError;
 use capstan_storage::Revision;
 
 /// How long a sync waits for its own last write to reach the index before it is retried.
@@ -57,9 +58,21 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
         self.written().remove(key);
     }
 
+    /// Refuses a sync (to be retried) while the index does not show the last write for `key`,
+    /// after waiting a little for it: upstream's stale-informer error.
+    pub(crate) async fn ensure_caught_up(&self, key: &K) -> Result<(), ApiError> {
+        if self.caught_up(key).await {
+            Ok(())
+        } else {
+            Err(ApiError::internal(
+                "EndpointSlice informer cache is out of date",
+            ))
+        }
+    }
+
     /// Whether the index shows the last write for `key`, waiting a little for it; `false`
-    /// when it still does not (the sync should be retried), or the index was never started.
-    pub(crate) async fn caught_up(&self, key: &K) -> bool {
+    /// when it still does not, or the index was never started.
+    async fn caught_up(&self, key: &K) -> bool {
         let Some(revision) = self.written().get(key).copied() else {
             return true;
         };
