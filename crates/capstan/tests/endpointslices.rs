@@ -497,6 +497,34 @@ fn a_restart_rewrites_no_endpoints_and_no_slices() {
     );
 }
 
+/// A slice the controller wrote and someone else deleted comes back with its endpoints (as
+/// upstream's tracker: the Service is synced again).
+#[test]
+fn a_deleted_slice_of_the_controller_comes_back() {
+    let (server, pods) = serve_web(2, &[], true);
+    let names_and_addresses =
+        "jsonpath={.items[*].metadata.name} {.items[*].endpoints[*].addresses[0]}";
+    let args = [
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=web",
+        "-o",
+        names_and_addresses,
+    ];
+    let has_pods = |out: &str| pods.iter().all(|(_, ip, _)| out.contains(ip.as_str()));
+    let first = wait_for(&server, "web's slice with both pods", &args, has_pods);
+    let name = first
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    server.ok(&["delete", "endpointslice", &name]);
+    wait_for(&server, "a new slice with both pods", &args, |out| {
+        !out.split_whitespace().any(|word| word == name) && has_pods(out)
+    });
+}
+
 #[test]
 fn the_python_client_reads_slices_and_nodes_through_its_typed_apis() {
     let (server, _) = serve_web(2, &[1], true);
