@@ -959,10 +959,11 @@ fn pod_address(
     Some((ip, address))
 }
 
-/// A port's place in a list: port, protocol, name, app protocol.
+/// A port's identity: port, protocol, name, app protocol.
 type PortOrder = (i32, String, String, String);
 
-/// The order ports are listed in: port, protocol, name, app protocol.
+/// A port's identity (what tells two ports apart; their order in a subset is upstream's hash
+/// order, [`crate::gohash::endpoints_port_order`]).
 fn port_order(port: &EndpointPort) -> PortOrder {
     (
         port.port,
@@ -1057,7 +1058,8 @@ pub(crate) type Subset = (
 );
 
 /// Ports with identical address sets share a subset; subsets, their ports and their
-/// addresses in upstream's order.
+/// addresses in upstream's order (`SortSubsets`: addresses by IP and UID, ports and subsets
+/// by hash).
 fn group_by_addresses<K>(
     by_port: BTreeMap<K, (Option<EndpointPort>, PortAddresses)>,
 ) -> Vec<Subset> {
@@ -1081,7 +1083,7 @@ fn group_by_addresses<K>(
     let mut subsets: Vec<Subset> = groups
         .into_iter()
         .map(|(mut ports, mut list)| {
-            ports.sort_by_key(port_order);
+            ports.sort_by_cached_key(crate::gohash::endpoints_port_order);
             list.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()).then(a.1.cmp(&b.1)));
             let (ready, not_ready): (Vec<Entry>, Vec<Entry>) = list.into_iter().partition(|e| e.3);
             let ready = ready.into_iter().map(|e| e.2).collect();
@@ -1089,15 +1091,8 @@ fn group_by_addresses<K>(
             (ready, not_ready, ports)
         })
         .collect();
-    subsets.sort_by_key(|(ready, not_ready, ports)| {
-        (
-            ports.first().map(port_order),
-            ready
-                .first()
-                .or(not_ready.first())
-                .map(|a| a.ip.clone())
-                .unwrap_or_default(),
-        )
+    subsets.sort_by_cached_key(|(ready, not_ready, ports)| {
+        crate::gohash::subset_order(ready, not_ready, ports)
     });
     subsets
 }
@@ -1342,6 +1337,24 @@ mod tests {
             .as_ref()
             .and_then(|a| a[0].target_ref.as_ref());
         assert_eq!(target.and_then(|t| t.kind.as_deref()), Some("Pod"));
+    }
+
+    #[test]
+    fn ports_are_in_upstreams_hash_order() {
+        // Go's order for these three (FNV-128a of their spew dumps): http, metrics, https; a
+        // slice lists the same ports as http, https, metrics.
+        let spec = spec(json!({"clusterIP": "10.96.0.10", "ports": [
+            {"name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443},
+            {"name": "metrics", "port": 9090, "protocol": "TCP", "targetPort": 9090},
+            {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}));
+        let (subsets, _) = build_subsets(&spec, "web", &[pod("p1", "10.244.0.11", "True")]);
+        let names: Vec<&str> = subsets[0]
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.name.as_deref())
+            .collect();
+        assert_eq!(names, ["http", "metrics", "https"]);
     }
 
     #[test]

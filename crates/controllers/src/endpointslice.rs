@@ -132,7 +132,7 @@ fn included(pod: &Pod) -> bool {
 }
 
 /// `getEndpointPorts`: the Service's ports as this pod serves them (ports it cannot resolve
-/// left out), in a canonical order.
+/// left out), in upstream's order (by hash, [`crate::gohash::slice_port_order`]).
 fn endpoint_ports(spec: &ServiceSpec, pod: &Pod) -> Vec<EndpointPort> {
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut out: Vec<EndpointPort> = ports
@@ -146,14 +146,7 @@ fn endpoint_ports(spec: &ServiceSpec, pod: &Pod) -> Vec<EndpointPort> {
             })
         })
         .collect();
-    out.sort_by_key(|p| {
-        (
-            p.name.clone(),
-            p.port,
-            p.protocol.clone(),
-            p.app_protocol.clone(),
-        )
-    });
+    out.sort_by_cached_key(crate::gohash::slice_port_order);
     out
 }
 
@@ -630,6 +623,28 @@ mod tests {
             create.metadata.uid = None;
             existing.push(create);
         }
+    }
+
+    #[test]
+    fn a_slices_ports_are_in_upstreams_hash_order() {
+        // Go's `portsInOrder` for these (FNV-128a of their spew dumps): b, then a.
+        let mut service = service();
+        service.spec.as_mut().expect("spec").ports = Some(
+            serde_json::from_value(json!([
+                {"name": "a", "port": 80, "targetPort": 80, "protocol": "TCP"},
+                {"name": "b", "port": 81, "targetPort": 81, "protocol": "TCP"}]))
+            .expect("ports"),
+        );
+        let pods = [pod(0, true)];
+        let zones = zones();
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), Vec::new());
+        let names: Vec<Option<&str>> = plan.creates[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| p.name.as_deref())
+            .collect();
+        assert_eq!(names, [Some("b"), Some("a")]);
     }
 
     #[test]

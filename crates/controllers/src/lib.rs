@@ -12,6 +12,7 @@ pub mod apiservice;
 mod endpoints;
 mod endpointslice;
 mod garbage_collector;
+mod gohash;
 mod group;
 pub mod identity;
 mod kubernetes_service;

@@ -138,7 +138,7 @@ fn endpoint(address: &EndpointAddress, ready: bool) -> Option<(&'static str, End
 fn desired(endpoints: &Endpoints) -> BTreeMap<SliceKey, (Vec<EndpointPort>, Vec<Endpoint>)> {
     let mut out = BTreeMap::new();
     for (ready, not_ready, ports) in repack(endpoints.subsets.as_deref().unwrap_or_default()) {
-        let ports: Vec<EndpointPort> = ports
+        let mut ports: Vec<EndpointPort> = ports
             .iter()
             .map(|p| EndpointPort {
                 name: Some(p.name.clone().unwrap_or_default()),
@@ -147,6 +147,8 @@ fn desired(endpoints: &Endpoints) -> BTreeMap<SliceKey, (Vec<EndpointPort>, Vec<
                 app_protocol: p.app_protocol.clone(),
             })
             .collect();
+        // In a slice's own order (`NewPortMapKey` sorts them), not the Endpoints'.
+        ports.sort_by_cached_key(crate::gohash::slice_port_order);
         // Both families are wanted for every subset: an empty one clears what it had.
         for family in ["IPv4", "IPv6"] {
             out.entry(slice_key(family, &ports))
