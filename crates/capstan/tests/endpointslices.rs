@@ -562,3 +562,36 @@ print("ok")
 "#;
     common::run_python(&server, script);
 }
+
+#[test]
+fn ports_come_in_upstreams_hash_order_in_endpoints_and_slices() {
+    // kube-controller-manager lists these three as http, admin, https in both kinds: sorted by
+    // the FNV-128a hash of each port's go-spew dump, not by name, number or the Service's order.
+    let (server, _) = serve_web(1, &[], false);
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: multi}\nspec: {selector: {app: web}, ports: [{name: https, port: 443, targetPort: 8443}, {name: admin, port: 9000, targetPort: 9000}, {name: http, port: 80, targetPort: 8080}]}\n";
+    let file = server.apply_file("multi.yaml", service);
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    let endpoints = [
+        "get",
+        "endpoints",
+        "multi",
+        "-o",
+        "jsonpath={.subsets[0].ports[*].name}",
+    ];
+    let out = wait_for(&server, "multi's Endpoints", &endpoints, |out| {
+        !out.trim().is_empty()
+    });
+    assert_eq!(out.trim(), "http admin https");
+    let slices = [
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=multi",
+        "-o",
+        "jsonpath={.items[0].ports[*].name}",
+    ];
+    let out = wait_for(&server, "multi's slice", &slices, |out| {
+        !out.trim().is_empty()
+    });
+    assert_eq!(out.trim(), "http admin https");
+}

@@ -794,8 +794,9 @@ impl EndpointsController {
                 };
                 let created = from_typed(&desired.applied_to(fresh));
                 match self.endpoints.create(namespace, created, &options).await {
-                    // A namespace being deleted takes no new objects.
-                    Err(e) if !e.is_forbidden() => Err(e.into()),
+                    // A namespace being deleted takes no new objects: dropped, not retried
+                    // (any other refusal is retried).
+                    Err(e) if !e.is_namespace_terminating() => Err(e.into()),
                     _ => Ok(()),
                 }
             }

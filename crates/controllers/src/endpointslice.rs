@@ -1022,11 +1022,6 @@ impl SliceWriter {
             max: self.max,
         };
         let plan = reconcile(&inputs, existing);
-        let options = capstan_registry::WriteOptions {
-            dry_run: false,
-            field_manager: "kube-controller-manager".into(),
-            applied: false,
-        };
         let annotate = |slice: &mut EndpointSlice| {
             let annotations = slice
                 .metadata
@@ -1041,20 +1036,82 @@ impl SliceWriter {
                 slice.metadata.annotations = None;
             }
         };
+        // As upstream's Reconcile: each address type the Service has is written on its own
+        // (a failed write ends that type's writes, not the other's), then the slices of types
+        // it no longer has are deleted; the first error is the sync's.
+        let Plan {
+            mut creates,
+            mut updates,
+            mut deletes,
+            missing_nodes,
+        } = plan;
+        let mut failed: Option<ApiError> = None;
+        let spec = service.spec.clone().unwrap_or_default();
+        for address_type in address_types(&spec) {
+            let of_type = |slices: &mut Vec<EndpointSlice>| -> Vec<EndpointSlice> {
+                let (mine, rest) = std::mem::take(slices)
+                    .into_iter()
+                    .partition(|s| s.address_type == address_type);
+                *slices = rest;
+                mine
+            };
+            let written = (
+                of_type(&mut creates),
+                of_type(&mut updates),
+                of_type(&mut deletes),
+            );
+            if let Err(error) = self.finalize(key, service, written, &annotate).await {
+                failed.get_or_insert(error);
+            }
+        }
+        for slice in deletes {
+            if let Err(error) = self.delete(key, &slice).await {
+                failed.get_or_insert(error);
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        if missing_nodes.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::internal(format!(
+                "skipping pods for Service {}/{}: nodes {} not found",
+                key.0,
+                key.1,
+                missing_nodes.join(", ")
+            )))
+        }
+    }
+
+    /// Upstream's `finalize` for one address type: creates (none while the Service is being
+    /// deleted; a namespace being deleted ends the writes quietly), then updates, then
+    /// deletes, stopping at the first error.
+    async fn finalize(
+        &self,
+        key: &crate::endpoints::Key,
+        service: &Service,
+        (creates, updates, deletes): (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>),
+        annotate: &impl Fn(&mut EndpointSlice),
+    ) -> Result<(), capstan_machinery::ApiError> {
+        let options = capstan_registry::WriteOptions {
+            dry_run: false,
+            field_manager: "kube-controller-manager".into(),
+            applied: false,
+        };
         let namespace = &key.0;
         if service.metadata.deletion_timestamp.is_none() {
-            for mut slice in plan.creates {
+            for mut slice in creates {
                 annotate(&mut slice);
                 let value = capstan_registry::strategy::from_typed(&slice);
                 match self.slices.create(namespace, value, &options).await {
                     Ok(created) => self.record(key, &created),
-                    // A namespace being deleted takes no new objects.
-                    Err(e) if e.is_forbidden() => return Ok(()),
+                    Err(e) if e.is_namespace_terminating() => return Ok(()),
                     Err(e) => return Err(e),
                 }
             }
         }
-        for mut slice in plan.updates {
+        for mut slice in updates {
             annotate(&mut slice);
             let name = slice.metadata.name.clone().unwrap_or_default();
             // The write's watch event can come back before this call returns: events of the
@@ -1084,33 +1141,32 @@ impl SliceWriter {
             }
             self.record(key, &updated);
         }
-        for slice in plan.deletes {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            let uid = slice.metadata.uid.clone().unwrap_or_default();
-            self.state().tracked.insert(uid, -1);
-            match self
-                .slices
-                .delete(
-                    namespace,
-                    &name,
-                    &capstan_registry::DeleteOptions::default(),
-                )
-                .await
-            {
-                Ok(deleted) => self.own.record(key, &deleted.object),
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
+        for slice in deletes {
+            self.delete(key, &slice).await?;
         }
-        if plan.missing_nodes.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::internal(format!(
-                "skipping pods for Service {}/{}: nodes {} not found",
-                key.0,
-                key.1,
-                plan.missing_nodes.join(", ")
-            )))
+        Ok(())
+    }
+
+    /// Deletes one of a Service's slices (one already gone is no error).
+    async fn delete(
+        &self,
+        key: &crate::endpoints::Key,
+        slice: &EndpointSlice,
+    ) -> Result<(), capstan_machinery::ApiError> {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let uid = slice.metadata.uid.clone().unwrap_or_default();
+        self.state().tracked.insert(uid, -1);
+        match self
+            .slices
+            .delete(&key.0, &name, &capstan_registry::DeleteOptions::default())
+            .await
+        {
+            Ok(deleted) => {
+                self.own.record(key, &deleted.object);
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

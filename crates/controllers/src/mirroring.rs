@@ -469,7 +469,7 @@ impl MirroringController {
                     Ok(created) => self.own.record(key, &created),
                     // A namespace being deleted takes no new objects: the sync ends there,
                     // as upstream's (nothing updated or deleted either, nothing retried).
-                    Err(e) if e.is_forbidden() => return Ok(()),
+                    Err(e) if e.is_namespace_terminating() => return Ok(()),
                     Err(e) => return Err(e),
                 }
             }

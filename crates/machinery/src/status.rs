@@ -399,6 +399,19 @@ impl ApiError {
         self.code == 403
     }
 
+    /// Whether one of its causes has `reason` (client-go's `HasStatusCause`).
+    pub fn has_cause(&self, reason: &str) -> bool {
+        self.details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == reason))
+    }
+
+    /// Whether a create was refused because its namespace is being deleted (the
+    /// `NamespaceTerminating` cause): the controllers drop such work instead of retrying it.
+    pub fn is_namespace_terminating(&self) -> bool {
+        self.has_cause("NamespaceTerminating")
+    }
+
     /// 400 `the name of the object (<sent>) does not match the name on the URL (<url>)`.
     pub fn name_mismatch(sent: &str, url: &str) -> Self {
         Self::bad_request(format!(
