@@ -571,27 +571,13 @@ fn ports_come_in_upstreams_hash_order_in_endpoints_and_slices() {
     let service = "apiVersion: v1\nkind: Service\nmetadata: {name: multi}\nspec: {selector: {app: web}, ports: [{name: https, port: 443, targetPort: 8443}, {name: admin, port: 9000, targetPort: 9000}, {name: http, port: 80, targetPort: 8080}]}\n";
     let file = server.apply_file("multi.yaml", service);
     server.ok(&["apply", "-f", common::path_str(&file)]);
-    let endpoints = [
-        "get",
-        "endpoints",
-        "multi",
-        "-o",
-        "jsonpath={.subsets[0].ports[*].name}",
-    ];
-    let out = wait_for(&server, "multi's Endpoints", &endpoints, |out| {
-        !out.trim().is_empty()
-    });
-    assert_eq!(out.trim(), "http admin https");
-    let slices = [
-        "get",
-        "endpointslices",
-        "-l",
-        "kubernetes.io/service-name=multi",
-        "-o",
-        "jsonpath={.items[0].ports[*].name}",
-    ];
-    let out = wait_for(&server, "multi's slice", &slices, |out| {
-        !out.trim().is_empty()
-    });
-    assert_eq!(out.trim(), "http admin https");
+    let endpoints = "jsonpath={.subsets[0].ports[*].name}";
+    let slice = "jsonpath={.items[0].ports[*].name}";
+    let selector = "kubernetes.io/service-name=multi";
+    let by_name: &[&str] = &["get", "endpoints", "multi", "-o", endpoints];
+    let by_label: &[&str] = &["get", "endpointslices", "-l", selector, "-o", slice];
+    for args in [by_name, by_label] {
+        let out = wait_for(&server, "multi's ports", args, |out| !out.trim().is_empty());
+        assert_eq!(out.trim(), "http admin https", "{}", args[1]);
+    }
 }
