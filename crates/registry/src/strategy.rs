@@ -447,6 +447,8 @@ impl<S: Strategy> DynStrategy for S {
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<(WriteExtras, FieldErrors), ApiError> {
+        // The stored object as the write read it typed, if it did.
+        let stored = view.take_stored::<S::Object>();
         // What the stored object gives the new one, outside the rules: the view is decoded
         // again when it changed anything.
         let given = match (old, subresource) {
@@ -472,9 +474,12 @@ impl<S: Strategy> DynStrategy for S {
                 Ok((WriteExtras::default(), undecodable(&error)))
             }
         };
-        let old = match old.map(for_rules::<S::Object>).transpose() {
-            Ok(old) => old,
-            Err(error) => return undecoded(error),
+        let old = match (stored, old) {
+            (Some(stored), Some(_)) => Some(stored),
+            (_, old) => match old.map(for_rules::<S::Object>).transpose() {
+                Ok(old) => old,
+                Err(error) => return undecoded(error),
+            },
         };
         let new = match view.typed::<S::Object>(object) {
             Ok(new) => new,

@@ -118,6 +118,10 @@ pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) 
 /// ([`RulesView::sync`]); the registry's own edits of the JSON's system metadata go to the view
 /// too ([`RulesView::edit_meta`]), and any other edit of the JSON drops it
 /// ([`RulesView::forget`]), so the next rule decodes again.
+///
+/// A write of a typed object (a controller's) starts from that object ([`RulesView::of`]),
+/// and a patch of one also from the stored object it read ([`RulesView::with_stored`]):
+/// neither is decoded again from the JSON made of it.
 #[derive(Default)]
 pub struct RulesView(Option<Box<dyn Viewed>>);
 
@@ -128,10 +132,12 @@ trait Viewed: Send + Sync {
     fn boxed_clone(&self) -> Box<dyn Viewed>;
 }
 
-/// The object as the rules have left it, and as the JSON has it.
+/// The object as the rules have left it, and as the JSON has it; and the stored object as
+/// the rules see it, when the write had it typed already.
 struct Held<T> {
     current: T,
     synced: T,
+    stored: Option<T>,
 }
 
 impl<T: Object> Viewed for Held<T> {
@@ -148,6 +154,7 @@ impl<T: Object> Viewed for Held<T> {
         Box::new(Held {
             current: self.current.clone(),
             synced: self.synced.clone(),
+            stored: self.stored.clone(),
         })
     }
 }
@@ -159,6 +166,49 @@ impl Clone for RulesView {
 }
 
 impl RulesView {
+    /// The view of a typed object about to be written as JSON (without its managedFields,
+    /// which the rules never see). Its metadata is taken from the JSON again once the
+    /// registry has edited it ([`RulesView::refresh_meta`]).
+    pub fn of<T: Object>(mut object: T) -> Self {
+        object.metadata_mut().managed_fields = None;
+        RulesView(Some(Box::new(Held {
+            synced: object.clone(),
+            current: object,
+            stored: None,
+        })))
+    }
+
+    /// Also holds the stored object the write started from, as [`for_rules`] decodes it.
+    pub fn with_stored<T: Object>(mut self, stored: T) -> Self {
+        if let Some(held) = self.held::<T>() {
+            held.stored = Some(stored);
+        }
+        self
+    }
+
+    /// The stored object, when the write gave it ([`RulesView::with_stored`]).
+    pub fn take_stored<T: Object>(&mut self) -> Option<T> {
+        self.held::<T>()?.stored.take()
+    }
+
+    /// Takes the held object's metadata from `object` (the JSON, which the registry's own
+    /// rules have edited since the view was made); drops the view when it does not decode.
+    pub fn refresh_meta(&mut self, object: &Value) {
+        let Some(held) = &mut self.0 else {
+            return;
+        };
+        let decoded = object.get("metadata").map(|m| {
+            <ObjectMeta as serde::Deserialize>::deserialize(Skipping {
+                inner: m,
+                level: Level::Metadata,
+            })
+        });
+        match decoded {
+            Some(Ok(metadata)) => held.edit_meta(&|m| *m = metadata.clone()),
+            _ => self.forget(),
+        }
+    }
+
     /// Makes the same edit of system metadata the registry makes of the JSON.
     pub fn edit_meta(&mut self, edit: impl Fn(&mut ObjectMeta)) {
         if let Some(held) = &mut self.0 {
@@ -182,6 +232,7 @@ impl RulesView {
             self.0 = Some(Box::new(Held {
                 synced: current.clone(),
                 current,
+                stored: None,
             }));
         }
         self.held::<T>()

@@ -10,15 +10,14 @@
 //! `cargo bench -p capstan-resources --bench write` (env `CAPSTAN_BENCH_ITERATIONS`, default
 //! 2,000 writes per figure).
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use capstan_registry::cache::{CacheSet, HistoryLimits};
-use capstan_registry::{DynStrategy, Registry, Subresource, WriteOptions};
-use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
-use capstan_storage::{EmbeddedOptions, EmbeddedStore, Storage};
+use capstan_registry::{Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
 use serde_json::json;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -104,34 +103,7 @@ fn main() {
         .expect("a runtime");
     runtime.block_on(async move {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store: Arc<dyn Storage> = Arc::new(
-            EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("the embedded store"),
-        );
-        let ranges = vec![IpRange::parse("10.96.0.0/16").expect("a range")];
-        let ports = PortRange::parse("30000-32767").expect("a range");
-        let services = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
-        services
-            .allocator()
-            .start(store.clone())
-            .await
-            .expect("the allocator");
-        let kinds = capstan_resources::registered(services);
-        let limits = HistoryLimits {
-            events: 102_400,
-            bytes: 256 << 20,
-        };
-        let caches = Arc::new(CacheSet::for_kinds(store.clone(), &kinds, limits));
-        caches.start().await.expect("the watch caches");
-        let registry = |kind: &str| {
-            let strategy: &Arc<dyn DynStrategy> = kinds
-                .iter()
-                .find(|k| k.info().kind == kind)
-                .expect("a registered kind");
-            let cache = caches
-                .cache(&strategy.info().list_prefix(""))
-                .expect("its cache");
-            Registry::new(strategy.clone(), store.clone(), cache, None)
-        };
+        let registry = support::registries(dir.path()).await;
         let (services, endpoints) = (registry("Service"), registry("Endpoints"));
 
         let created = options("capstan-bench");

@@ -176,13 +176,13 @@ impl Registry {
     ) -> Result<(Value, bool), ApiError> {
         let pinned = meta::resource_version(&new).to_string();
         self.update_with(namespace, name, &pinned, options, subresource, |_| {
-            Ok(new.clone())
+            Ok((new.clone(), RulesView::default()))
         })
         .await
     }
 
     /// An update whose object `compute` gives (the same each time it is asked, `pinned` its
-    /// `resourceVersion`, empty for none).
+    /// `resourceVersion`, empty for none), with the rules' view of it when it has one.
     pub(super) async fn update_with(
         &self,
         namespace: &str,
@@ -190,7 +190,7 @@ impl Registry {
         pinned: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+        compute: impl Fn(Option<&Value>) -> Result<(Value, RulesView), ApiError>,
     ) -> Result<(Value, bool), ApiError> {
         let unpinned = pinned.is_empty();
         let allowed = self.strategy.info().allow_unconditional_update;
@@ -228,26 +228,28 @@ impl Registry {
         let info = self.strategy.info();
         let api_version = info.api_version();
         self.patch_with((namespace, name), options, subresource, form, |current| {
-            apply(&meta::with_type_meta(current, &api_version, info.kind))
+            let patched = apply(&meta::with_type_meta(current, &api_version, info.kind))?;
+            Ok((patched, RulesView::default()))
         })
         .await
     }
 
-    /// A patch whose new object `patch` computes from the current one (which must exist); the
-    /// result is pinned to the current `resourceVersion` unless it names one.
+    /// A patch whose new object `patch` computes from the current one (which must exist), with
+    /// the rules' view of it when it has one; the result is pinned to the current
+    /// `resourceVersion` unless it names one.
     pub(super) async fn patch_with(
         &self,
         (namespace, name): (&str, &str),
         options: &WriteOptions,
         subresource: Subresource,
         form: Form,
-        patch: impl Fn(&Value) -> Result<Value, ApiError>,
+        patch: impl Fn(&Value) -> Result<(Value, RulesView), ApiError>,
     ) -> Result<Value, ApiError> {
         let compute = |current: Option<&Value>| {
             let Some(current) = current else {
                 return Err(self.not_found(name));
             };
-            let mut patched = patch(current)?;
+            let (mut patched, view) = patch(current)?;
             if meta::resource_version(&patched).is_empty() {
                 meta::set_meta_str(
                     &mut patched,
@@ -255,7 +257,7 @@ impl Registry {
                     meta::resource_version(current),
                 );
             }
-            Ok(patched)
+            Ok((patched, view))
         };
         let (object, _) = self
             .write_loop(
@@ -334,7 +336,7 @@ impl Registry {
                 // Apply never carries an optimistic lock unless the config names a version.
                 meta::metadata_mut(&mut object).shift_remove("resourceVersion");
             }
-            Ok(object)
+            Ok((object, RulesView::default()))
         };
         self.write_loop(
             namespace,
@@ -353,7 +355,7 @@ impl Registry {
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+        compute: impl Fn(Option<&Value>) -> Result<(Value, RulesView), ApiError>,
         (form, on_conflict): (Form, OnConflict),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
@@ -362,7 +364,7 @@ impl Registry {
         for _ in 0..WRITE_ATTEMPTS {
             let response = self.storage.get(&key, None).await.map_err(storage_error)?;
             let Some(kv) = response.kv else {
-                let new = compute(None)?;
+                let (new, _) = compute(None)?;
                 if !main || !(info.allow_create_on_update || options.applied) {
                     return Err(self.not_found(name));
                 }
@@ -379,7 +381,7 @@ impl Registry {
                 return Ok((self.create(namespace, new, options).await?, true));
             };
             let old = self.decode(&kv)?;
-            let mut new = compute(Some(&old))?;
+            let (mut new, mut view) = compute(Some(&old))?;
             if !new.is_object() {
                 return Err(ApiError::bad_request(
                     "the object provided is not a JSON object",
@@ -430,8 +432,9 @@ impl Registry {
             }
             meta::metadata_mut(&mut new).shift_remove("generation");
             meta::metadata_mut(&mut new).shift_remove("selfLink");
-            // The rules of this write share one decoded object.
-            let mut view = RulesView::default();
+            // The rules of this write share one decoded object (the typed one it was given,
+            // with the metadata edited above).
+            view.refresh_meta(&new);
             match form {
                 Form::Normal => self.strategy.default_normal(&mut new, &mut view),
                 Form::Any => self.strategy.default(&mut new),

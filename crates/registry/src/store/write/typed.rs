@@ -1,10 +1,11 @@
 //! Writes of a typed object (the controllers'): the object is encoded once per attempt inside
 //! the registry's write, not copied as JSON first, and a patch reads the stored object as its
-//! type without a copy that carries `kind` and `apiVersion`.
+//! type without a copy that carries `kind` and `apiVersion`. The rules are handed the typed
+//! objects (the new one, and a patch's stored one) instead of decoding them from the JSON.
 
 use super::*;
 use crate::strategy::Object;
-use crate::typed::{for_rules, from_typed};
+use crate::typed::{RulesView, for_rules, from_typed};
 
 impl Registry {
     /// [`Registry::update`] of a typed object (pinned to its `resourceVersion` when it has one).
@@ -18,7 +19,7 @@ impl Registry {
     ) -> Result<(Value, bool), ApiError> {
         let pinned = new.metadata().resource_version.clone().unwrap_or_default();
         self.update_with(namespace, name, &pinned, options, subresource, |_| {
-            Ok(from_typed(new))
+            Ok((from_typed(new), RulesView::of(new.clone())))
         })
         .await
     }
@@ -40,8 +41,10 @@ impl Registry {
             subresource,
             Form::Normal,
             |current| {
-                let typed: T = for_rules(current).map_err(ApiError::internal)?;
-                Ok(from_typed(&apply(typed)?))
+                let stored: T = for_rules(current).map_err(ApiError::internal)?;
+                let patched = apply(stored.clone())?;
+                let json = from_typed(&patched);
+                Ok((json, RulesView::of(patched).with_stored(stored)))
             },
         )
         .await
