@@ -133,9 +133,16 @@ impl Index {
     }
 
     /// A pod was written (`Some` view) or deleted (`None`); returns the Services to sync:
-    /// those that select it now or selected it before.
+    /// those that select it now or selected it before. A write that leaves the pod's view as
+    /// it was (a status change beyond IPs and readiness, say) wakes nothing, as upstream's
+    /// `podEndpointsChanged`: no sync could give another result.
     fn pod_changed(&mut self, namespace: &str, name: &str, pod: Option<Arc<Pod>>) -> Vec<Key> {
         let ns = self.namespaces.entry(namespace.to_string()).or_default();
+        if let (Some(new), Some((old, _))) = (pod.as_deref(), ns.pods.get(name))
+            && new == old.as_ref()
+        {
+            return Vec::new();
+        }
         let before = ns.pods.remove(name).map(|(_, s)| s).unwrap_or_default();
         let mut now: Vec<String> = Vec::new();
         if let Some(labels) = pod.as_deref().and_then(labels_of) {
@@ -1233,6 +1240,13 @@ mod tests {
                 .pod_changed("other", "p4", labelled("p4", "web"))
                 .is_empty()
         );
+        // A write that leaves the pod as the controller sees it wakes nothing.
+        assert!(
+            index
+                .pod_changed("ns", "p2", labelled("p2", "web"))
+                .is_empty()
+        );
+        assert_eq!(names(&index, "web"), ["p2"]);
         // Deletion wakes the Service that selected the pod.
         assert_eq!(index.pod_changed("ns", "p2", None), vec![key.clone()]);
         assert!(names(&index, "web").is_empty());
