@@ -374,8 +374,13 @@ fn reconcile_type(
     let existing_count = existing.len();
     let (mut creates, mut updates, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
     let mut existing_by_ports: BTreeMap<PortKey, Vec<EndpointSlice>> = BTreeMap::new();
-    for slice in existing {
+    for mut slice in existing {
         if owned_by(&slice, service) {
+            // Upstream's NewPortMapKey sorts the slice's own ports as it keys them: a slice
+            // written again goes out with its ports in that order.
+            if let Some(ports) = slice.ports.as_mut() {
+                ports.sort_by_cached_key(crate::gohash::slice_port_order);
+            }
             existing_by_ports
                 .entry(port_key(slice.ports.as_deref().unwrap_or_default()))
                 .or_default()
@@ -639,6 +644,23 @@ mod tests {
         let zones = zones();
         let plan = reconcile(&inputs_of(&service, &pods, &zones), Vec::new());
         let names: Vec<Option<&str>> = plan.creates[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| p.name.as_deref())
+            .collect();
+        assert_eq!(names, [Some("b"), Some("a")]);
+        // A slice stored with its ports in another order (by an older Capstan) is written
+        // again in this order when it is updated, as upstream's NewPortMapKey sorts it.
+        let mut existing = Vec::new();
+        apply(&mut existing, plan);
+        if let Some(ports) = existing[0].ports.as_mut() {
+            ports.reverse();
+        }
+        let pods = [pod(0, true), pod(1, true)];
+        let plan = reconcile(&inputs_of(&service, &pods, &zones), existing);
+        assert_eq!(counts(&plan), (0, 1, 0));
+        let names: Vec<Option<&str>> = plan.updates[0]
             .ports
             .iter()
             .flatten()
