@@ -630,6 +630,11 @@ mod tests {
         }
     }
 
+    fn port_names(slice: &EndpointSlice) -> Vec<&str> {
+        let ports = slice.ports.iter().flatten();
+        ports.filter_map(|p| p.name.as_deref()).collect()
+    }
+
     #[test]
     fn a_slices_ports_are_in_upstreams_hash_order() {
         // Go's `portsInOrder` for these (FNV-128a of their spew dumps): b, then a.
@@ -643,13 +648,7 @@ mod tests {
         let pods = [pod(0, true)];
         let zones = zones();
         let plan = reconcile(&inputs_of(&service, &pods, &zones), Vec::new());
-        let names: Vec<Option<&str>> = plan.creates[0]
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| p.name.as_deref())
-            .collect();
-        assert_eq!(names, [Some("b"), Some("a")]);
+        assert_eq!(port_names(&plan.creates[0]), ["b", "a"]);
         // A slice stored with its ports in another order (by an older Capstan) is written
         // again in this order when it is updated, as upstream's NewPortMapKey sorts it.
         let mut existing = Vec::new();
@@ -660,13 +659,7 @@ mod tests {
         let pods = [pod(0, true), pod(1, true)];
         let plan = reconcile(&inputs_of(&service, &pods, &zones), existing);
         assert_eq!(counts(&plan), (0, 1, 0));
-        let names: Vec<Option<&str>> = plan.updates[0]
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| p.name.as_deref())
-            .collect();
-        assert_eq!(names, [Some("b"), Some("a")]);
+        assert_eq!(port_names(&plan.updates[0]), ["b", "a"]);
     }
 
     #[test]
