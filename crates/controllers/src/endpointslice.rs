@@ -37,6 +37,9 @@ pub(crate) struct Plan {
     pub deletes: Vec<EndpointSlice>,
     /// Pods left out because their node is not known (the sync is retried).
     pub missing_nodes: Vec<String>,
+    /// The Service's address types, each written on its own; slices of any other type are
+    /// among the deletes.
+    pub address_types: Vec<&'static str>,
 }
 
 /// What the reconciler reads.
@@ -329,7 +332,10 @@ impl Desired {
 pub(crate) fn reconcile(inputs: &Inputs<'_>, existing: Vec<EndpointSlice>) -> Plan {
     let spec = inputs.service.spec.clone().unwrap_or_default();
     let types = address_types(&spec);
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        address_types: types.clone(),
+        ..Plan::default()
+    };
     let mut by_type: HashMap<String, Vec<EndpointSlice>> = HashMap::new();
     let mut unsupported = Vec::new();
     // While the Service is pending deletion its slices are the garbage collector's: one it no
@@ -1059,10 +1065,10 @@ impl SliceWriter {
             mut updates,
             mut deletes,
             missing_nodes,
+            address_types,
         } = plan;
         let mut failed: Option<ApiError> = None;
-        let spec = service.spec.clone().unwrap_or_default();
-        for address_type in address_types(&spec) {
+        for address_type in address_types {
             let of_type = |slices: &mut Vec<EndpointSlice>| -> Vec<EndpointSlice> {
                 let (mine, rest) = std::mem::take(slices)
                     .into_iter()
@@ -1079,8 +1085,8 @@ impl SliceWriter {
                 failed.get_or_insert(error);
             }
         }
-        for slice in deletes {
-            if let Err(error) = self.delete(key, &slice).await {
+        for slice in &deletes {
+            if let Err(error) = self.delete(key, slice).await {
                 failed.get_or_insert(error);
             }
         }
@@ -1162,27 +1168,15 @@ impl SliceWriter {
         Ok(())
     }
 
-    /// Deletes one of a Service's slices (one already gone is no error).
+    /// Deletes one of a Service's slices, expecting its deletion event.
     async fn delete(
         &self,
         key: &crate::endpoints::Key,
         slice: &EndpointSlice,
     ) -> Result<(), capstan_machinery::ApiError> {
-        let name = slice.metadata.name.clone().unwrap_or_default();
         let uid = slice.metadata.uid.clone().unwrap_or_default();
         self.state().tracked.insert(uid, -1);
-        match self
-            .slices
-            .delete(&key.0, &name, &capstan_registry::DeleteOptions::default())
-            .await
-        {
-            Ok(deleted) => {
-                self.own.record(key, &deleted.object);
-                Ok(())
-            }
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
-        }
+        delete_slice(&self.slices, &self.own, key, slice).await
     }
 
     /// Remembers a slice this controller wrote.
@@ -1211,6 +1205,26 @@ pub(crate) fn cached_slices(
         .filter_map(|name| slices.cache().get(&info.key(namespace, name)))
         .filter_map(|cached| from_json_without_managed_fields(cached.raw_json()).ok())
         .collect()
+}
+
+/// Deletes a slice of `key` (one already gone is no error), remembering the write so the
+/// next sync of `key` waits for the index to show it.
+pub(crate) async fn delete_slice(
+    slices: &capstan_registry::Registry,
+    own: &crate::tracker::OwnWrites<crate::endpoints::Key>,
+    key: &crate::endpoints::Key,
+    slice: &EndpointSlice,
+) -> Result<(), capstan_machinery::ApiError> {
+    let name = slice.metadata.name.as_deref().unwrap_or_default();
+    let options = capstan_registry::DeleteOptions::default();
+    match slices.delete(&key.0, name, &options).await {
+        Ok(deleted) => {
+            own.record(key, &deleted.object);
+            Ok(())
+        }
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A written object's `metadata.generation` (0 for none).

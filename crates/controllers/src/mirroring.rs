@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
 use capstan_registry::strategy::from_typed;
-use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use capstan_registry::{Registry, Subresource, WriteOptions};
 use capstan_resources::endpointslice::{
     MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,
 };
@@ -491,19 +491,7 @@ impl MirroringController {
     }
 
     async fn delete(&self, key: &Key, slice: &EndpointSlice) -> Result<(), ApiError> {
-        let name = slice.metadata.name.as_deref().unwrap_or_default();
-        match self
-            .slices
-            .delete(&key.0, name, &DeleteOptions::default())
-            .await
-        {
-            Ok(deleted) => {
-                self.own.record(key, &deleted.object);
-                Ok(())
-            }
-            Err(e) if !e.is_not_found() => Err(e),
-            Err(_) => Ok(()),
-        }
+        crate::endpointslice::delete_slice(&self.slices, &self.own, key, slice).await
     }
 }
 

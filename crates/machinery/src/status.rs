@@ -155,6 +155,10 @@ pub fn quote(text: &str) -> String {
     out
 }
 
+/// The cause reason of a create refused because its namespace is being deleted
+/// (`v1.NamespaceTerminatingCause`).
+pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
+
 impl ApiError {
     /// An error with a code, reason and message and no details.
     pub fn new(code: u16, reason: Reason, message: impl Into<String>) -> Self {
@@ -394,22 +398,13 @@ impl ApiError {
         self.code == 409
     }
 
-    /// Whether this is a 403 (e.g. a write into a terminating namespace).
-    pub fn is_forbidden(&self) -> bool {
-        self.code == 403
-    }
-
-    /// Whether one of its causes has `reason` (client-go's `HasStatusCause`).
-    pub fn has_cause(&self, reason: &str) -> bool {
+    /// Whether a create was refused because its namespace is being deleted (a cause
+    /// [`NAMESPACE_TERMINATING`], as client-go's `HasStatusCause` checks): the controllers
+    /// drop such work instead of retrying it.
+    pub fn is_namespace_terminating(&self) -> bool {
         self.details
             .as_ref()
-            .is_some_and(|d| d.causes.iter().any(|c| c.reason == reason))
-    }
-
-    /// Whether a create was refused because its namespace is being deleted (the
-    /// `NamespaceTerminating` cause): the controllers drop such work instead of retrying it.
-    pub fn is_namespace_terminating(&self) -> bool {
-        self.has_cause("NamespaceTerminating")
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == NAMESPACE_TERMINATING))
     }
 
     /// 400 `the name of the object (<sent>) does not match the name on the URL (<url>)`.

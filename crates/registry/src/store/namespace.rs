@@ -65,7 +65,7 @@ impl Registry {
                 group: gr.group.to_string(),
                 kind: gr.resource.to_string(),
                 causes: vec![capstan_machinery::status::Cause {
-                    reason: "NamespaceTerminating".into(),
+                    reason: capstan_machinery::status::NAMESPACE_TERMINATING.into(),
                     message: format!("namespace {namespace} is being terminated"),
                     field: "metadata.namespace".into(),
                 }],
