@@ -406,6 +406,7 @@ impl Bench {
         // The churn: `flip_percent` of the pods per second, in 10 ms ticks.
         let per_second = (total as f64 * args.flip_percent / 100.0).max(1.0);
         let threads_before = process::thread_ticks(&args.server_pids);
+        let machine_before = process::machine_ticks();
         let sampler = process::Sampler::start(&args.server_pids);
         let ready: Arc<Vec<AtomicBool>> =
             Arc::new((0..total).map(|_| AtomicBool::new(true)).collect());
@@ -491,6 +492,9 @@ impl Bench {
         let usage = sampler.finish();
         let threads =
             process::thread_seconds(&threads_before, &process::thread_ticks(&args.server_pids));
+        let idle = machine_before
+            .zip(process::machine_ticks())
+            .map(|(before, after)| process::idle_share(before, after));
         // Flips still unseen after 10 s are missed.
         let deadline = Instant::now() + Duration::from_secs(10);
         let outstanding = |map: &PendingFlips| {
@@ -573,16 +577,23 @@ impl Bench {
                 usage.cpu_seconds,
                 100.0 * usage.cpu_seconds / seconds
             );
-            for (thread, cpu) in threads.iter().take(8) {
+            for (thread, cpu, waited) in threads.iter().take(8) {
                 println!(
-                    "  thread {thread:<32} {cpu:>7.2} CPU s  {:>5.1}% of one core",
+                    "  thread {thread:<32} {cpu:>7.2} CPU s  {:>5.1}% of one core, waited {waited:>6.2} s for a CPU",
                     100.0 * cpu / seconds
+                );
+            }
+            if let Some(idle) = idle {
+                println!(
+                    "machine during the churn: {:.1}% of its CPU time idle",
+                    100.0 * idle
                 );
             }
             report["churn_server"] = json!({
                 "cpu_seconds": usage.cpu_seconds,
                 "cpu_share_of_one_core": usage.cpu_seconds / seconds,
-                "threads": threads.iter().map(|(t, s)| json!({"thread": t, "cpu_seconds": s})).collect::<Vec<_>>(),
+                "machine_idle_share": idle,
+                "threads": threads.iter().map(|(t, s, w)| json!({"thread": t, "cpu_seconds": s, "waited_for_cpu_seconds": w})).collect::<Vec<_>>(),
             });
         }
         Ok(report)

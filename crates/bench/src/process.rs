@@ -113,9 +113,18 @@ impl Sampler {
     }
 }
 
-/// CPU ticks (user + system) of every thread of these processes, summed by thread name
+/// What one thread (or the threads of one name) of a process has had so far: CPU ticks (user
+/// and system), and the time it was runnable but waited for a CPU (the scheduler's run-queue
+/// wait, from `/proc/PID/task/TID/schedstat`; 0 where the kernel does not keep it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadTime {
+    pub ticks: u64,
+    pub waited_ns: u64,
+}
+
+/// [`ThreadTime`] of every thread of these processes, summed by `pid/thread-name`
 /// (`/proc/PID/task/TID/stat`), so a run can say which part of a server used the CPU.
-pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, u64> {
+pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, ThreadTime> {
     let mut by_name = std::collections::BTreeMap::new();
     for pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -135,27 +144,75 @@ pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, u64> {
                 .and_then(|u| u.parse::<u64>().ok())
                 .zip(fields.get(12).and_then(|s| s.parse::<u64>().ok()))
                 .map_or(0, |(u, s)| u + s);
-            *by_name.entry(format!("{pid}/{name}")).or_insert(0) += ticks;
+            // schedstat: time on a CPU, time waiting on a run queue (ns), timeslices.
+            let waited_ns = std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let entry: &mut ThreadTime = by_name.entry(format!("{pid}/{name}")).or_default();
+            entry.ticks += ticks;
+            entry.waited_ns += waited_ns;
         }
     }
     by_name
 }
 
-/// CPU seconds per thread name between two [`thread_ticks`] samples, largest first.
+/// Per thread name between two [`thread_ticks`] samples: CPU seconds and seconds spent
+/// waiting for a CPU, largest CPU first.
 pub fn thread_seconds(
-    before: &std::collections::BTreeMap<String, u64>,
-    after: &std::collections::BTreeMap<String, u64>,
-) -> Vec<(String, f64)> {
-    let mut used: Vec<(String, f64)> = after
+    before: &std::collections::BTreeMap<String, ThreadTime>,
+    after: &std::collections::BTreeMap<String, ThreadTime>,
+) -> Vec<(String, f64, f64)> {
+    let mut used: Vec<(String, f64, f64)> = after
         .iter()
-        .map(|(name, ticks)| {
-            let was = before.get(name).copied().unwrap_or(0);
+        .map(|(name, now)| {
+            let was = before.get(name).copied().unwrap_or_default();
             (
                 name.clone(),
-                ticks.saturating_sub(was) as f64 / TICKS_PER_SECOND,
+                now.ticks.saturating_sub(was.ticks) as f64 / TICKS_PER_SECOND,
+                now.waited_ns.saturating_sub(was.waited_ns) as f64 / 1e9,
             )
         })
         .collect();
     used.sort_by(|a, b| b.1.total_cmp(&a.1));
     used
+}
+
+/// The machine's CPU time so far, in ticks of all CPUs: (idle, all), from `/proc/stat`.
+pub fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let all = ticks.iter().take(8).sum();
+    Some((ticks.get(3).copied()?, all))
+}
+
+/// The share of the machine's CPU time that was idle between two [`machine_ticks`] samples.
+pub fn idle_share(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let all = after.1.saturating_sub(before.1);
+    after.0.saturating_sub(before.0) as f64 / all.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_and_the_machine_are_read_from_proc() {
+        let pid = std::process::id();
+        let threads = thread_ticks(&[pid]);
+        assert!(
+            threads.keys().any(|name| name.starts_with(&format!("{pid}/"))),
+            "this process's threads: {threads:?}"
+        );
+        let (idle, all) = machine_ticks().expect("/proc/stat has a cpu line");
+        assert!(0 < all && idle <= all);
+        assert_eq!(idle_share((10, 100), (40, 200)), 0.3);
+        assert_eq!(idle_share((10, 100), (10, 100)), 0.0, "no time passed");
+    }
 }
