@@ -207,7 +207,9 @@ mod tests {
         let pid = std::process::id();
         let threads = thread_ticks(&[pid]);
         assert!(
-            threads.keys().any(|name| name.starts_with(&format!("{pid}/"))),
+            threads
+                .keys()
+                .any(|name| name.starts_with(&format!("{pid}/"))),
             "this process's threads: {threads:?}"
         );
         let (idle, all) = machine_ticks().expect("/proc/stat has a cpu line");
