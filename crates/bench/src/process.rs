@@ -26,8 +26,12 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
+    stat_ticks(stat.rsplit_once(')')?.1)
+}
+
+/// User + system ticks from what follows the `(comm)` of a `/proc/.../stat` line.
+fn stat_ticks(after_comm: &str) -> Option<u64> {
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
     // Fields 14 and 15 of /proc/PID/stat (utime, stime) are 11 and 12 after the comm.
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
@@ -138,12 +142,7 @@ pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, ThreadTi
                 continue;
             };
             let name = head.split_once('(').map_or("", |(_, n)| n);
-            let fields: Vec<&str> = tail.split_whitespace().collect();
-            let ticks = fields
-                .get(11)
-                .and_then(|u| u.parse::<u64>().ok())
-                .zip(fields.get(12).and_then(|s| s.parse::<u64>().ok()))
-                .map_or(0, |(u, s)| u + s);
+            let ticks = stat_ticks(tail).unwrap_or(0);
             // schedstat: time on a CPU, time waiting on a run queue (ns), timeslices.
             let waited_ns = std::fs::read_to_string(task.path().join("schedstat"))
                 .ok()

@@ -174,6 +174,13 @@ fn every_scenario_runs_and_cleans_up() {
     // The endpoints controller reports its CPU under its own thread name.
     let threads = report["churn_server"]["threads"].to_string();
     assert!(threads.contains("ep-controller"), "{churn}");
+    // Each thread's wait for a CPU, and the machine's idle share, are reported with it.
+    assert!(threads.contains("waited_for_cpu_seconds"), "{churn}");
+    let idle = report["churn_server"]["machine_idle_share"].as_f64();
+    assert!(
+        idle.is_some_and(|idle| (0.0..=1.0).contains(&idle)),
+        "{churn}"
+    );
     // Everything it created is gone: only the built-in Service is left.
     let kubeconfig = server.dir.path().join("data/kubeconfig");
     let out = Command::new("kubectl")
