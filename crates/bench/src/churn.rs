@@ -577,10 +577,13 @@ impl Bench {
                 usage.cpu_seconds,
                 100.0 * usage.cpu_seconds / seconds
             );
-            for (thread, cpu, waited) in threads.iter().take(8) {
+            for used in threads.iter().take(8) {
                 println!(
-                    "  thread {thread:<32} {cpu:>7.2} CPU s  {:>5.1}% of one core, waited {waited:>6.2} s for a CPU",
-                    100.0 * cpu / seconds
+                    "  thread {:<32} {:>7.2} CPU s  {:>5.1}% of one core, waited {:>6.2} s for a CPU",
+                    used.thread,
+                    used.cpu_seconds,
+                    100.0 * used.cpu_seconds / seconds,
+                    used.waited_seconds
                 );
             }
             if let Some(idle) = idle {
@@ -593,7 +596,11 @@ impl Bench {
                 "cpu_seconds": usage.cpu_seconds,
                 "cpu_share_of_one_core": usage.cpu_seconds / seconds,
                 "machine_idle_share": idle,
-                "threads": threads.iter().map(|(t, s, w)| json!({"thread": t, "cpu_seconds": s, "waited_for_cpu_seconds": w})).collect::<Vec<_>>(),
+                "threads": threads.iter().map(|used| json!({
+                    "thread": used.thread,
+                    "cpu_seconds": used.cpu_seconds,
+                    "waited_for_cpu_seconds": used.waited_seconds,
+                })).collect::<Vec<_>>(),
             });
         }
         Ok(report)

@@ -156,24 +156,34 @@ pub fn thread_ticks(pids: &[u32]) -> std::collections::BTreeMap<String, ThreadTi
     by_name
 }
 
-/// Per thread name between two [`thread_ticks`] samples: CPU seconds and seconds spent
-/// waiting for a CPU, largest CPU first.
+/// What the threads of one name used between two [`thread_ticks`] samples.
+#[derive(Debug, Clone)]
+pub struct ThreadUse {
+    /// `pid/thread-name`.
+    pub thread: String,
+    /// CPU seconds (user and system).
+    pub cpu_seconds: f64,
+    /// Seconds spent runnable, waiting for a CPU.
+    pub waited_seconds: f64,
+}
+
+/// [`ThreadUse`] per thread name between two [`thread_ticks`] samples, largest CPU first.
 pub fn thread_seconds(
     before: &std::collections::BTreeMap<String, ThreadTime>,
     after: &std::collections::BTreeMap<String, ThreadTime>,
-) -> Vec<(String, f64, f64)> {
-    let mut used: Vec<(String, f64, f64)> = after
+) -> Vec<ThreadUse> {
+    let mut used: Vec<ThreadUse> = after
         .iter()
         .map(|(name, now)| {
             let was = before.get(name).copied().unwrap_or_default();
-            (
-                name.clone(),
-                now.ticks.saturating_sub(was.ticks) as f64 / TICKS_PER_SECOND,
-                now.waited_ns.saturating_sub(was.waited_ns) as f64 / 1e9,
-            )
+            ThreadUse {
+                thread: name.clone(),
+                cpu_seconds: now.ticks.saturating_sub(was.ticks) as f64 / TICKS_PER_SECOND,
+                waited_seconds: now.waited_ns.saturating_sub(was.waited_ns) as f64 / 1e9,
+            }
         })
         .collect();
-    used.sort_by(|a, b| b.1.total_cmp(&a.1));
+    used.sort_by(|a, b| b.cpu_seconds.total_cmp(&a.cpu_seconds));
     used
 }
 
