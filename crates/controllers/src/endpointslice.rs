@@ -879,13 +879,7 @@ struct SliceState {
     in_flight: HashMap<String, Option<i64>>,
 }
 
-/// A slice's identity as its watch event tells it.
-#[derive(serde::Deserialize, Default)]
-struct SliceMeta {
-    #[serde(default)]
-    metadata: SliceMetaFields,
-}
-
+/// A slice's identity as its watch event's metadata tells it.
 #[derive(serde::Deserialize, Default)]
 struct SliceMetaFields {
     uid: Option<String>,
@@ -951,9 +945,9 @@ impl SliceWriter {
                 let (namespace, name) = (s.namespace().to_string(), s.name().to_string());
                 let ours = s.label(MANAGED_BY_LABEL) == Some(CONTROLLER_NAME);
                 let service = s.label(SERVICE_NAME_LABEL).map(str::to_string);
-                let meta = serde_json::from_slice::<SliceMeta>(object.raw_json())
-                    .unwrap_or_default()
-                    .metadata;
+                let meta = object
+                    .decode_metadata::<SliceMetaFields>()
+                    .unwrap_or_default();
                 let uid = meta.uid.unwrap_or_default();
                 let mut state = writer.state();
                 let mut wake = Vec::new();

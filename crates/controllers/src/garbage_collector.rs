@@ -235,9 +235,7 @@ impl GarbageCollector {
                     if let Some(listed) = listed.as_mut() {
                         listed.insert(key.clone());
                     }
-                    let meta = serde_json::from_slice::<Meta>(object.raw_json())
-                        .unwrap_or_default()
-                        .metadata;
+                    let meta = object.decode_metadata::<MetaFields>().unwrap_or_default();
                     self.observe(event, key, &meta)
                 }
                 WatchItem::Bookmark(_, true) => match listed.take() {

@@ -68,4 +68,36 @@ fn main() {
             std::hint::black_box(decode());
         });
     }
+    // What the garbage collector's and the EndpointSlice controller's watches read of each
+    // event: a few metadata fields, from the whole object or from its metadata member alone
+    // (`CachedObject::decode_metadata` over the stored bytes).
+    #[derive(serde::Deserialize, Default)]
+    struct Fields {
+        #[serde(rename = "uid")]
+        _uid: Option<String>,
+        #[serde(rename = "generation")]
+        _generation: Option<i64>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    struct Whole {
+        #[serde(default, rename = "metadata")]
+        _metadata: Fields,
+    }
+    let metadata = serde_json::to_vec(&stored["metadata"]).unwrap_or_default();
+    common::time(
+        "uid and generation, from the whole object",
+        "object",
+        iterations,
+        || {
+            std::hint::black_box(serde_json::from_slice::<Whole>(&json).unwrap_or_default());
+        },
+    );
+    common::time(
+        "uid and generation, from the metadata member",
+        "object",
+        iterations,
+        || {
+            std::hint::black_box(serde_json::from_slice::<Fields>(&metadata).unwrap_or_default());
+        },
+    );
 }

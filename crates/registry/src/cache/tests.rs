@@ -29,6 +29,20 @@ fn cache(events: usize) -> (tokio::sync::watch::Sender<i64>, super::WatchCache) 
     (global, cache)
 }
 
+/// `metadata` without its `resourceVersion`.
+fn without_version(metadata: &Value) -> Value {
+    let mut metadata = metadata.clone();
+    if let Some(members) = metadata.as_object_mut() {
+        members.remove("resourceVersion");
+    }
+    metadata
+}
+
+/// [`CachedObject::decode_metadata`] of the whole metadata, without its `resourceVersion`.
+fn metadata_without_version(object: &CachedObject) -> Value {
+    without_version(&object.decode_metadata::<Value>().expect("metadata decodes"))
+}
+
 /// The cached object served from the stored bytes equals the re-encoded one.
 fn same_as_reencoded(stored: &Value) {
     let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
@@ -54,6 +68,11 @@ fn same_as_reencoded(stored: &Value) {
     assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
     let metadata: Value = serde_json::from_slice(&a).expect("metadata is JSON");
     assert_eq!(metadata, cached.object()["metadata"]);
+    // What a reader decodes of the metadata alone (the stored bytes' metadata member, when
+    // they are held) is what the whole object has, `resourceVersion` aside.
+    for object in [&cached, &reencoded] {
+        assert_eq!(metadata_without_version(object), without_version(&metadata));
+    }
     let mut for_rules = Vec::new();
     cached.write_item_for_rules(&mut for_rules);
     let mut for_rules: Value = serde_json::from_slice(&for_rules).expect("item is JSON");
@@ -227,6 +246,12 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         );
         assert_eq!(cached.selectable.name(), expected["metadata"]["name"]);
         assert_eq!(cached.selectable.label("x"), None);
+        assert_eq!(
+            metadata_without_version(&cached),
+            without_version(&expected["metadata"]),
+            "{}",
+            String::from_utf8_lossy(text)
+        );
         // What is served is what was read, each member once.
         let served = String::from_utf8_lossy(&cached.typed_json("Service", "v1")).into_owned();
         for member in ["\"metadata\"", "\"spec\""] {
