@@ -70,7 +70,8 @@ fn main() {
     }
     // What the garbage collector's and the EndpointSlice controller's watches read of each
     // event: a few metadata fields, from the whole object or from its metadata member alone
-    // (`CachedObject::decode_metadata` over the stored bytes).
+    // (what `CachedObject::decode_metadata` reads of the stored bytes; here the member is
+    // encoded on its own, the same bytes).
     #[derive(serde::Deserialize, Default)]
     struct Fields {
         #[serde(rename = "uid")]

@@ -181,11 +181,11 @@ impl CachedObject {
         }
     }
 
-    /// Decodes what a reader needs of the object's `metadata` (a partial type such as one
-    /// with a few of its fields; `T::default()` when it has none). Only the metadata's own
-    /// bytes are read when the stored value is held, not the rest of the object: a 50-endpoint
-    /// EndpointSlice is 13 KB, its metadata a tenth of that. `resourceVersion` may be absent
-    /// (as in [`CachedObject::raw_json`]).
+    /// Decodes what a reader needs of the object's `metadata`, into a partial type such as one
+    /// with a few of its fields. When the stored value is held, only its `metadata` member is
+    /// read, not the rest of the object (a 50-endpoint EndpointSlice is 13 KB, its metadata a
+    /// tenth of that); `resourceVersion` is then absent, as in [`CachedObject::raw_json`].
+    /// A re-encoded object is read whole, with its `resourceVersion`.
     pub fn decode_metadata<T>(&self) -> Result<T, serde_json::Error>
     where
         T: serde::de::DeserializeOwned + Default,
@@ -202,6 +202,12 @@ impl CachedObject {
             }
             Json::Item(json) => serde_json::from_slice::<Of<T>>(json).map(|of| of.metadata),
         }
+    }
+
+    /// Whether the stored bytes themselves are held (not a re-encoded object).
+    #[cfg(test)]
+    pub(super) fn holds_stored_bytes(&self) -> bool {
+        matches!(self.json, Json::Stored(_))
     }
 
     /// The length of [`CachedObject::write_item`]'s output.

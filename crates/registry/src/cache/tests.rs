@@ -70,8 +70,23 @@ fn same_as_reencoded(stored: &Value) {
     assert_eq!(metadata, cached.object()["metadata"]);
     // What a reader decodes of the metadata alone (the stored bytes' metadata member, when
     // they are held) is what the whole object has, `resourceVersion` aside.
+    assert!(!reencoded.holds_stored_bytes());
     for object in [&cached, &reencoded] {
         assert_eq!(metadata_without_version(object), without_version(&metadata));
+        // A partial type, as the controllers' watches read: the fields they name, nothing else.
+        #[derive(serde::Deserialize, Default, PartialEq, Debug)]
+        struct Partial {
+            uid: Option<String>,
+            generation: Option<i64>,
+        }
+        let partial: Partial = object.decode_metadata().expect("metadata decodes");
+        assert_eq!(
+            partial,
+            Partial {
+                uid: metadata["uid"].as_str().map(String::from),
+                generation: metadata["generation"].as_i64(),
+            }
+        );
     }
     let mut for_rules = Vec::new();
     cached.write_item_for_rules(&mut for_rules);
@@ -182,6 +197,15 @@ fn stored_values_are_served_without_reencoding() {
         "metadata": {"name": "a", "namespace": "n", "annotations": {"x": "{\"y\":[1,\"}\"]}"}},
         "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}, "status": {"loadBalancer": {}}}));
     same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": {}, "spec": {}}));
+    // Held as stored (so a reader of the metadata reads that member alone), with the fields the
+    // controllers' watches read.
+    let shaped = json!({"kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": "a", "uid": "u-1", "generation": 3, "finalizers": ["f"]},
+        "spec": {"selector": {"a": "b"}}});
+    same_as_reencoded(&shaped);
+    let bytes = Bytes::from(serde_json::to_vec(&shaped).expect("encodes"));
+    let cached = CachedObject::decode("/k".into(), &bytes, 42, &projection()).expect("decodes");
+    assert!(cached.holds_stored_bytes());
     same_as_reencoded(
         &json!({"kind": "Service", "apiVersion": "v1", "spec": {"a": [true, null, 1.5e3]}, "metadata": {"name": "z\\\"q"}}),
     );
