@@ -12,11 +12,10 @@
 //! 2,000 writes per figure; `CAPSTAN_BENCH_ONLY=create|endpoints|slice` measures one figure, for
 //! profiles).
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use capstan_registry::{Subresource, WriteOptions};
-use std::cell::RefCell;
-
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
@@ -46,7 +45,7 @@ fn cpu_seconds(of: &str) -> f64 {
 }
 
 /// Runs `count` writes and prints CPU and wall time per write, unless `CAPSTAN_BENCH_ONLY`
-/// names another figure (`count` is then 0: the setup before each figure still runs).
+/// names another figure (then nothing is measured; the setup of each figure still runs).
 async fn measure<F: std::future::Future<Output = ()>>(
     (figure, label): (&str, &str),
     count: usize,

@@ -197,9 +197,7 @@ impl CachedObject {
             metadata: T,
         }
         match &self.json {
-            Json::Stored(stored) => {
-                serde_json::from_slice(&stored.bytes[stored.metadata_start..=stored.metadata_end])
-            }
+            Json::Stored(stored) => serde_json::from_slice(&stored.metadata()),
             Json::Item(json) => serde_json::from_slice::<Of<T>>(json).map(|of| of.metadata),
         }
     }
