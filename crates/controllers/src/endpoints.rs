@@ -779,11 +779,11 @@ impl EndpointsController {
                 name,
                 &options,
                 Subresource::Main,
-                |current: Endpoints| {
-                    Ok(if desired.unchanged(&current) {
-                        current
+                |current: &Endpoints| {
+                    Ok(if desired.unchanged(current) {
+                        current.clone()
                     } else {
-                        desired.applied_to(current)
+                        desired.applied_to(&current.metadata)
                     })
                 },
             )
@@ -791,15 +791,12 @@ impl EndpointsController {
         match written {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => {
-                let fresh = Endpoints {
-                    metadata: ObjectMeta {
-                        name: Some(name.to_string()),
-                        namespace: Some(namespace.to_string()),
-                        ..ObjectMeta::default()
-                    },
-                    subsets: None,
+                let fresh = ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    ..ObjectMeta::default()
                 };
-                let created = from_typed(&desired.applied_to(fresh));
+                let created = from_typed(&desired.applied_to(&fresh));
                 match self.endpoints.create(namespace, created, &options).await {
                     // A namespace being deleted takes no new objects: dropped, not retried
                     // (any other refusal is retried).
@@ -832,8 +829,13 @@ struct Desired {
 }
 
 impl Desired {
-    /// `current` with the desired labels, annotations and subsets.
-    fn applied_to(&self, mut endpoints: Endpoints) -> Endpoints {
+    /// The Endpoints of metadata `current` (the stored one's) with the desired labels,
+    /// annotations and subsets (the stored subsets are not copied, only replaced).
+    fn applied_to(&self, current: &ObjectMeta) -> Endpoints {
+        let mut endpoints = Endpoints {
+            metadata: current.clone(),
+            subsets: None,
+        };
         endpoints.metadata.labels = Some(self.labels.clone());
         let mut annotations = endpoints.metadata.annotations.take().unwrap_or_default();
         if self.truncated {

@@ -275,7 +275,8 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// metadata kept, [`Strategy::prepare_for_status_update`] and
     /// [`Strategy::validate_status_update`]. The new object is the one `view` holds (decoded
     /// by an earlier rule of the same write, or now), `old` is decoded once, and `object`
-    /// takes the changes once; returns the allocations and the validation errors.
+    /// takes the changes once ([`RulesView::finish`]: `view` is spent); returns the
+    /// allocations and the validation errors.
     async fn admit(
         &self,
         storage: &dyn Storage,
@@ -509,10 +510,10 @@ impl<S: Strategy> DynStrategy for S {
         match subresource {
             // A status update's object was put together from the stored one and the body's
             // status, in no particular order: it is written back whole, in its type's order.
-            Subresource::Status => view.sync_whole::<S::Object>(object),
+            Subresource::Status => view.finish_whole::<S::Object>(object),
             // Otherwise it is in its type's form already (decoded from a body, encoded from a
             // typed object, or normalized by defaulting), with status kept in place or last.
-            Subresource::Main | Subresource::Finalize => view.sync::<S::Object>(object),
+            Subresource::Main | Subresource::Finalize => view.finish::<S::Object>(object),
         }
         always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))

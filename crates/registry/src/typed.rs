@@ -250,13 +250,26 @@ impl RulesView {
         }
     }
 
+    /// [`RulesView::sync`] after the last rule: the view is dropped, so what the JSON now
+    /// has is not copied again (a copy of the whole object, for a slice most of a write's
+    /// allocations after its decode and encode).
+    pub fn finish<T: Object>(&mut self, object: &mut Value) {
+        if let Some(held) = self.held::<T>()
+            && held.current != held.synced
+        {
+            write_changes(object, &mut held.current, &held.synced);
+        }
+        self.forget();
+    }
+
     /// Writes the object back into `object` whole ([`write_back`]), as a `/status` update
-    /// does with an object put together from two.
-    pub fn sync_whole<T: Object>(&mut self, object: &mut Value) {
+    /// does with an object put together from two; after the last rule, as
+    /// [`RulesView::finish`].
+    pub fn finish_whole<T: Object>(&mut self, object: &mut Value) {
         if let Some(held) = self.held::<T>() {
             write_back(object, &held.current, held.synced.metadata());
-            held.synced = held.current.clone();
         }
+        self.forget();
     }
 }
 
@@ -617,7 +630,17 @@ mod tests {
         view.edit_meta(|m| m.uid = Some("u-1".into()));
         generation(view.typed::<Service>(&shared).expect("held"));
         let cloned = view.clone();
+        let (mut finished, mut last) = (view.clone(), shared.clone());
         view.sync::<Service>(&mut shared);
+        // The last sync writes the same, and spends the view: the next rule decodes again.
+        finished.finish::<Service>(&mut last);
+        assert_eq!(
+            serde_json::to_string(&last).ok(),
+            serde_json::to_string(&shared).ok()
+        );
+        assert!(finished.take_stored::<Service>().is_none());
+        let again = finished.typed::<Service>(&last).expect("decodes");
+        assert_eq!(again.metadata().generation, Some(1));
         assert_eq!(
             serde_json::to_string(&shared).ok(),
             serde_json::to_string(&one_by_one).ok()

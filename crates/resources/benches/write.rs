@@ -10,19 +10,21 @@
 //!
 //! `cargo bench -p capstan-resources --bench write` (env `CAPSTAN_BENCH_ITERATIONS`, default
 //! 2,000 writes per figure; `CAPSTAN_BENCH_ONLY=create|endpoints|slice` measures one figure, for
-//! profiles).
+//! profiles). `scripts/allocations-per-write` counts each figure's allocations per write, with
+//! the feature `bench-system-allocator`.
 
 use std::cell::RefCell;
 use std::time::Instant;
 
 use capstan_registry::{Subresource, WriteOptions};
-use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
+use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[cfg(not(feature = "bench-system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -186,14 +188,18 @@ fn main() {
                         &format!("svc-{service}"),
                         controller,
                         Subresource::Main,
-                        |mut current: Endpoints| {
-                            let (ready, not_ready) = (ready.clone(), not_ready.clone());
-                            if let Some(subset) = current.subsets.iter_mut().flatten().next() {
-                                subset.addresses = Some(ready).filter(|a| !a.is_empty());
-                                subset.not_ready_addresses =
-                                    Some(not_ready).filter(|a| !a.is_empty());
-                            }
-                            Ok(current)
+                        |current: &Endpoints| {
+                            // As the controller: the stored metadata, the computed subsets.
+                            let ports = current.subsets.iter().flatten().next();
+                            Ok(Endpoints {
+                                metadata: current.metadata.clone(),
+                                subsets: Some(vec![EndpointSubset {
+                                    addresses: Some(ready.clone()).filter(|a| !a.is_empty()),
+                                    not_ready_addresses: Some(not_ready.clone())
+                                        .filter(|a| !a.is_empty()),
+                                    ports: ports.and_then(|s| s.ports.clone()),
+                                }]),
+                            })
                         },
                     )
                     .await

@@ -23,7 +23,8 @@ async fn patch(
 ) -> Result<serde_json::Value, capstan_machinery::ApiError> {
     let options = controller();
     slices
-        .patch_typed("ns", "s", &options, Subresource::Main, |mut slice| {
+        .patch_typed("ns", "s", &options, Subresource::Main, |stored| {
+            let mut slice = EndpointSlice::clone(stored);
             change(&mut slice);
             Ok(slice)
         })

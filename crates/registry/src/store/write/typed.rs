@@ -24,16 +24,18 @@ impl Registry {
         .await
     }
 
-    /// [`Registry::patch`] whose `apply` changes the stored object as its type; the object
-    /// must exist. `apply` is given the object without its managedFields, which the registry
-    /// keeps itself (an update's entries come from the stored object, not from the new one).
+    /// [`Registry::patch`] whose `apply` makes the new object from the stored one, as its
+    /// type (borrowed: the rules keep it, and what `apply` replaces is not copied first); the
+    /// object must exist. `apply` is given the object without its managedFields, which the
+    /// registry keeps itself (an update's entries come from the stored object, not from the
+    /// new one).
     pub async fn patch_typed<T: Object>(
         &self,
         namespace: &str,
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        apply: impl Fn(T) -> Result<T, ApiError>,
+        apply: impl Fn(&T) -> Result<T, ApiError>,
     ) -> Result<Value, ApiError> {
         self.patch_with(
             (namespace, name),
@@ -42,7 +44,7 @@ impl Registry {
             Form::Normal,
             |current| {
                 let stored: T = for_rules(current).map_err(ApiError::internal)?;
-                let patched = apply(stored.clone())?;
+                let patched = apply(&stored)?;
                 let json = from_typed(&patched);
                 Ok((json, RulesView::of(patched).with_stored(stored)))
             },
