@@ -641,6 +641,12 @@ mod tests {
         assert!(finished.take_stored::<Service>().is_none());
         let again = finished.typed::<Service>(&last).expect("decodes");
         assert_eq!(again.metadata().generation, Some(1));
+        // Spent means decoded from the JSON as it is by then, not a copy held from before.
+        let mut spent = view.clone();
+        spent.finish::<Service>(&mut last);
+        meta::set_meta_str(&mut last, "uid", "u-2");
+        let decoded = spent.typed::<Service>(&last).expect("decodes");
+        assert_eq!(decoded.metadata().uid.as_deref(), Some("u-2"));
         assert_eq!(
             serde_json::to_string(&shared).ok(),
             serde_json::to_string(&one_by_one).ok()
