@@ -6,6 +6,7 @@
 //! from the [`cache::WatchCache`].
 
 pub mod cache;
+pub mod current;
 mod info;
 pub mod managed;
 mod store;

@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
+use crate::current::{Current, encodes_to};
 use crate::typed::{RulesView, for_rules, mutate, read};
 pub use crate::typed::{from_typed, to_typed};
 
@@ -281,7 +282,7 @@ pub trait DynStrategy: Send + Sync + 'static {
         &self,
         storage: &dyn Storage,
         (object, view): (&mut Value, &mut RulesView),
-        old: Option<&Value>,
+        old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<(WriteExtras, FieldErrors), ApiError>;
@@ -444,7 +445,7 @@ impl<S: Strategy> DynStrategy for S {
         &self,
         storage: &dyn Storage,
         (object, view): (&mut Value, &mut RulesView),
-        old: Option<&Value>,
+        old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<(WriteExtras, FieldErrors), ApiError> {
@@ -454,13 +455,13 @@ impl<S: Strategy> DynStrategy for S {
         // again when it changed anything.
         let given = match (old, subresource) {
             (Some(old), Subresource::Status) => {
-                keep_all_but_status(object, old);
+                keep_all_but_status(object, old.whole()?);
                 true
             }
             (Some(old), Subresource::Main | Subresource::Finalize)
                 if Strategy::info(self).has_status =>
             {
-                copy_field(object, old, "status")
+                copy_member(object, old, "status")?
             }
             _ => false,
         };
@@ -477,7 +478,7 @@ impl<S: Strategy> DynStrategy for S {
         };
         let old = match (stored, old) {
             (Some(stored), Some(_)) => Some(stored),
-            (_, old) => match old.map(for_rules::<S::Object>).transpose() {
+            (_, old) => match old.map(Current::typed::<S::Object>).transpose() {
                 Ok(old) => old,
                 Err(error) => return undecoded(error),
             },
@@ -626,6 +627,29 @@ impl<S: Strategy> DynStrategy for S {
             .map(|o| Strategy::cells(self, &o))
             .unwrap_or_default()
     }
+}
+
+/// [`copy_field`] from the stored object a write read: a member it holds as the new object's
+/// encodes is not decoded.
+fn copy_member(to: &mut Value, from: &Current<'_>, field: &str) -> Result<bool, ApiError> {
+    let Value::Object(map) = to else {
+        return Ok(false);
+    };
+    let Some(raw) = from.member(field) else {
+        return Ok(map.shift_remove(field).is_some());
+    };
+    if map.get(field).is_some_and(|value| encodes_to(value, raw)) {
+        return Ok(false);
+    }
+    let stored: Value = serde_json::from_str(raw.get())
+        .map_err(|_| ApiError::internal("undecodable stored object"))?;
+    Ok(match map.get(field) {
+        Some(value) if *value == stored => false,
+        _ => {
+            map.insert(field.to_string(), stored);
+            true
+        }
+    })
 }
 
 /// Copies `field` from `from` to `to` (removing it from `to` when `from` lacks it); whether

@@ -24,8 +24,10 @@ use capstan_machinery::schema::{Shape, shape};
 use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
+use crate::current::{Current, encodes_to, holds};
 use crate::{ResourceInfo, Subresource};
-pub use unchanged::same_ignoring_times;
+use capstan_machinery::ApiError;
+pub use unchanged::{same_ignoring_times, same_ignoring_times_current};
 
 mod apply;
 mod fields_v1;
@@ -496,10 +498,102 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
 /// Records an `Update` by `manager` on `new`, given the stored `old` object (None on create).
 pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
     let live = old.unwrap_or_else(|| tracking.zero());
-    let (changed, removed) = tracking
-        .filtered(compare(live, new, tracking.schema))
-        .changed_and_removed();
-    let mut entries = entries_of(old);
+    let comparison = compare(live, new, tracking.schema);
+    record(new, comparison, entries_of(old), manager, tracking);
+}
+
+/// [`record_update`] against the stored object a write read, compared member by member
+/// without decoding the members the new object left as they were.
+pub fn record_update_current(
+    new: &mut Value,
+    old: &Current<'_>,
+    manager: &str,
+    tracking: &Tracking,
+) -> Result<(), ApiError> {
+    let comparison = compare_current(old, new, tracking.schema)?;
+    record(
+        new,
+        comparison,
+        entries_of(Some(old.meta())),
+        manager,
+        tracking,
+    );
+    Ok(())
+}
+
+/// [`compare`] with the stored object as [`Current`] holds it: its metadata decoded, and each
+/// other member decoded only when the new object's does not encode to the same JSON.
+fn compare_current(
+    old: &Current<'_>,
+    new: &Value,
+    schema: Option<&'static Value>,
+) -> Result<Comparison, ApiError> {
+    if let Some(whole) = old.decoded() {
+        // Decoded already (for a patch): compared as it is.
+        return Ok(compare(whole, new, schema));
+    }
+    let node = shape_of(Some(new), schema);
+    let Some(fields) = new
+        .as_object()
+        .filter(|_| matches!(node, Shape::Struct(_) | Shape::Map(_)))
+    else {
+        return Ok(compare(old.whole()?, new, schema));
+    };
+    let mut out = Comparison::default();
+    let mut path = Vec::new();
+    let mut member = |key: &str, lhs: Option<&Value>, rhs: Option<&Value>, out: &mut Comparison| {
+        path.push(field_step(key));
+        compare_node(lhs, rhs, child_schema(&node, key), &mut path, out);
+        path.pop();
+    };
+    member(
+        "metadata",
+        old.meta().get("metadata"),
+        fields.get("metadata"),
+        &mut out,
+    );
+    for (key, raw) in old.members() {
+        let other = fields.get(key);
+        if other.is_some_and(|other| encodes_to(other, raw)) {
+            continue;
+        }
+        // An atomic member is a leaf: modified or removed as a whole, known without decoding.
+        // (What `shape_of` makes of it: its schema's shape, or without one, atomic unless an
+        // object.)
+        let atomic = match child_schema(&node, key) {
+            Some(schema) => matches!(shape(schema), Shape::Atomic),
+            None => !(raw.get().starts_with('{') || other.is_some_and(Value::is_object)),
+        };
+        if atomic {
+            match other {
+                None => out.removed.insert(vec![field_step(key)]),
+                Some(other) if !holds(raw, other) => out.modified.insert(vec![field_step(key)]),
+                Some(_) => false,
+            };
+            continue;
+        }
+        let stored: Value = serde_json::from_str(raw.get())
+            .map_err(|_| ApiError::internal("undecodable stored object"))?;
+        member(key, Some(&stored), other, &mut out);
+    }
+    for (key, value) in fields {
+        if key != "metadata" && old.member(key).is_none() {
+            member(key, None, Some(value), &mut out);
+        }
+    }
+    Ok(out)
+}
+
+/// Records the write's `comparison` of the stored object with `new` in `entries` (the stored
+/// object's), which become `new`'s managedFields.
+fn record(
+    new: &mut Value,
+    comparison: Comparison,
+    mut entries: Vec<Owner>,
+    manager: &str,
+    tracking: &Tracking,
+) {
+    let (changed, removed) = tracking.filtered(comparison).changed_and_removed();
     // Every other manager loses what this write changed or removed.
     for owner in entries.iter_mut() {
         if !is_entry_of(&owner.entry, manager, "Update", tracking) {

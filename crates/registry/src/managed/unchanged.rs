@@ -2,6 +2,8 @@
 
 use serde_json::Value;
 
+use crate::current::{Current, encodes_to, holds};
+
 /// Whether two maps hold the same keys (less `skip`) with values `same` calls equal.
 fn same_map(
     new: &serde_json::Map<String, Value>,
@@ -24,20 +26,47 @@ pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
     let (Some(new), Some(old)) = (new.as_object(), old.as_object()) else {
         return new == old;
     };
+    same_map(new, old, None, |key, new, old| match key {
+        "metadata" => same_metadata(new, old),
+        _ => new == old,
+    })
+}
+
+/// [`same_ignoring_times`] with the stored object as [`Current`] holds it: a member the new
+/// object's encodes to as stored is equal without decoding it.
+pub fn same_ignoring_times_current(new: &Value, old: &Current<'_>) -> bool {
+    if let Some(whole) = old.decoded() {
+        return same_ignoring_times(new, whole);
+    }
+    let Some(new) = new.as_object() else {
+        return false;
+    };
+    new.len() == old.len()
+        && new.iter().all(|(key, value)| match key.as_str() {
+            "metadata" => old
+                .meta()
+                .get("metadata")
+                .is_some_and(|stored| same_metadata(value, stored)),
+            _ => old
+                .member(key)
+                .is_some_and(|raw| encodes_to(value, raw) || holds(raw, value)),
+        })
+}
+
+/// Whether two `metadata` values are the same but for managedFields timestamps.
+fn same_metadata(new: &Value, old: &Value) -> bool {
+    let (Value::Object(new), Value::Object(old)) = (new, old) else {
+        return new == old;
+    };
     same_map(new, old, None, |key, new, old| match (key, new, old) {
-        ("metadata", Value::Object(new), Value::Object(old)) => {
-            same_map(new, old, None, |key, new, old| match (key, new, old) {
-                ("managedFields", Value::Array(new), Value::Array(old)) => {
-                    new.len() == old.len()
-                        && new.iter().zip(old).all(|pair| match pair {
-                            (Value::Object(new), Value::Object(old)) => {
-                                same_map(new, old, Some("time"), |_, new, old| new == old)
-                            }
-                            (new, old) => new == old,
-                        })
-                }
-                (_, new, old) => new == old,
-            })
+        ("managedFields", Value::Array(new), Value::Array(old)) => {
+            new.len() == old.len()
+                && new.iter().zip(old).all(|pair| match pair {
+                    (Value::Object(new), Value::Object(old)) => {
+                        same_map(new, old, Some("time"), |_, new, old| new == old)
+                    }
+                    (new, old) => new == old,
+                })
         }
         (_, new, old) => new == old,
     })

@@ -216,11 +216,7 @@ impl Registry {
     }
 
     fn decode(&self, kv: &KeyValue) -> Result<Value, ApiError> {
-        let mut object: Value = serde_json::from_slice(&kv.value)
-            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
-        meta::strip_type_meta(&mut object);
-        meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
-        Ok(object)
+        crate::current::decode(kv)
     }
 
     fn encode(&self, object: &Value) -> Bytes {

@@ -2,6 +2,7 @@
 //! they share.
 
 use super::*;
+use crate::current::Current;
 use crate::typed::RulesView;
 
 mod create;
@@ -190,7 +191,7 @@ impl Registry {
         pinned: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Value>) -> Result<(Value, RulesView), ApiError>,
+        compute: impl Fn(Option<&Current<'_>>) -> Result<(Value, RulesView), ApiError>,
     ) -> Result<(Value, bool), ApiError> {
         let unpinned = pinned.is_empty();
         let allowed = self.strategy.info().allow_unconditional_update;
@@ -228,7 +229,11 @@ impl Registry {
         let info = self.strategy.info();
         let api_version = info.api_version();
         self.patch_with((namespace, name), options, subresource, form, |current| {
-            let patched = apply(&meta::with_type_meta(current, &api_version, info.kind))?;
+            let patched = apply(&meta::with_type_meta(
+                current.whole()?,
+                &api_version,
+                info.kind,
+            ))?;
             Ok((patched, RulesView::default()))
         })
         .await
@@ -243,9 +248,9 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         form: Form,
-        patch: impl Fn(&Value) -> Result<(Value, RulesView), ApiError>,
+        patch: impl Fn(&Current<'_>) -> Result<(Value, RulesView), ApiError>,
     ) -> Result<Value, ApiError> {
-        let compute = |current: Option<&Value>| {
+        let compute = |current: Option<&Current<'_>>| {
             let Some(current) = current else {
                 return Err(self.not_found(name));
             };
@@ -254,7 +259,7 @@ impl Registry {
                 meta::set_meta_str(
                     &mut patched,
                     "resourceVersion",
-                    meta::resource_version(current),
+                    meta::resource_version(current.meta()),
                 );
             }
             Ok((patched, view))
@@ -328,7 +333,8 @@ impl Registry {
             }
             error
         };
-        let merge = |live: Option<&Value>| {
+        let merge = |live: Option<&Current<'_>>| {
+            let live = live.map(Current::whole).transpose()?;
             let mut object =
                 crate::managed::apply(live, &config, &options.field_manager, &tracking, force)
                     .map_err(conflicts)?;
@@ -355,7 +361,7 @@ impl Registry {
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Value>) -> Result<(Value, RulesView), ApiError>,
+        compute: impl Fn(Option<&Current<'_>>) -> Result<(Value, RulesView), ApiError>,
         (form, on_conflict): (Form, OnConflict),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
@@ -380,7 +386,8 @@ impl Registry {
                 }
                 return Ok((self.create(namespace, new, options).await?, true));
             };
-            let old = self.decode(&kv)?;
+            // The stored object, decoded as far as this write reads it.
+            let old = Current::read(&kv)?;
             let (mut new, mut view) = compute(Some(&old))?;
             if !new.is_object() {
                 return Err(ApiError::bad_request(
@@ -392,7 +399,7 @@ impl Registry {
                 return Err(ApiError::modified(info.group_resource(), name));
             }
             let sent_uid = meta::meta_str(&new, "uid").to_string();
-            let old_uid = meta::meta_str(&old, "uid").to_string();
+            let old_uid = meta::meta_str(old.meta(), "uid").to_string();
             if !sent_uid.is_empty() && sent_uid != old_uid {
                 return Err(ApiError::conflict(
                     info.group_resource(),
@@ -417,7 +424,9 @@ impl Registry {
                 "deletionTimestamp",
                 "deletionGracePeriodSeconds",
             ] {
-                let kept = meta::metadata(&old).and_then(|m| m.get(field)).cloned();
+                let kept = meta::metadata(old.meta())
+                    .and_then(|m| m.get(field))
+                    .cloned();
                 let sent = meta::metadata(&new).and_then(|m| m.get(field)).is_some();
                 match kept {
                     Some(value) if field != "deletionGracePeriodSeconds" || !sent => {
@@ -440,12 +449,12 @@ impl Registry {
                 Form::Any => self.strategy.default(&mut new),
             }
             if !options.applied {
-                crate::managed::record_update(
+                crate::managed::record_update_current(
                     &mut new,
-                    Some(&old),
+                    &old,
                     &options.field_manager,
                     &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
-                );
+                )?;
             }
             let (extras, invalid) = self
                 .strategy
@@ -458,21 +467,21 @@ impl Registry {
                 )
                 .await?;
             let mut errors = FieldErrors::new();
-            self.validate_meta_update(&new, &old, subresource, &mut errors);
+            self.validate_meta_update(&new, old.meta(), subresource, &mut errors);
             errors.extend(invalid);
             if !errors.is_empty() {
                 return Err(self.invalid(name, &errors));
             }
             meta::set_meta_str(&mut new, "resourceVersion", &kv.mod_revision.to_string());
-            if crate::managed::same_ignoring_times(&new, &old) {
-                return Ok((old, false));
+            if crate::managed::same_ignoring_times_current(&new, &old) {
+                return Ok((old.into_whole()?, false));
             }
             // Upstream's ShouldDeleteDuringUpdate: an update that leaves a deleted object
             // without finalizers deletes it, unless its grace period is still running or the
             // kind holds it otherwise (a Namespace until its spec.finalizers are gone).
-            let finalized = !meta::meta_str(&old, "deletionTimestamp").is_empty()
+            let finalized = !meta::meta_str(old.meta(), "deletionTimestamp").is_empty()
                 && meta::finalizers(&new).is_empty()
-                && meta::metadata(&old)
+                && meta::metadata(old.meta())
                     .and_then(|m| m.get("deletionGracePeriodSeconds"))
                     .and_then(Value::as_i64)
                     .is_none_or(|grace| grace == 0)
@@ -487,7 +496,7 @@ impl Registry {
             let txn = if finalized {
                 // The last finalizer is gone: the update deletes the object.
                 let mut txn = Txn::new().when(unchanged).then(Op::Delete(key.clone()));
-                let released = self.strategy.release(&old);
+                let released = self.strategy.release(old.whole()?);
                 txn.compares
                     .extend(extras.compares.into_iter().chain(released.compares));
                 txn.ops.extend(released.ops);

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::strategy::Object;
-use crate::typed::{RulesView, for_rules, from_typed};
+use crate::typed::{RulesView, from_typed};
 
 impl Registry {
     /// [`Registry::update`] of a typed object (pinned to its `resourceVersion` when it has one).
@@ -43,7 +43,7 @@ impl Registry {
             subresource,
             Form::Normal,
             |current| {
-                let stored: T = for_rules(current).map_err(ApiError::internal)?;
+                let stored: T = current.typed().map_err(ApiError::internal)?;
                 let patched = apply(&stored)?;
                 let json = from_typed(&patched);
                 Ok((json, RulesView::of(patched).with_stored(stored)))
