@@ -17,7 +17,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::strategy::Object;
-use crate::typed::{Key, from_json_without_managed_fields};
+use crate::typed::{Key, for_rules, from_json_without_managed_fields};
 
 /// The stored object a write read (see the module's doc).
 pub struct Current<'a> {
@@ -118,9 +118,12 @@ impl<'a> Current<'a> {
         }
     }
 
-    /// The stored object as its kind's type, as a rule sees it (no managedFields), decoded
-    /// straight from the stored JSON.
+    /// The stored object as its kind's type, as a rule sees it (no managedFields): from the
+    /// whole object when something decoded it already, otherwise straight from the stored JSON.
     pub fn typed<T: Object>(&self) -> Result<T, String> {
+        if let Some(whole) = self.whole.get() {
+            return for_rules(whole);
+        }
         let mut typed: T = from_json_without_managed_fields(&self.kv.value)?;
         typed.metadata_mut().resource_version = Some(self.kv.mod_revision.to_string());
         Ok(typed)
@@ -303,7 +306,7 @@ mod tests {
 
     #[test]
     fn the_parts_are_the_decoded_objects_parts() {
-        let stored = json!({"kind": "Thing", "apiVersion": "v1", "metadata": {"name": "a", "labels": {"x": "y"}}, "spec": {"b": [1, 2]}, "status": {}});
+        let stored = json!({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "a", "labels": {"x": "y"}, "managedFields": [{"manager": "m"}]}, "data": {"b": "c"}, "binaryData": {}});
         let kv = kv(&stored);
         let current = Current::read(&kv).expect("reads");
         let whole = decode(&kv).expect("decodes");
@@ -315,10 +318,19 @@ mod tests {
             .collect();
         assert_eq!(
             members,
-            vec![("spec", json!({"b": [1, 2]})), ("status", json!({}))]
+            vec![("data", json!({"b": "c"})), ("binaryData", json!({}))]
         );
         assert_eq!(current.len(), whole.as_object().map_or(0, |m| m.len()));
+        let typed = |current: &Current| {
+            current
+                .typed::<k8s_openapi::api::core::v1::ConfigMap>()
+                .expect("a ConfigMap")
+        };
+        let read = typed(&current);
+        assert_eq!(read.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(read.metadata.labels.as_ref().map(|l| l.len()), Some(1));
         assert_eq!(current.whole().expect("decodes"), &whole);
+        assert_eq!(typed(&current), read);
         assert_eq!(current.into_whole().expect("decodes"), whole);
     }
 
