@@ -118,6 +118,21 @@ impl<'a> Current<'a> {
         }
     }
 
+    /// One member as stored (see [`Current::member`]), decoded.
+    pub fn decode_member(&self, raw: &RawValue) -> Result<Value, ApiError> {
+        serde_json::from_str(raw.get()).map_err(|_| self.undecodable())
+    }
+
+    /// [`holds`] of one member as stored: a 500 when it does not decode, as when the whole
+    /// object did not.
+    pub fn holds(&self, raw: &RawValue, value: &Value) -> Result<bool, ApiError> {
+        holds(raw, value).map_err(|_| self.undecodable())
+    }
+
+    fn undecodable(&self) -> ApiError {
+        ApiError::internal(format!("undecodable object at {}", self.kv.key))
+    }
+
     /// The stored object as its kind's type, as a rule sees it (no managedFields): from the
     /// whole object when something decoded it already, otherwise straight from the stored JSON.
     pub fn typed<T: Object>(&self) -> Result<T, String> {
@@ -173,10 +188,16 @@ pub(crate) fn encodes_to(value: &Value, raw: &RawValue) -> bool {
 
 /// Whether the JSON `raw` holds is `value` (as decoding it would find, whatever the order of
 /// its members), compared as it is read: nothing is built, and reading stops at the first
-/// difference. [`encodes_to`] first is cheaper when they are usually the same JSON.
-pub(crate) fn holds(raw: &RawValue, value: &Value) -> bool {
+/// difference. [`encodes_to`] first is cheaper when they are usually the same JSON. An error
+/// when `raw` does not decode (as decoding it would refuse it).
+pub(crate) fn holds(raw: &RawValue, value: &Value) -> Result<bool, serde_json::Error> {
     let mut json = serde_json::Deserializer::from_str(raw.get());
-    Equal(value).deserialize(&mut json).is_ok() && json.end().is_ok()
+    match Equal(value).deserialize(&mut json) {
+        Ok(()) => json.end().map(|()| true),
+        // The first difference (`Equal`'s own error), not a fault of the JSON.
+        Err(error) if error.is_data() => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// Reads a JSON value, failing at the first difference from the value it holds.
@@ -256,16 +277,59 @@ impl<'de> Visitor<'de> for Equal<'_> {
         let Value::Object(members) = self.0 else {
             return Self::check(false);
         };
-        let mut read = 0;
+        // Which of `members` were read: a repeated member is not read twice (a JSON tree
+        // keeps its last value; such JSON counts as different, which costs a write at worst).
+        let mut seen = Seen::of(members.len());
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            let Some(value) = members.get(key.as_ref()) else {
+            let Some((at, value)) = members
+                .iter()
+                .enumerate()
+                .find_map(|(at, (k, v))| (*k == key).then_some((at, v)))
+            else {
                 return Self::check(false);
             };
+            if seen.again(at) {
+                return Self::check(false);
+            }
             map.next_value_seed(Equal(value))?;
-            read += 1;
         }
-        // A repeated member is counted twice: not equal, which costs a write at worst.
-        Self::check(read == members.len())
+        Self::check(seen.all())
+    }
+}
+
+/// Which members of an object were read: bits for up to 64 (every object of these kinds),
+/// without allocating.
+enum Seen {
+    Bits(u64, usize),
+    Flags(Vec<bool>),
+}
+
+impl Seen {
+    fn of(len: usize) -> Self {
+        if len <= 64 {
+            Seen::Bits(0, len)
+        } else {
+            Seen::Flags(vec![false; len])
+        }
+    }
+
+    /// Marks member `at` read; whether it was already.
+    fn again(&mut self, at: usize) -> bool {
+        match self {
+            Seen::Bits(bits, _) => {
+                let before = *bits & (1 << at) != 0;
+                *bits |= 1 << at;
+                before
+            }
+            Seen::Flags(flags) => std::mem::replace(&mut flags[at], true),
+        }
+    }
+
+    fn all(&self) -> bool {
+        match self {
+            Seen::Bits(bits, len) => bits.count_ones() as usize == *len,
+            Seen::Flags(flags) => flags.iter().all(|read| *read),
+        }
     }
 }
 
@@ -377,12 +441,33 @@ mod tests {
                 let value: Value = serde_json::from_str(other).expect("decodes");
                 let decoded: Value = serde_json::from_str(text).expect("decodes");
                 assert_eq!(
-                    holds(&raw, &value),
+                    holds(&raw, &value).expect("decodes"),
                     decoded == value,
                     "{text} against {other}"
                 );
             }
         }
+    }
+
+    #[test]
+    fn repeated_members_and_undecodable_json_are_not_held() {
+        let raw = |text: &str| RawValue::from_string(text.to_string()).expect("raw");
+        // A repeated member does not stand in for a missing one.
+        assert!(!holds(&raw(r#"{"a":1,"a":1}"#), &json!({"a": 1, "b": 2})).expect("decodes"));
+        assert!(!holds(&raw(r#"{"a":1,"a":1}"#), &json!({"a": 1})).expect("decodes"));
+        // Objects of more members than a word has bits.
+        let wide: serde_json::Map<String, Value> =
+            (0..70).map(|i| (format!("k{i}"), json!(i))).collect();
+        let text = serde_json::to_string(&wide).expect("encodes");
+        assert!(holds(&raw(&text), &Value::Object(wide.clone())).expect("decodes"));
+        let mut fewer = wide.clone();
+        fewer.remove("k69");
+        assert!(!holds(&raw(&text), &Value::Object(fewer)).expect("decodes"));
+        let repeated = text.replace(r#""k69":69"#, r#""k0":0"#);
+        assert!(!holds(&raw(&repeated), &Value::Object(wide)).expect("decodes"));
+        // JSON a decoder refuses is an error, not a difference.
+        assert!(holds(&raw(r#"[1e400]"#), &json!([1])).is_err());
+        assert!(holds(&raw(r#"["\ud800"]"#), &json!(["x"])).is_err());
     }
 
     #[test]

@@ -641,8 +641,7 @@ fn copy_member(to: &mut Value, from: &Current<'_>, field: &str) -> Result<bool, 
     if map.get(field).is_some_and(|value| encodes_to(value, raw)) {
         return Ok(false);
     }
-    let stored: Value = serde_json::from_str(raw.get())
-        .map_err(|_| ApiError::internal("undecodable stored object"))?;
+    let stored = from.decode_member(raw)?;
     Ok(match map.get(field) {
         Some(value) if *value == stored => false,
         _ => {

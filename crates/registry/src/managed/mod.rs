@@ -24,7 +24,7 @@ use capstan_machinery::schema::{Shape, shape};
 use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
-use crate::current::{Current, encodes_to, holds};
+use crate::current::{Current, encodes_to};
 use crate::{ResourceInfo, Subresource};
 use capstan_machinery::ApiError;
 pub use unchanged::{same_ignoring_times, same_ignoring_times_current};
@@ -567,14 +567,14 @@ fn compare_current(
         if atomic {
             match other {
                 None => out.removed.insert(vec![field_step(key)]),
-                Some(other) if !holds(raw, other) => out.modified.insert(vec![field_step(key)]),
+                Some(other) if !old.holds(raw, other)? => {
+                    out.modified.insert(vec![field_step(key)])
+                }
                 Some(_) => false,
             };
             continue;
         }
-        let stored: Value = serde_json::from_str(raw.get())
-            .map_err(|_| ApiError::internal("undecodable stored object"))?;
-        member(key, Some(&stored), other, &mut out);
+        member(key, Some(&old.decode_member(raw)?), other, &mut out);
     }
     for (key, value) in fields {
         if key != "metadata" && old.member(key).is_none() {

@@ -49,7 +49,7 @@ pub fn same_ignoring_times_current(new: &Value, old: &Current<'_>) -> bool {
                 .is_some_and(|stored| same_metadata(value, stored)),
             _ => old
                 .member(key)
-                .is_some_and(|raw| encodes_to(value, raw) || holds(raw, value)),
+                .is_some_and(|raw| encodes_to(value, raw) || holds(raw, value).unwrap_or(false)),
         })
 }
 
