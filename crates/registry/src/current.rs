@@ -33,7 +33,7 @@ impl<'a> Current<'a> {
     /// Reads a stored value's members and decodes its metadata (a 500 when it is not a JSON
     /// object).
     pub(crate) fn read(kv: &'a KeyValue) -> Result<Self, ApiError> {
-        let undecodable = || ApiError::internal(format!("undecodable object at {}", kv.key));
+        let undecodable = || undecodable(kv);
         let mut json = serde_json::Deserializer::from_slice(&kv.value);
         let all = json.deserialize_map(Members).map_err(|_| undecodable())?;
         json.end().map_err(|_| undecodable())?;
@@ -86,13 +86,8 @@ impl<'a> Current<'a> {
     }
 
     /// How many members the stored object has as a JSON tree (`metadata` always among them).
-    pub fn len(&self) -> usize {
+    pub fn member_count(&self) -> usize {
         self.members.len() + 1
-    }
-
-    /// Never: a stored object always has `metadata`.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// The whole stored object as JSON, without `kind` and `apiVersion` and with its
@@ -120,17 +115,13 @@ impl<'a> Current<'a> {
 
     /// One member as stored (see [`Current::member`]), decoded.
     pub fn decode_member(&self, raw: &RawValue) -> Result<Value, ApiError> {
-        serde_json::from_str(raw.get()).map_err(|_| self.undecodable())
+        serde_json::from_str(raw.get()).map_err(|_| undecodable(self.kv))
     }
 
     /// [`holds`] of one member as stored: a 500 when it does not decode, as when the whole
     /// object did not.
     pub fn holds(&self, raw: &RawValue, value: &Value) -> Result<bool, ApiError> {
-        holds(raw, value).map_err(|_| self.undecodable())
-    }
-
-    fn undecodable(&self) -> ApiError {
-        ApiError::internal(format!("undecodable object at {}", self.kv.key))
+        holds(raw, value).map_err(|_| undecodable(self.kv))
     }
 
     /// The stored object as its kind's type, as a rule sees it (no managedFields): from the
@@ -147,43 +138,34 @@ impl<'a> Current<'a> {
 
 /// A stored value as JSON: without `kind` and `apiVersion`, with its `resourceVersion`.
 pub(crate) fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
-    let mut object: Value = serde_json::from_slice(&kv.value)
-        .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+    let mut object: Value = serde_json::from_slice(&kv.value).map_err(|_| undecodable(kv))?;
     meta::strip_type_meta(&mut object);
     meta::set_meta_str(&mut object, "resourceVersion", &kv.mod_revision.to_string());
     Ok(object)
 }
 
+/// A stored value that does not decode: a 500 naming its key.
+fn undecodable(kv: &KeyValue) -> ApiError {
+    ApiError::internal(format!("undecodable object at {}", kv.key))
+}
+
 /// Whether `value` encodes to exactly the JSON `raw` holds (then they are equal; JSON that
 /// differs only in member order or spacing is not, and needs decoding to compare).
 pub(crate) fn encodes_to(value: &Value, raw: &RawValue) -> bool {
-    struct Against<'b> {
-        expected: &'b [u8],
-        same: bool,
-    }
+    /// The JSON not yet matched; a write that differs fails, which stops the encoder.
+    struct Against<'b>(&'b [u8]);
     impl std::io::Write for Against<'_> {
         fn write(&mut self, written: &[u8]) -> std::io::Result<usize> {
-            match self.expected.strip_prefix(written) {
-                Some(rest) if self.same => self.expected = rest,
-                _ => {
-                    self.same = false;
-                    // Stops the encoder: nothing after the first difference matters.
-                    return Err(std::io::Error::other("differs"));
-                }
-            }
+            let rest = self.0.strip_prefix(written);
+            self.0 = rest.ok_or_else(|| std::io::Error::other("differs"))?;
             Ok(written.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut against = Against {
-        expected: raw.get().as_bytes(),
-        same: true,
-    };
-    serde_json::to_writer(&mut against, value).is_ok()
-        && against.same
-        && against.expected.is_empty()
+    let mut against = Against(raw.get().as_bytes());
+    serde_json::to_writer(&mut against, value).is_ok() && against.0.is_empty()
 }
 
 /// Whether the JSON `raw` holds is `value` (as decoding it would find, whatever the order of
@@ -384,7 +366,10 @@ mod tests {
             members,
             vec![("data", json!({"b": "c"})), ("binaryData", json!({}))]
         );
-        assert_eq!(current.len(), whole.as_object().map_or(0, |m| m.len()));
+        assert_eq!(
+            current.member_count(),
+            whole.as_object().map_or(0, |m| m.len())
+        );
         let typed = |current: &Current| {
             current
                 .typed::<k8s_openapi::api::core::v1::ConfigMap>()

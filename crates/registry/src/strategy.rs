@@ -632,32 +632,28 @@ impl<S: Strategy> DynStrategy for S {
 /// [`copy_field`] from the stored object a write read: a member it holds as the new object's
 /// encodes is not decoded.
 fn copy_member(to: &mut Value, from: &Current<'_>, field: &str) -> Result<bool, ApiError> {
-    let Value::Object(map) = to else {
-        return Ok(false);
-    };
-    let Some(raw) = from.member(field) else {
-        return Ok(map.shift_remove(field).is_some());
-    };
-    if map.get(field).is_some_and(|value| encodes_to(value, raw)) {
+    let raw = from.member(field);
+    if let (Some(raw), Some(value)) = (raw, to.get(field))
+        && encodes_to(value, raw)
+    {
         return Ok(false);
     }
-    let stored = from.decode_member(raw)?;
-    Ok(match map.get(field) {
-        Some(value) if *value == stored => false,
-        _ => {
-            map.insert(field.to_string(), stored);
-            true
-        }
-    })
+    let stored = raw.map(|raw| from.decode_member(raw)).transpose()?;
+    Ok(set_field(to, field, stored.as_ref()))
 }
 
 /// Copies `field` from `from` to `to` (removing it from `to` when `from` lacks it); whether
 /// that changed `to`.
 pub fn copy_field(to: &mut Value, from: &Value, field: &str) -> bool {
+    set_field(to, field, from.get(field))
+}
+
+/// Sets `field` of `to` to `value` (removing it for none); whether that changed `to`.
+fn set_field(to: &mut Value, field: &str, value: Option<&Value>) -> bool {
     let Value::Object(map) = to else {
         return false;
     };
-    match from.get(field) {
+    match value {
         Some(value) if map.get(field) != Some(value) => {
             map.insert(field.to_string(), value.clone());
             true

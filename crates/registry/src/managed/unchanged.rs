@@ -41,7 +41,7 @@ pub fn same_ignoring_times_current(new: &Value, old: &Current<'_>) -> bool {
     let Some(new) = new.as_object() else {
         return false;
     };
-    new.len() == old.len()
+    new.len() == old.member_count()
         && new.iter().all(|(key, value)| match key.as_str() {
             "metadata" => old
                 .meta()
