@@ -731,9 +731,11 @@ impl EndpointsController {
         };
         let spec = service.spec.clone().unwrap_or_default();
         let (subsets, truncated) = build_subsets(&spec, name, &pods);
+        let build = || build_subsets(&spec, name, &pods).0;
         let desired = Desired {
             labels: desired_labels(&service, &spec),
-            subsets,
+            subsets: std::sync::Mutex::new(Some(subsets)),
+            build: &build,
             truncated,
             trigger: Self::trigger_time(&self.triggers, &key, &service, &pods),
         };
@@ -766,7 +768,12 @@ impl EndpointsController {
 
     /// Writes the desired Endpoints: patched over the stored ones (read once, inside the
     /// registry's write, which retries on a concurrent change), or created.
-    async fn write(&self, namespace: &str, name: &str, desired: &Desired) -> Result<(), SyncError> {
+    async fn write(
+        &self,
+        namespace: &str,
+        name: &str,
+        desired: &Desired<'_>,
+    ) -> Result<(), SyncError> {
         let options = WriteOptions {
             dry_run: false,
             field_manager: MANAGER.into(),
@@ -821,14 +828,17 @@ fn desired_labels(service: &Service, spec: &ServiceSpec) -> Labels {
 }
 
 /// What a sync wants the Endpoints to hold.
-struct Desired {
+struct Desired<'a> {
     labels: Labels,
-    subsets: Vec<EndpointSubset>,
+    /// Moved into the Endpoints the first write attempt makes (not copied: 50 addresses are
+    /// hundreds of allocations); an attempt after that builds them again.
+    subsets: std::sync::Mutex<Option<Vec<EndpointSubset>>>,
+    build: &'a (dyn Fn() -> Vec<EndpointSubset> + Send + Sync),
     truncated: bool,
     trigger: String,
 }
 
-impl Desired {
+impl Desired<'_> {
     /// The Endpoints of metadata `current` (the stored one's) with the desired labels,
     /// annotations and subsets (the stored subsets are not copied, only replaced).
     fn applied_to(&self, current: &ObjectMeta) -> Endpoints {
@@ -849,8 +859,13 @@ impl Desired {
             annotations.insert(TRIGGER_TIME.into(), self.trigger.clone());
         }
         endpoints.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
-        endpoints.subsets = (!self.subsets.is_empty()).then(|| self.subsets.clone());
+        let subsets = self.held().take().unwrap_or_else(self.build);
+        endpoints.subsets = (!subsets.is_empty()).then_some(subsets);
         endpoints
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Vec<EndpointSubset>>> {
+        self.subsets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Nothing to write when subsets and labels already match and nothing is
@@ -867,7 +882,8 @@ impl Desired {
         current_labels.contains_key(MANAGED_BY)
             && !self.truncated
             && annotations.is_none_or(|a| !a.contains_key(OVER_CAPACITY))
-            && current.subsets.as_deref().unwrap_or_default() == self.subsets.as_slice()
+            && current.subsets.as_deref().unwrap_or_default()
+                == self.held().get_or_insert_with(self.build).as_slice()
             && without_headless(&current_labels) == without_headless(&self.labels)
     }
 }

@@ -40,6 +40,9 @@ pub(crate) struct Plan {
     /// The Service's address types, each written on its own; slices of any other type are
     /// among the deletes.
     pub address_types: Vec<&'static str>,
+    /// Of the updates, the slices as read (at the `resourceVersion` each holds), kept for the
+    /// write: when still stored, its rules take them instead of decoding the stored JSON.
+    pub read: Vec<EndpointSlice>,
 }
 
 /// What the reconciler reads.
@@ -383,9 +386,13 @@ fn reconcile_type(
     for mut slice in existing {
         if owned_by(&slice, service) {
             // Upstream's NewPortMapKey sorts the slice's own ports as it keys them: a slice
-            // written again goes out with its ports in that order.
-            if let Some(ports) = slice.ports.as_mut() {
+            // written again goes out with its ports in that order. (One whose ports this
+            // reorders is no longer the slice as read.)
+            if let Some(ports) = slice.ports.as_mut()
+                && !ports.is_sorted_by_key(crate::gohash::slice_port_order)
+            {
                 ports.sort_by_cached_key(crate::gohash::slice_port_order);
+                slice.metadata.resource_version = None;
             }
             existing_by_ports
                 .entry(port_key(slice.ports.as_deref().unwrap_or_default()))
@@ -437,6 +444,7 @@ fn reconcile_type(
         updates.extend(planned.updates);
         deletes.extend(planned.deletes);
         unchanged.extend(planned.unchanged);
+        plan.read.extend(planned.read);
     }
     deletes.extend(existing_by_ports.into_values().flatten());
     // The placeholder: when everything of this type would go and nothing come.
@@ -493,6 +501,7 @@ fn by_port_mapping(
     let mut slices: Vec<EndpointSlice> = Vec::new();
     // Per slice: 0 unchanged, 1 to update, 2 to delete.
     let mut state: Vec<u8> = Vec::new();
+    let mut read = Vec::new();
     for slice in existing {
         let mut kept = Vec::new();
         let mut updated = false;
@@ -512,7 +521,16 @@ fn by_port_mapping(
         };
         let mut next = slice;
         if decision == 1 {
-            next.endpoints = Some(kept);
+            let endpoints = next.endpoints.replace(kept);
+            if next.metadata.resource_version.is_some() {
+                // The slice as read, for the write (its endpoints are not copied: moved).
+                read.push(EndpointSlice {
+                    metadata: next.metadata.clone(),
+                    address_type: next.address_type.clone(),
+                    endpoints,
+                    ports: next.ports.clone(),
+                });
+            }
             next.metadata.labels = Some(labels);
         }
         slices.push(next);
@@ -551,6 +569,7 @@ fn by_port_mapping(
     }
     let mut planned = Planned {
         creates,
+        read,
         ..Planned::default()
     };
     for (slice, decision) in slices.into_iter().zip(state) {
@@ -571,6 +590,8 @@ struct Planned {
     deletes: Vec<EndpointSlice>,
     /// Existing slices it leaves as they are (their hints are judged after).
     unchanged: Vec<EndpointSlice>,
+    /// See [`Plan::read`].
+    read: Vec<EndpointSlice>,
 }
 
 #[cfg(test)]
@@ -662,10 +683,37 @@ mod tests {
         if let Some(ports) = existing[0].ports.as_mut() {
             ports.reverse();
         }
+        existing[0].metadata.resource_version = Some("5".into());
         let pods = [pod(0, true), pod(1, true)];
         let plan = reconcile(&inputs_of(&service, &pods, &zones), existing);
         assert_eq!(counts(&plan), (0, 1, 0));
         assert_eq!(port_names(&plan.updates[0]), ["b", "a"]);
+        // Reordered, it is no longer the slice as read: nothing is kept for the write.
+        assert!(plan.read.is_empty());
+        assert_eq!(plan.updates[0].metadata.resource_version, None);
+    }
+
+    #[test]
+    fn an_updated_slice_is_kept_as_read_for_the_write() {
+        let service = service();
+        let zones = zones();
+        let pods: Vec<Arc<Pod>> = (0..3).map(|i| pod(i, true)).collect();
+        let mut existing = Vec::new();
+        apply(
+            &mut existing,
+            reconcile(&inputs_of(&service, &pods, &zones), Vec::new()),
+        );
+        existing[0].metadata.resource_version = Some("5".into());
+        let as_read = existing[0].clone();
+        let flipped: Vec<Arc<Pod>> = (0..3).map(|i| pod(i, i != 1)).collect();
+        let plan = reconcile(&inputs_of(&service, &flipped, &zones), existing);
+        assert_eq!(counts(&plan), (0, 1, 0));
+        assert_eq!(plan.read, [as_read]);
+        assert_eq!(
+            plan.updates[0].metadata.resource_version.as_deref(),
+            Some("5")
+        );
+        assert_ne!(plan.updates[0].endpoints, plan.read[0].endpoints);
     }
 
     #[test]
@@ -1004,7 +1052,7 @@ impl SliceWriter {
     /// pending deletion (upstream's `dropEndpointSlicesPendingDeletion`).
     fn existing(&self, key: &crate::endpoints::Key) -> Vec<EndpointSlice> {
         let names = self.state().index.get(key).cloned().unwrap_or_default();
-        let mut slices = cached_slices(&self.slices, &key.0, &names);
+        let mut slices = cached_slices(&self.slices, &key.0, &names, true);
         slices.retain(|slice| slice.metadata.deletion_timestamp.is_none());
         slices
     }
@@ -1060,6 +1108,7 @@ impl SliceWriter {
             mut deletes,
             missing_nodes,
             address_types,
+            mut read,
         } = plan;
         let mut failed: Option<ApiError> = None;
         for address_type in address_types {
@@ -1075,7 +1124,10 @@ impl SliceWriter {
                 of_type(&mut updates),
                 of_type(&mut deletes),
             );
-            if let Err(error) = self.finalize(key, service, written, &annotate).await {
+            if let Err(error) = self
+                .finalize(key, service, written, &mut read, &annotate)
+                .await
+            {
                 failed.get_or_insert(error);
             }
         }
@@ -1107,6 +1159,7 @@ impl SliceWriter {
         key: &crate::endpoints::Key,
         service: &Service,
         (creates, updates, deletes): (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>),
+        read: &mut Vec<EndpointSlice>,
         annotate: &impl Fn(&mut EndpointSlice),
     ) -> Result<(), capstan_machinery::ApiError> {
         let options = capstan_registry::WriteOptions {
@@ -1135,12 +1188,22 @@ impl SliceWriter {
             if !uid.is_empty() {
                 self.state().in_flight.insert(uid.clone(), None);
             }
+            // The update goes unconditionally (as before); the version it was made from finds
+            // the slice as read, which the write's rules take when it is still the stored one.
+            let at = slice.metadata.resource_version.take();
+            let stored = read
+                .iter()
+                .position(|r| {
+                    r.metadata.name == slice.metadata.name && r.metadata.resource_version == at
+                })
+                .filter(|_| at.is_some())
+                .map(|i| read.swap_remove(i));
             let written = self
                 .slices
-                .update_typed(
+                .update_typed_over(
                     namespace,
                     &name,
-                    &slice,
+                    (&slice, stored),
                     &options,
                     capstan_registry::Subresource::Main,
                 )
@@ -1187,17 +1250,26 @@ impl SliceWriter {
 }
 
 /// The named slices of a namespace, as the watch cache holds them now, without their
-/// managedFields (the registry's: a write keeps the stored ones).
+/// managedFields (the registry's: a write keeps the stored ones); `versioned`: each with the
+/// `resourceVersion` it was read at.
 pub(crate) fn cached_slices(
     slices: &capstan_registry::Registry,
     namespace: &str,
     names: &std::collections::BTreeSet<String>,
+    versioned: bool,
 ) -> Vec<EndpointSlice> {
     let info = slices.strategy().info();
     names
         .iter()
         .filter_map(|name| slices.cache().get(&info.key(namespace, name)))
-        .filter_map(|cached| from_json_without_managed_fields(cached.raw_json()).ok())
+        .filter_map(|cached| {
+            let mut slice: EndpointSlice =
+                from_json_without_managed_fields(cached.raw_json()).ok()?;
+            if versioned {
+                slice.metadata.resource_version = Some(cached.revision.to_string());
+            }
+            Some(slice)
+        })
         .collect()
 }
 

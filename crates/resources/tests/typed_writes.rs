@@ -113,3 +113,53 @@ async fn a_typed_patch_is_validated_against_the_stored_object() {
     assert_eq!(patched["endpoints"][0]["addresses"][0], "10.0.0.3");
     assert_eq!(patched["metadata"]["generation"], 2);
 }
+
+/// A controller's update made from the slice it read: the rules take that slice as the stored
+/// one while its revision is still stored, and decode the stored JSON once it is not. (The
+/// read given here differs from the stored slice on purpose, to show which one they took: a
+/// controller gives the slice exactly as read.)
+#[tokio::test]
+async fn a_typed_update_takes_the_slice_as_read_only_at_the_stored_revision() {
+    let (_dir, slices) = slices().await;
+    let created = slices
+        .create("ns", slice("10.0.0.1"), &controller())
+        .await
+        .expect("created");
+    let version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .map(str::to_string);
+    let read_at = |version: Option<String>| {
+        let mut read: EndpointSlice =
+            serde_json::from_value(created.clone()).expect("a typed slice");
+        read.metadata.managed_fields = None;
+        read.metadata.generation = Some(40);
+        read.metadata.resource_version = version;
+        read
+    };
+    let new: EndpointSlice = serde_json::from_value(slice("10.0.0.2")).expect("a typed slice");
+    let (updated, _) = slices
+        .update_typed_over(
+            "ns",
+            "s",
+            (&new, Some(read_at(version.clone()))),
+            &controller(),
+            Subresource::Main,
+        )
+        .await
+        .expect("updated");
+    // The generation moves from the read slice's.
+    assert_eq!(updated["metadata"]["generation"], 41, "{updated}");
+    // Read at a revision no longer stored: the stored slice (generation 41) is the old one.
+    let new: EndpointSlice = serde_json::from_value(slice("10.0.0.3")).expect("a typed slice");
+    let (updated, _) = slices
+        .update_typed_over(
+            "ns",
+            "s",
+            (&new, Some(read_at(version))),
+            &controller(),
+            Subresource::Main,
+        )
+        .await
+        .expect("updated");
+    assert_eq!(updated["metadata"]["generation"], 42, "{updated}");
+}

@@ -133,13 +133,26 @@ impl Tracking {
     /// `set` as this write records it: without the reset fields (and everything under them)
     /// and without system metadata.
     fn recordable(&self, mut set: Set) -> Set {
-        set.retain(|path| {
-            !self.resets_path(path)
-                && !STRIPPED.iter().any(|stripped| {
-                    stripped.len() == path.len() && stripped.iter().zip(path).all(|(a, b)| a == b)
-                })
-        });
+        set.retain(|path| self.records(path));
         set
+    }
+
+    /// Whether a changed path is recorded (neither reset nor system metadata).
+    fn records(&self, path: &Path) -> bool {
+        !self.resets_path(path)
+            && !STRIPPED.iter().any(|stripped| {
+                stripped.len() == path.len() && stripped.iter().zip(path).all(|(a, b)| a == b)
+            })
+    }
+
+    /// Whether a comparison sets anything this write records (then the manager's entry
+    /// takes a new time).
+    fn records_any(&self, comparison: &Comparison) -> bool {
+        comparison
+            .added
+            .iter()
+            .chain(&comparison.modified)
+            .any(|path| self.records(path))
     }
 }
 
@@ -510,24 +523,40 @@ pub fn record_update_current(
     manager: &str,
     tracking: &Tracking,
 ) -> Result<(), ApiError> {
-    let comparison = compare_current(old, new, tracking.schema)?;
-    record(
-        new,
-        comparison,
-        entries_of(Some(old.meta())),
-        manager,
-        tracking,
-    );
+    let entries = entries_of(Some(old.meta()));
+    // A top-level member the manager's own entry owns whole, and no other entry owns any of.
+    let sole = |key: &str| {
+        let step = field_step(key);
+        let mut mine = false;
+        for owner in &entries {
+            if is_entry_of(&owner.entry, manager, "Update", tracking) {
+                mine |= owner.owned.iter().any(|p| p.len() == 1 && p[0] == step);
+            } else if owner.owned.iter().any(|p| p.first() == Some(&step)) {
+                return false;
+            }
+        }
+        mine
+    };
+    let comparison = compare_current(old, new, tracking, &sole)?;
+    record(new, comparison, entries, manager, tracking);
     Ok(())
 }
 
 /// [`compare`] with the stored object as [`Current`] holds it: its metadata decoded, and each
 /// other member decoded only when the new object's does not encode to the same JSON.
+///
+/// An atomic member `sole` names (one the writing manager alone owns, whole) is compared last,
+/// and only when nothing else the write records has changed: otherwise, changed or not, it
+/// stays the manager's alone and the manager's entry takes a new time anyway, so the result
+/// is the same without reading it (a controller's slice write changes a trigger-time
+/// annotation, and its 13 KB of endpoints are then never compared).
 fn compare_current(
     old: &Current<'_>,
     new: &Value,
-    schema: Option<&'static Value>,
+    tracking: &Tracking,
+    sole: &dyn Fn(&str) -> bool,
 ) -> Result<Comparison, ApiError> {
+    let schema = tracking.schema;
     if let Some(whole) = old.decoded() {
         // Decoded already (for a patch): compared as it is.
         return Ok(compare(whole, new, schema));
@@ -552,26 +581,34 @@ fn compare_current(
         fields.get("metadata"),
         &mut out,
     );
+    // An atomic member is a leaf: modified or removed as a whole, known without decoding.
+    let atomic_member = |out: &mut Comparison, key: &str, raw, other: Option<&Value>| {
+        match other {
+            None => out.removed.insert(vec![field_step(key)]),
+            Some(other) if !encodes_to(other, raw) && !old.holds(raw, other)? => {
+                out.modified.insert(vec![field_step(key)])
+            }
+            Some(_) => false,
+        };
+        Ok::<_, ApiError>(())
+    };
+    let mut last = Vec::new();
     for (key, raw) in old.members() {
         let other = fields.get(key);
-        if other.is_some_and(|other| encodes_to(other, raw)) {
-            continue;
-        }
-        // An atomic member is a leaf: modified or removed as a whole, known without decoding.
-        // (What `shape_of` makes of it: its schema's shape, or without one, atomic unless an
-        // object.)
+        // (What `shape_of` makes of a member: its schema's shape, or without one, atomic
+        // unless an object.)
         let atomic = match child_schema(&node, key) {
             Some(schema) => matches!(shape(schema), Shape::Atomic),
             None => !(raw.get().starts_with('{') || other.is_some_and(Value::is_object)),
         };
         if atomic {
             match other {
-                None => out.removed.insert(vec![field_step(key)]),
-                Some(other) if !old.holds(raw, other)? => {
-                    out.modified.insert(vec![field_step(key)])
-                }
-                Some(_) => false,
-            };
+                Some(other) if sole(key) => last.push((key, raw, other)),
+                _ => atomic_member(&mut out, key, raw, other)?,
+            }
+            continue;
+        }
+        if other.is_some_and(|other| encodes_to(other, raw)) {
             continue;
         }
         member(key, Some(&old.decode_member(raw)?), other, &mut out);
@@ -579,6 +616,11 @@ fn compare_current(
     for (key, value) in fields {
         if key != "metadata" && old.member(key).is_none() {
             member(key, None, Some(value), &mut out);
+        }
+    }
+    if !tracking.records_any(&out) {
+        for (key, raw, other) in last {
+            atomic_member(&mut out, key, raw, Some(other))?;
         }
     }
     Ok(out)

@@ -48,16 +48,18 @@ fn same_from_current(new: &Value, old: Option<&Value>, manager: &str, tracking: 
     let current = Current::read(&kv).expect("reads");
     let whole = crate::current::decode(&kv).expect("decodes");
     let (mut by_whole, mut by_current) = (new.clone(), new.clone());
+    let started = meta::now_rfc3339();
     record_update(&mut by_whole, Some(&whole), manager, tracking);
     record_update_current(&mut by_current, &current, manager, tracking).expect("records");
-    // The clock may tick between the two.
+    // The clock may tick between the two: a time counts only as kept or taken anew.
     let untimed = |mut object: Value| {
         for entry in object["metadata"]["managedFields"]
             .as_array_mut()
             .into_iter()
             .flatten()
         {
-            entry["time"] = json!("");
+            let fresh = entry["time"].as_str() >= Some(started.as_str());
+            entry["time"] = json!(fresh);
         }
         object
     };
@@ -541,16 +543,34 @@ mod from_current {
     static SLICE: ResourceInfo =
         ResourceInfo::of::<k8s_openapi::api::discovery::v1::EndpointSlice>();
 
+    /// Entries owning a slice's atomic lists: none, the writing manager's alone, another's
+    /// alone, or both (the lists are compared last only when the writer owns them alone).
+    fn slice_owners(owners: u8) -> Option<Value> {
+        let entry = |manager: &str| {
+            json!({
+                "manager": manager, "operation": "Update", "apiVersion": "discovery.k8s.io/v1",
+                "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:endpoints": {}, "f:ports": {}, "f:metadata": {"f:labels": {}}},
+            })
+        };
+        match owners {
+            1 => Some(json!([entry("m")])),
+            2 => Some(json!([entry("other")])),
+            3 => Some(json!([entry("m"), entry("other")])),
+            _ => None,
+        }
+    }
+
     /// An EndpointSlice from a few choices: its endpoints and ports are atomic lists.
     fn slice() -> impl Strategy<Value = Value> {
         (
             proptest::collection::vec((0u8..3, any::<bool>()), 0..3),
             proptest::option::of(79u16..81),
-            any::<bool>(),
-            owner(),
+            (any::<bool>(), proptest::option::of("[xy]")),
+            (owner(), 0u8..4),
             extra(),
         )
-            .prop_map(|(endpoints, port, reversed, owner, extra)| {
+            .prop_map(|(endpoints, port, (reversed, label), (owner, owners), extra)| {
                 let endpoints: Vec<Value> = endpoints
                     .into_iter()
                     .map(|(ip, ready)| {
@@ -567,6 +587,12 @@ mod from_current {
                 }
                 if owner.is_some() {
                     object["metadata"]["managedFields"] = managed_fields(owner);
+                }
+                if let Some(entries) = slice_owners(owners) {
+                    object["metadata"]["managedFields"] = entries;
+                }
+                if let Some(label) = label {
+                    object["metadata"]["labels"] = json!({"a": label});
                 }
                 if let Some(extra) = extra {
                     object["extra"] = extra;

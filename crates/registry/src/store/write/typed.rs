@@ -17,9 +17,37 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
     ) -> Result<(Value, bool), ApiError> {
+        self.update_typed_over(namespace, name, (new, None), options, subresource)
+            .await
+    }
+
+    /// [`Registry::update_typed`] of an object its caller made from the stored one it read,
+    /// `read` (as [`crate::current::Current::typed`] decodes it: without managedFields, its
+    /// `resourceVersion` the revision it was read at, as the watch cache held it): when the
+    /// write finds that revision still stored, the rules take `read` as the stored object
+    /// instead of decoding the stored JSON again (the second decode of the same slice in a
+    /// controller's sync). `read` must be the object as read, not changed since.
+    pub async fn update_typed_over<T: Object>(
+        &self,
+        namespace: &str,
+        name: &str,
+        (new, read): (&T, Option<T>),
+        options: &WriteOptions,
+        subresource: Subresource,
+    ) -> Result<(Value, bool), ApiError> {
         let pinned = new.metadata().resource_version.clone().unwrap_or_default();
-        self.update_with(namespace, name, &pinned, options, subresource, |_| {
-            Ok((from_typed(new), RulesView::of(new.clone())))
+        // Taken by the first attempt; a retry reads a newer object.
+        let read = std::sync::Mutex::new(read);
+        self.update_with(namespace, name, &pinned, options, subresource, |current| {
+            let mut view = RulesView::of(new.clone());
+            let read = read.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let (Some(read), Some(current)) = (read, current)
+                && read.metadata().resource_version.as_deref()
+                    == Some(meta::resource_version(current.meta()))
+            {
+                view = view.with_stored(read);
+            }
+            Ok((from_typed(new), view))
         })
         .await
     }
