@@ -142,6 +142,17 @@ pub fn type_head(kind: &str, api_version: &str) -> Vec<u8> {
 /// `stored`, `metadata.resourceVersion` is left out (the form kept in storage). The bytes are
 /// those of `serde_json::to_vec` of the equivalent value.
 pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: bool) -> Vec<u8> {
+    typed_json_bytes_with(object, (api_version, kind), stored, &|_| None)
+}
+
+/// [`typed_json_bytes`], with the top-level members `raw` gives written as that JSON instead
+/// of as the object has them (members a typed write kept as encoded text).
+pub fn typed_json_bytes_with<'r>(
+    object: &Value,
+    (api_version, kind): (&str, &str),
+    stored: bool,
+    raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
+) -> Vec<u8> {
     fn put(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
         // Strings and JSON values (string keys) always serialize.
         let _ = serde_json::to_writer(&mut *out, value);
@@ -173,7 +184,10 @@ pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: b
                     }
                     out.push(b'}');
                 }
-                _ => put(&mut out, value),
+                _ => match raw(key) {
+                    Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
+                    None => put(&mut out, value),
+                },
             }
         }
     }

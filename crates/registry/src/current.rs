@@ -118,6 +118,11 @@ impl<'a> Current<'a> {
         serde_json::from_str(raw.get()).map_err(|_| undecodable(self.kv))
     }
 
+    /// The answer when the stored JSON does not decode (a 500 naming its key).
+    pub(crate) fn undecodable(&self) -> ApiError {
+        undecodable(self.kv)
+    }
+
     /// [`holds`] of one member as stored: a 500 when it does not decode, as when the whole
     /// object did not.
     pub fn holds(&self, raw: &RawValue, value: &Value) -> Result<bool, ApiError> {

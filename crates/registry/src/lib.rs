@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod current;
+pub mod detached;
 mod info;
 pub mod managed;
 mod store;

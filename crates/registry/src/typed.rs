@@ -13,6 +13,7 @@ use serde::Deserializer;
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde_json::Value;
 
+use crate::detached::Detached;
 use crate::strategy::Object;
 use capstan_machinery::meta;
 
@@ -72,9 +73,10 @@ pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta)
 /// Writes back what a rule changed, `untouched` being what it was given: nothing when it
 /// changed nothing, only `metadata` when nothing else changed (a generation bump), else as
 /// [`write_back`]. The same result as `write_back`, without encoding what did not change.
-pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T) {
+/// Returns whether the members were written back whole.
+pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T) -> bool {
     if typed == untouched {
-        return;
+        return false;
     }
     let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
     let only_metadata = typed == untouched;
@@ -85,8 +87,12 @@ pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T
             drop_empty_lists(&mut value);
             let stored = std::mem::take(slot);
             *slot = with_managed_fields_of(value, Some(stored));
+            false
         }
-        _ => write_back(object, typed, untouched.metadata()),
+        _ => {
+            write_back(object, typed, untouched.metadata());
+            true
+        }
     }
 }
 
@@ -122,8 +128,14 @@ pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) 
 /// A write of a typed object (a controller's) starts from that object ([`RulesView::of`]),
 /// and a patch of one also from the stored object it read ([`RulesView::with_stored`]):
 /// neither is decoded again from the JSON made of it.
+///
+/// It also carries the members of a typed write kept as encoded JSON
+/// ([`crate::detached::Detached`]), which stay with the JSON when the view is dropped.
 #[derive(Default)]
-pub struct RulesView(Option<Box<dyn Viewed>>);
+pub struct RulesView {
+    held: Option<Box<dyn Viewed>>,
+    detached: Detached,
+}
 
 /// A [`RulesView`]'s object, of whatever kind.
 trait Viewed: Send + Sync {
@@ -161,7 +173,10 @@ impl<T: Object> Viewed for Held<T> {
 
 impl Clone for RulesView {
     fn clone(&self) -> Self {
-        RulesView(self.0.as_ref().map(|held| held.boxed_clone()))
+        RulesView {
+            held: self.held.as_ref().map(|held| held.boxed_clone()),
+            detached: self.detached.clone(),
+        }
     }
 }
 
@@ -171,11 +186,30 @@ impl RulesView {
     /// registry has edited it ([`RulesView::refresh_meta`]).
     pub fn of<T: Object>(mut object: T) -> Self {
         object.metadata_mut().managed_fields = None;
-        RulesView(Some(Box::new(Held {
-            synced: object.clone(),
-            current: object,
-            stored: None,
-        })))
+        RulesView {
+            held: Some(Box::new(Held {
+                synced: object.clone(),
+                current: object,
+                stored: None,
+            })),
+            detached: Detached::default(),
+        }
+    }
+
+    /// Also carries the members the JSON has as `null` places for ([`Detached`]).
+    pub fn with_detached(mut self, detached: Detached) -> Self {
+        self.detached = detached;
+        self
+    }
+
+    /// The members the JSON has as `null` places for.
+    pub fn detached(&self) -> &Detached {
+        &self.detached
+    }
+
+    /// Puts the detached members back into `object` ([`Detached::restore`]).
+    pub fn restore(&mut self, object: &mut Value) {
+        self.detached.restore(object);
     }
 
     /// Also holds the stored object the write started from, as [`for_rules`] decodes it.
@@ -194,7 +228,7 @@ impl RulesView {
     /// Takes the held object's metadata from `object` (the JSON, which the registry's own
     /// rules have edited since the view was made); drops the view when it does not decode.
     pub fn refresh_meta(&mut self, object: &Value) {
-        let Some(held) = &mut self.0 else {
+        let Some(held) = &mut self.held else {
             return;
         };
         let decoded = object.get("metadata").map(|m| {
@@ -211,25 +245,27 @@ impl RulesView {
 
     /// Makes the same edit of system metadata the registry makes of the JSON.
     pub fn edit_meta(&mut self, edit: impl Fn(&mut ObjectMeta)) {
-        if let Some(held) = &mut self.0 {
+        if let Some(held) = &mut self.held {
             held.edit_meta(&edit);
         }
     }
 
     /// Drops the decoded object: the JSON was changed otherwise.
     pub fn forget(&mut self) {
-        self.0 = None;
+        self.held = None;
     }
 
     fn held<T: Object>(&mut self) -> Option<&mut Held<T>> {
-        self.0.as_mut()?.as_any_mut().downcast_mut::<Held<T>>()
+        self.held.as_mut()?.as_any_mut().downcast_mut::<Held<T>>()
     }
 
-    /// The object as the rules see it: held, or decoded from `object` ([`for_rules`]).
-    pub fn typed<T: Object>(&mut self, object: &Value) -> Result<&mut T, String> {
+    /// The object as the rules see it: held, or decoded from `object` ([`for_rules`]; with
+    /// its detached members put back first).
+    pub fn typed<T: Object>(&mut self, object: &mut Value) -> Result<&mut T, String> {
         if self.held::<T>().is_none() {
+            self.detached.restore(object);
             let current: T = for_rules(object)?;
-            self.0 = Some(Box::new(Held {
+            self.held = Some(Box::new(Held {
                 synced: current.clone(),
                 current,
                 stored: None,
@@ -245,8 +281,11 @@ impl RulesView {
         if let Some(held) = self.held::<T>()
             && held.current != held.synced
         {
-            write_changes(object, &mut held.current, &held.synced);
+            let whole = write_changes(object, &mut held.current, &held.synced);
             held.synced = held.current.clone();
+            if whole {
+                self.detached.clear();
+            }
         }
     }
 
@@ -256,8 +295,9 @@ impl RulesView {
     pub fn finish<T: Object>(&mut self, object: &mut Value) {
         if let Some(held) = self.held::<T>()
             && held.current != held.synced
+            && write_changes(object, &mut held.current, &held.synced)
         {
-            write_changes(object, &mut held.current, &held.synced);
+            self.detached.clear();
         }
         self.forget();
     }
@@ -268,6 +308,7 @@ impl RulesView {
     pub fn finish_whole<T: Object>(&mut self, object: &mut Value) {
         if let Some(held) = self.held::<T>() {
             write_back(object, &held.current, held.synced.metadata());
+            self.detached.clear();
         }
         self.forget();
     }
@@ -458,7 +499,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for MetadataSeed<S> {
 }
 
 /// Go's `omitempty` on lists: an empty list is never written.
-fn drop_empty_lists(value: &mut Value) {
+pub(crate) fn drop_empty_lists(value: &mut Value) {
     match value {
         Value::Object(map) => {
             map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
@@ -477,189 +518,4 @@ enum Level {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::Metadata;
-    use k8s_openapi::api::core::v1::Service;
-    use serde_json::json;
-
-    fn stored() -> Value {
-        json!({
-            "metadata": {
-                "name": "web", "namespace": "default", "labels": {"app": "web"},
-                "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
-                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:type": {}}}}]
-            },
-            "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
-        })
-    }
-
-    #[test]
-    fn rules_see_everything_but_managed_fields() {
-        let service: Service = for_rules(&stored()).expect("decodes");
-        assert_eq!(service.metadata.managed_fields, None);
-        assert_eq!(service.metadata.name.as_deref(), Some("web"));
-        assert_eq!(
-            service.metadata.labels.and_then(|l| l.get("app").cloned()),
-            Some("web".into())
-        );
-        let spec = service.spec.expect("spec");
-        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
-        assert_eq!(spec.ports.map(|p| p[0].port), Some(80));
-        // Wrong types are still refused.
-        let wrong = json!({"metadata": {"name": 5}});
-        assert!(for_rules::<Service>(&wrong).is_err());
-        let wrong = json!({"metadata": {"name": "x"}, "spec": {"ports": "80"}});
-        assert!(for_rules::<Service>(&wrong).is_err());
-    }
-
-    #[test]
-    fn stored_json_decodes_without_its_managed_fields() {
-        let json = serde_json::to_vec(&stored()).unwrap_or_default();
-        let service: Service = from_json_without_managed_fields(&json).expect("decodes");
-        assert_eq!(service, for_rules::<Service>(&stored()).expect("decodes"));
-        assert_eq!(service.metadata.managed_fields, None);
-        assert_eq!(service.metadata.name.as_deref(), Some("web"));
-        // A metadata-level `managedFields` only: the same key elsewhere is the type's business.
-        let spec_only = br#"{"spec": {"type": "ClusterIP"}, "metadata": {"name": "a"}}"#;
-        let service: Service = from_json_without_managed_fields(spec_only).expect("decodes");
-        assert_eq!(service.metadata.name.as_deref(), Some("a"));
-        // Wrong types, bad JSON and trailing bytes are still refused.
-        for bad in [
-            &br#"{"metadata": {"name": 5}}"#[..],
-            br#"{"metadata": {"name": "x"}, "spec": {"ports": "80"}}"#,
-            br#"{"metadata": {"managedFields": [}}"#,
-            br#"{"metadata": {}} x"#,
-            br#"[]"#,
-        ] {
-            assert!(from_json_without_managed_fields::<Service>(bad).is_err());
-        }
-    }
-
-    #[test]
-    fn a_rule_that_changes_metadata_keeps_the_managed_fields() {
-        let mut object = stored();
-        mutate(&mut object, |s: &mut Service| {
-            s.metadata
-                .annotations
-                .get_or_insert_default()
-                .insert("a".into(), "b".into());
-        });
-        assert_eq!(object["metadata"]["annotations"], json!({"a": "b"}));
-        assert_eq!(
-            object["metadata"]["managedFields"],
-            stored()["metadata"]["managedFields"]
-        );
-    }
-
-    #[test]
-    fn a_rule_that_leaves_metadata_alone_leaves_it_byte_for_byte() {
-        let mut object = stored();
-        object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        let metadata = object["metadata"].clone();
-        mutate(&mut object, |s: &mut Service| {
-            s.spec.get_or_insert_default().session_affinity = Some("None".into());
-        });
-        assert_eq!(object["metadata"], metadata);
-        assert_eq!(object["spec"]["sessionAffinity"], "None");
-        assert_eq!(
-            serde_json::to_string(&object["metadata"]).ok(),
-            serde_json::to_string(&metadata).ok()
-        );
-    }
-
-    /// What `write_back` makes of `object` after `rule`, and what `write_changes` makes of it.
-    fn both_ways(object: &Value, rule: impl Fn(&mut Service)) -> (Value, Value) {
-        let untouched: Service = for_rules(object).expect("decodes");
-        let mut changed = untouched.clone();
-        rule(&mut changed);
-        let mut full = object.clone();
-        write_back(&mut full, &changed, untouched.metadata());
-        let mut partial = object.clone();
-        write_changes(&mut partial, &mut changed.clone(), &untouched);
-        (full, partial)
-    }
-
-    #[test]
-    fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
-        let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
-        object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
-        let rules: [fn(&mut Service); 4] = [
-            |_| {},
-            |s| s.metadata.generation = Some(2),
-            |s| s.spec.get_or_insert_default().session_affinity = Some("None".into()),
-            |s| {
-                s.metadata.generation = Some(3);
-                s.spec.get_or_insert_default().ports = None;
-            },
-        ];
-        for rule in rules {
-            let (full, partial) = both_ways(&object, rule);
-            assert_eq!(
-                serde_json::to_string(&full).ok(),
-                serde_json::to_string(&partial).ok()
-            );
-        }
-        let (_, generation) = both_ways(&object, |s| s.metadata.generation = Some(2));
-        assert_eq!(generation["metadata"]["generation"], 2);
-        assert_eq!(
-            generation["metadata"]["managedFields"],
-            stored()["metadata"]["managedFields"]
-        );
-    }
-
-    #[test]
-    fn rules_sharing_a_view_write_back_what_each_decoding_on_its_own_writes() {
-        let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
-        object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
-        let affinity = |s: &mut Service| {
-            s.spec.get_or_insert_default().session_affinity = Some("ClientIP".into())
-        };
-        let generation = |s: &mut Service| s.metadata.generation = Some(1);
-        // Each rule on its own: decoded, changed, written back; the registry's uid between.
-        let mut one_by_one = object.clone();
-        mutate(&mut one_by_one, affinity);
-        meta::set_meta_str(&mut one_by_one, "uid", "u-1");
-        mutate(&mut one_by_one, generation);
-        // The same through one view: the uid goes to the JSON and the view, one write back.
-        let mut shared = object.clone();
-        let mut view = RulesView::default();
-        affinity(view.typed::<Service>(&shared).expect("decodes"));
-        view.sync::<Service>(&mut shared);
-        meta::set_meta_str(&mut shared, "uid", "u-1");
-        view.edit_meta(|m| m.uid = Some("u-1".into()));
-        generation(view.typed::<Service>(&shared).expect("held"));
-        let cloned = view.clone();
-        let (mut finished, mut last) = (view.clone(), shared.clone());
-        view.sync::<Service>(&mut shared);
-        // The last sync writes the same, and spends the view: the next rule decodes again.
-        finished.finish::<Service>(&mut last);
-        assert_eq!(
-            serde_json::to_string(&last).ok(),
-            serde_json::to_string(&shared).ok()
-        );
-        assert!(finished.take_stored::<Service>().is_none());
-        let again = finished.typed::<Service>(&last).expect("decodes");
-        assert_eq!(again.metadata().generation, Some(1));
-        // Spent means decoded from the JSON as it is by then, not a copy held from before.
-        let mut spent = view.clone();
-        spent.finish::<Service>(&mut last);
-        meta::set_meta_str(&mut last, "uid", "u-2");
-        let decoded = spent.typed::<Service>(&last).expect("decodes");
-        assert_eq!(decoded.metadata().uid.as_deref(), Some("u-2"));
-        assert_eq!(
-            serde_json::to_string(&shared).ok(),
-            serde_json::to_string(&one_by_one).ok()
-        );
-        assert_eq!(
-            shared["metadata"]["managedFields"],
-            stored()["metadata"]["managedFields"]
-        );
-        // A dropped view decodes again, from the JSON as it is now.
-        let mut forgotten = cloned;
-        forgotten.forget();
-        let fresh = forgotten.typed::<Service>(&shared).expect("decodes");
-        assert_eq!(fresh.metadata().generation, Some(1));
-        assert_eq!(fresh.metadata().uid.as_deref(), Some("u-1"));
-    }
-}
+mod tests;

@@ -235,10 +235,10 @@ fn main() {
             let (slices, slice_controller, read) = (&slices, &slice_controller, &read);
             async move {
                 let (stored, _) = slices
-                    .update_typed(
+                    .update_typed_over(
                         "bench",
                         &format!("svc-{service}-abcde"),
-                        &new,
+                        (&new, None),
                         slice_controller,
                         Subresource::Main,
                     )

@@ -24,18 +24,18 @@ use capstan_machinery::schema::{Shape, shape};
 use capstan_machinery::smp::value_key;
 use serde_json::{Map, Value, json};
 
-use crate::current::{Current, encodes_to};
 use crate::{ResourceInfo, Subresource};
-use capstan_machinery::ApiError;
 pub use unchanged::{same_ignoring_times, same_ignoring_times_current};
 
 mod apply;
+mod current;
 mod fields_v1;
 #[cfg(test)]
 mod tests;
 mod unchanged;
 
 pub use apply::{Conflict, apply};
+pub use current::record_update_current;
 use fields_v1::{from_fields_v1, to_fields_v1};
 
 /// A path of fieldsV1 steps (`f:spec`, `k:{…}`, `v:…`).
@@ -513,117 +513,6 @@ pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracki
     let live = old.unwrap_or_else(|| tracking.zero());
     let comparison = compare(live, new, tracking.schema);
     record(new, comparison, entries_of(old), manager, tracking);
-}
-
-/// [`record_update`] against the stored object a write read, compared member by member
-/// without decoding the members the new object left as they were.
-pub fn record_update_current(
-    new: &mut Value,
-    old: &Current<'_>,
-    manager: &str,
-    tracking: &Tracking,
-) -> Result<(), ApiError> {
-    let entries = entries_of(Some(old.meta()));
-    // A top-level member the manager's own entry owns whole, and no other entry owns any of.
-    let sole = |key: &str| {
-        let step = field_step(key);
-        let mut mine = false;
-        for owner in &entries {
-            if is_entry_of(&owner.entry, manager, "Update", tracking) {
-                mine |= owner.owned.iter().any(|p| p.len() == 1 && p[0] == step);
-            } else if owner.owned.iter().any(|p| p.first() == Some(&step)) {
-                return false;
-            }
-        }
-        mine
-    };
-    let comparison = compare_current(old, new, tracking, &sole)?;
-    record(new, comparison, entries, manager, tracking);
-    Ok(())
-}
-
-/// [`compare`] with the stored object as [`Current`] holds it: its metadata decoded, and each
-/// other member decoded only when the new object's does not encode to the same JSON.
-///
-/// An atomic member `sole` names (one the writing manager alone owns, whole) is compared last,
-/// and only when nothing else the write records has changed: otherwise, changed or not, it
-/// stays the manager's alone and the manager's entry takes a new time anyway, so the result
-/// is the same without reading it (a controller's slice write changes a trigger-time
-/// annotation, and its 13 KB of endpoints are then never compared).
-fn compare_current(
-    old: &Current<'_>,
-    new: &Value,
-    tracking: &Tracking,
-    sole: &dyn Fn(&str) -> bool,
-) -> Result<Comparison, ApiError> {
-    let schema = tracking.schema;
-    if let Some(whole) = old.decoded() {
-        // Decoded already (for a patch): compared as it is.
-        return Ok(compare(whole, new, schema));
-    }
-    let node = shape_of(Some(new), schema);
-    let Some(fields) = new
-        .as_object()
-        .filter(|_| matches!(node, Shape::Struct(_) | Shape::Map(_)))
-    else {
-        return Ok(compare(old.whole()?, new, schema));
-    };
-    let mut out = Comparison::default();
-    let mut path = Vec::new();
-    let mut member = |key: &str, lhs: Option<&Value>, rhs: Option<&Value>, out: &mut Comparison| {
-        path.push(field_step(key));
-        compare_node(lhs, rhs, child_schema(&node, key), &mut path, out);
-        path.pop();
-    };
-    member(
-        "metadata",
-        old.meta().get("metadata"),
-        fields.get("metadata"),
-        &mut out,
-    );
-    // An atomic member is a leaf: modified or removed as a whole, known without decoding.
-    let atomic_member = |out: &mut Comparison, key: &str, raw, other: Option<&Value>| {
-        match other {
-            None => out.removed.insert(vec![field_step(key)]),
-            Some(other) if !encodes_to(other, raw) && !old.holds(raw, other)? => {
-                out.modified.insert(vec![field_step(key)])
-            }
-            Some(_) => false,
-        };
-        Ok::<_, ApiError>(())
-    };
-    let mut last = Vec::new();
-    for (key, raw) in old.members() {
-        let other = fields.get(key);
-        // (What `shape_of` makes of a member: its schema's shape, or without one, atomic
-        // unless an object.)
-        let atomic = match child_schema(&node, key) {
-            Some(schema) => matches!(shape(schema), Shape::Atomic),
-            None => !(raw.get().starts_with('{') || other.is_some_and(Value::is_object)),
-        };
-        if atomic {
-            match other {
-                Some(other) if sole(key) => last.push((key, raw, other)),
-                _ => atomic_member(&mut out, key, raw, other)?,
-            }
-            continue;
-        }
-        if other.is_some_and(|other| encodes_to(other, raw)) {
-            continue;
-        }
-        member(key, Some(&old.decode_member(raw)?), other, &mut out);
-    }
-    for (key, value) in fields {
-        if key != "metadata" && old.member(key).is_none() {
-            member(key, None, Some(value), &mut out);
-        }
-    }
-    if !tracking.records_any(&out) {
-        for (key, raw, other) in last {
-            atomic_member(&mut out, key, raw, Some(other))?;
-        }
-    }
-    Ok(out)
 }
 
 /// Records the write's `comparison` of the stored object with `new` in `entries` (the stored

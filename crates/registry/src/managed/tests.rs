@@ -2,6 +2,8 @@
 
 use super::apply::render_path;
 use super::*;
+use crate::current::Current;
+use crate::detached::Detached;
 
 fn service_schema() -> Option<&'static Value> {
     capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
@@ -48,9 +50,26 @@ fn same_from_current(new: &Value, old: Option<&Value>, manager: &str, tracking: 
     let current = Current::read(&kv).expect("reads");
     let whole = crate::current::decode(&kv).expect("decodes");
     let (mut by_whole, mut by_current) = (new.clone(), new.clone());
+    // And with the kind's atomic lists kept as encoded JSON, as a typed write keeps them.
+    let mut by_detached = new.clone();
+    let atomic = |key: &str| crate::detached::atomic_member(tracking.schema, key);
+    let mut detached = crate::detached::detach(&mut by_detached, &atomic);
+    let unchanged = {
+        let mut versioned = by_detached.clone();
+        meta::set_meta_str(&mut versioned, "resourceVersion", "7");
+        same_ignoring_times_current((&versioned, &detached), &current)
+    };
     let started = meta::now_rfc3339();
     record_update(&mut by_whole, Some(&whole), manager, tracking);
-    record_update_current(&mut by_current, &current, manager, tracking).expect("records");
+    record_update_current(
+        (&mut by_current, &Detached::default()),
+        &current,
+        manager,
+        tracking,
+    )
+    .expect("records");
+    record_update_current((&mut by_detached, &detached), &current, manager, tracking)
+        .expect("records");
     // The clock may tick between the two: a time counts only as kept or taken anew.
     let untimed = |mut object: Value| {
         for entry in object["metadata"]["managedFields"]
@@ -63,13 +82,17 @@ fn same_from_current(new: &Value, old: Option<&Value>, manager: &str, tracking: 
         }
         object
     };
+    detached.restore(&mut by_detached);
+    assert_eq!(untimed(by_detached), untimed(by_whole.clone()));
     assert_eq!(untimed(by_current), untimed(by_whole));
     let mut versioned = new.clone();
     meta::set_meta_str(&mut versioned, "resourceVersion", "7");
+    let whole_unchanged = same_ignoring_times(&versioned, &whole);
     assert_eq!(
-        same_ignoring_times_current(&versioned, &current),
-        same_ignoring_times(&versioned, &whole)
+        same_ignoring_times_current((&versioned, &Detached::default()), &current),
+        whole_unchanged
     );
+    assert_eq!(unchanged, whole_unchanged);
 }
 
 #[test]
@@ -621,7 +644,11 @@ mod from_current {
             old in slice(),
             new in slice(),
         ) {
-            let schema = capstan_machinery::schema::named("io.k8s.api.discovery.v1.EndpointSlice");
+            let schema = capstan_machinery::schema::definition(
+                capstan_machinery::schema::DISCOVERY_V1_OPENAPI,
+                "io.k8s.api.discovery.v1.EndpointSlice",
+            );
+            assert!(crate::detached::atomic_member(schema, "endpoints"));
             let tracking = Tracking::new(&SLICE, schema, Subresource::Main);
             same_from_current(&new, Some(&old), "m", &tracking);
             same_from_current(&old, Some(&old), "m", &tracking);

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use crate::current::{Current, encodes_to, holds};
+use crate::detached::Detached;
 
 /// Whether two maps hold the same keys (less `skip`) with values `same` calls equal.
 fn same_map(
@@ -34,8 +35,14 @@ pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
 
 /// [`same_ignoring_times`] with the stored object as [`Current`] holds it: a member the new
 /// object's encodes to as stored is equal without decoding it.
-pub fn same_ignoring_times_current(new: &Value, old: &Current<'_>) -> bool {
-    if let Some(whole) = old.decoded() {
+/// The new object may keep members as encoded JSON (`detached`: a `null` in their place).
+pub fn same_ignoring_times_current(
+    (new, detached): (&Value, &Detached),
+    old: &Current<'_>,
+) -> bool {
+    if let Some(whole) = old.decoded()
+        && detached.is_empty()
+    {
         return same_ignoring_times(new, whole);
     }
     let Some(new) = new.as_object() else {
@@ -51,9 +58,10 @@ pub fn same_ignoring_times_current(new: &Value, old: &Current<'_>) -> bool {
         })
         && new.iter().all(|(key, value)| {
             key == "metadata"
-                || old
-                    .member(key)
-                    .is_some_and(|raw| encodes_to(value, raw) || holds(raw, value).unwrap_or(false))
+                || old.member(key).is_some_and(|raw| match detached.get(key) {
+                    Some(text) => Detached::same(text, raw).unwrap_or(false),
+                    None => encodes_to(value, raw) || holds(raw, value).unwrap_or(false),
+                })
         })
 }
 

@@ -219,37 +219,6 @@ impl Registry {
         crate::current::decode(kv)
     }
 
-    fn encode(&self, object: &Value) -> Bytes {
-        let info = self.strategy.info();
-        Bytes::from(meta::typed_json_bytes(
-            object,
-            &info.api_version(),
-            info.kind,
-            true,
-        ))
-    }
-
-    /// Encodes an object for storage within the size bound. As upstream, an object too large
-    /// with its managedFields is stored without them, unless they were just applied (server-side
-    /// apply owns what it records); one too large even so is refused with etcd's error.
-    fn encode_bounded(&self, object: &mut Value, applied: bool) -> Result<Bytes, ApiError> {
-        let encoded = self.encode(object);
-        if encoded.len() <= self.max_object_bytes {
-            return Ok(encoded);
-        }
-        if !applied
-            && meta::metadata_mut(object)
-                .shift_remove("managedFields")
-                .is_some()
-        {
-            let encoded = self.encode(object);
-            if encoded.len() <= self.max_object_bytes {
-                return Ok(encoded);
-            }
-        }
-        Err(ApiError::request_too_large_for_storage())
-    }
-
     async fn wait_for_cache(&self, revision: Revision) -> Result<(), ApiError> {
         if self.cache.revision() >= revision
             || self.cache.wait_for(revision, RESOURCE_VERSION_WAIT).await

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::current::Current;
+use crate::detached::Detached;
 use crate::typed::RulesView;
 
 mod create;
@@ -448,9 +449,13 @@ impl Registry {
                 Form::Normal => self.strategy.default_normal(&mut new, &mut view),
                 Form::Any => self.strategy.default(&mut new),
             }
+            if old.decoded().is_some() {
+                // Compared as a whole (a patch decoded it): so is the new object.
+                view.restore(&mut new);
+            }
             if !options.applied {
                 crate::managed::record_update_current(
-                    &mut new,
+                    (&mut new, view.detached()),
                     &old,
                     &options.field_manager,
                     &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
@@ -473,13 +478,18 @@ impl Registry {
                 return Err(self.invalid(name, &errors));
             }
             meta::set_meta_str(&mut new, "resourceVersion", &kv.mod_revision.to_string());
-            if crate::managed::same_ignoring_times_current(&new, &old) {
+            if crate::managed::same_ignoring_times_current((&new, view.detached()), &old) {
                 return Ok((old.into_whole()?, false));
+            }
+            let deleted = !meta::meta_str(old.meta(), "deletionTimestamp").is_empty();
+            if deleted || options.dry_run {
+                // What follows reads the whole object, or answers with it.
+                view.restore(&mut new);
             }
             // Upstream's ShouldDeleteDuringUpdate: an update that leaves a deleted object
             // without finalizers deletes it, unless its grace period is still running or the
             // kind holds it otherwise (a Namespace until its spec.finalizers are gone).
-            let finalized = !meta::meta_str(old.meta(), "deletionTimestamp").is_empty()
+            let finalized = deleted
                 && meta::finalizers(&new).is_empty()
                 && meta::metadata(old.meta())
                     .and_then(|m| m.get("deletionGracePeriodSeconds"))
@@ -502,10 +512,20 @@ impl Registry {
                 txn.ops.extend(released.ops);
                 txn
             } else {
-                self.put(unchanged, &key, &mut new, options.applied, extras)?
+                self.put(
+                    unchanged,
+                    &key,
+                    (&mut new, view.detached()),
+                    options.applied,
+                    extras,
+                )?
             };
             match self.storage.txn(txn).await.map_err(storage_error)? {
-                TxnOutcome::Committed { revision, .. } => return Ok((at(new, revision), false)),
+                TxnOutcome::Committed { revision, .. } => {
+                    // A typed write's caller has the detached members: they are not returned.
+                    view.detached().strip(&mut new);
+                    return Ok((at(new, revision), false));
+                }
                 TxnOutcome::Failed { current, .. } => {
                     let object_moved = current.first().is_some_and(|c| {
                         c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
@@ -522,6 +542,45 @@ impl Registry {
 }
 
 impl Registry {
+    /// The stored form of an object, with the members kept as encoded JSON (`detached`).
+    fn encode_with(&self, object: &Value, detached: &Detached) -> Bytes {
+        let info = self.strategy.info();
+        let raw = |key: &str| detached.get(key);
+        let kind = (info.api_version(), info.kind);
+        Bytes::from(meta::typed_json_bytes_with(
+            object,
+            (&kind.0, kind.1),
+            true,
+            &raw,
+        ))
+    }
+
+    /// Encodes an object for storage within the size bound. As upstream, an object too large
+    /// with its managedFields is stored without them, unless they were just applied (server-side
+    /// apply owns what it records); one too large even so is refused with etcd's error.
+    pub(super) fn encode_bounded(
+        &self,
+        object: &mut Value,
+        detached: &Detached,
+        applied: bool,
+    ) -> Result<Bytes, ApiError> {
+        let encoded = self.encode_with(object, detached);
+        if encoded.len() <= self.max_object_bytes {
+            return Ok(encoded);
+        }
+        if !applied
+            && meta::metadata_mut(object)
+                .shift_remove("managedFields")
+                .is_some()
+        {
+            let encoded = self.encode_with(object, detached);
+            if encoded.len() <= self.max_object_bytes {
+                return Ok(encoded);
+            }
+        }
+        Err(ApiError::request_too_large_for_storage())
+    }
+
     /// Upstream's answer to an update without `resourceVersion` where one is required (the
     /// missing version printed as Go's `%#v` of a uint64).
     fn version_required(&self, name: &str) -> ApiError {
@@ -542,11 +601,11 @@ impl Registry {
         &self,
         guard: Compare,
         key: &str,
-        object: &mut Value,
+        (object, detached): (&mut Value, &Detached),
         applied: bool,
         extras: WriteExtras,
     ) -> Result<Txn, ApiError> {
-        let encoded = self.encode_bounded(object, applied)?;
+        let encoded = self.encode_bounded(object, detached, applied)?;
         let mut txn = Txn::new()
             .when(guard)
             .then(Op::Put(key.to_string(), encoded));

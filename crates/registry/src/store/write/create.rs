@@ -104,7 +104,13 @@ impl Registry {
                 return Ok(candidate);
             }
             let absent = Compare::Absent(key.clone());
-            let txn = self.put(absent, &key, &mut candidate, options.applied, extras)?;
+            let txn = self.put(
+                absent,
+                &key,
+                (&mut candidate, &Default::default()),
+                options.applied,
+                extras,
+            )?;
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => return Ok(at(candidate, revision)),
                 TxnOutcome::Failed { current, .. } => {

@@ -2,8 +2,13 @@
 //! the registry's write, not copied as JSON first, and a patch reads the stored object as its
 //! type without a copy that carries `kind` and `apiVersion`. The rules are handed the typed
 //! objects (the new one, and a patch's stored one) instead of decoding them from the JSON.
+//!
+//! An update made from the stored object ([`Registry::update_typed_over`],
+//! [`Registry::patch_typed`]) keeps the kind's atomic lists as encoded JSON
+//! ([`crate::detached`]): the object it returns is without them (its caller has them).
 
 use super::*;
+use crate::detached::{Detached, atomic_member, from_typed_detaching};
 use crate::strategy::Object;
 use crate::typed::{RulesView, from_typed};
 
@@ -17,7 +22,7 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
     ) -> Result<(Value, bool), ApiError> {
-        self.update_typed_over(namespace, name, (new, None), options, subresource)
+        self.update_typed_with(namespace, name, (new, None), options, (subresource, false))
             .await
     }
 
@@ -26,7 +31,8 @@ impl Registry {
     /// `resourceVersion` the revision it was read at, as the watch cache held it): when the
     /// write finds that revision still stored, the rules take `read` as the stored object
     /// instead of decoding the stored JSON again (the second decode of the same slice in a
-    /// controller's sync). `read` must be the object as read, not changed since.
+    /// controller's sync). `read` must be the object as read, not changed since. The object
+    /// returned is without the kind's atomic lists (see the module's doc).
     pub async fn update_typed_over<T: Object>(
         &self,
         namespace: &str,
@@ -34,6 +40,19 @@ impl Registry {
         (new, read): (&T, Option<T>),
         options: &WriteOptions,
         subresource: Subresource,
+    ) -> Result<(Value, bool), ApiError> {
+        self.update_typed_with(namespace, name, (new, read), options, (subresource, true))
+            .await
+    }
+
+    /// [`Registry::update_typed_over`]; `detach`: with the atomic lists kept as encoded JSON.
+    async fn update_typed_with<T: Object>(
+        &self,
+        namespace: &str,
+        name: &str,
+        (new, read): (&T, Option<T>),
+        options: &WriteOptions,
+        (subresource, detach): (Subresource, bool),
     ) -> Result<(Value, bool), ApiError> {
         let pinned = new.metadata().resource_version.clone().unwrap_or_default();
         // Taken by the first attempt; a retry reads a newer object.
@@ -47,16 +66,31 @@ impl Registry {
             {
                 view = view.with_stored(read);
             }
-            Ok((from_typed(new), view))
+            // (Nothing stored: the update creates, from the whole JSON.)
+            let (json, detached) = match current {
+                Some(_) if detach => self.detaching(new, subresource),
+                _ => (from_typed(new), Detached::default()),
+            };
+            Ok((json, view.with_detached(detached)))
         })
         .await
+    }
+
+    /// The JSON of a typed update's object, with the kind's atomic lists kept as encoded JSON
+    /// (not for `/status`, whose object is put together from the stored one's JSON).
+    fn detaching<T: Object>(&self, new: &T, subresource: Subresource) -> (Value, Detached) {
+        let schema = self.strategy.schema();
+        match subresource {
+            Subresource::Main => from_typed_detaching(new, &|key| atomic_member(schema, key)),
+            Subresource::Status | Subresource::Finalize => (from_typed(new), Detached::default()),
+        }
     }
 
     /// [`Registry::patch`] whose `apply` makes the new object from the stored one, as its
     /// type (borrowed: the rules keep it, and what `apply` replaces is not copied first); the
     /// object must exist. `apply` is given the object without its managedFields, which the
     /// registry keeps itself (an update's entries come from the stored object, not from the
-    /// new one).
+    /// new one). The object returned is without the kind's atomic lists (see the module's doc).
     pub async fn patch_typed<T: Object>(
         &self,
         namespace: &str,
@@ -73,8 +107,9 @@ impl Registry {
             |current| {
                 let stored: T = current.typed().map_err(ApiError::internal)?;
                 let patched = apply(&stored)?;
-                let json = from_typed(&patched);
-                Ok((json, RulesView::of(patched).with_stored(stored)))
+                let (json, detached) = self.detaching(&patched, subresource);
+                let view = RulesView::of(patched).with_stored(stored);
+                Ok((json, view.with_detached(detached)))
             },
         )
         .await

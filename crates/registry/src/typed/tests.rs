@@ -1,0 +1,185 @@
+//! The rules' view of an object, and the JSON it is written back to.
+
+use super::*;
+use k8s_openapi::Metadata;
+use k8s_openapi::api::core::v1::Service;
+use serde_json::json;
+
+fn stored() -> Value {
+    json!({
+        "metadata": {
+            "name": "web", "namespace": "default", "labels": {"app": "web"},
+            "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:type": {}}}}]
+        },
+        "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
+    })
+}
+
+#[test]
+fn rules_see_everything_but_managed_fields() {
+    let service: Service = for_rules(&stored()).expect("decodes");
+    assert_eq!(service.metadata.managed_fields, None);
+    assert_eq!(service.metadata.name.as_deref(), Some("web"));
+    assert_eq!(
+        service.metadata.labels.and_then(|l| l.get("app").cloned()),
+        Some("web".into())
+    );
+    let spec = service.spec.expect("spec");
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.ports.map(|p| p[0].port), Some(80));
+    // Wrong types are still refused.
+    let wrong = json!({"metadata": {"name": 5}});
+    assert!(for_rules::<Service>(&wrong).is_err());
+    let wrong = json!({"metadata": {"name": "x"}, "spec": {"ports": "80"}});
+    assert!(for_rules::<Service>(&wrong).is_err());
+}
+
+#[test]
+fn stored_json_decodes_without_its_managed_fields() {
+    let json = serde_json::to_vec(&stored()).unwrap_or_default();
+    let service: Service = from_json_without_managed_fields(&json).expect("decodes");
+    assert_eq!(service, for_rules::<Service>(&stored()).expect("decodes"));
+    assert_eq!(service.metadata.managed_fields, None);
+    assert_eq!(service.metadata.name.as_deref(), Some("web"));
+    // A metadata-level `managedFields` only: the same key elsewhere is the type's business.
+    let spec_only = br#"{"spec": {"type": "ClusterIP"}, "metadata": {"name": "a"}}"#;
+    let service: Service = from_json_without_managed_fields(spec_only).expect("decodes");
+    assert_eq!(service.metadata.name.as_deref(), Some("a"));
+    // Wrong types, bad JSON and trailing bytes are still refused.
+    for bad in [
+        &br#"{"metadata": {"name": 5}}"#[..],
+        br#"{"metadata": {"name": "x"}, "spec": {"ports": "80"}}"#,
+        br#"{"metadata": {"managedFields": [}}"#,
+        br#"{"metadata": {}} x"#,
+        br#"[]"#,
+    ] {
+        assert!(from_json_without_managed_fields::<Service>(bad).is_err());
+    }
+}
+
+#[test]
+fn a_rule_that_changes_metadata_keeps_the_managed_fields() {
+    let mut object = stored();
+    mutate(&mut object, |s: &mut Service| {
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("a".into(), "b".into());
+    });
+    assert_eq!(object["metadata"]["annotations"], json!({"a": "b"}));
+    assert_eq!(
+        object["metadata"]["managedFields"],
+        stored()["metadata"]["managedFields"]
+    );
+}
+
+#[test]
+fn a_rule_that_leaves_metadata_alone_leaves_it_byte_for_byte() {
+    let mut object = stored();
+    object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let metadata = object["metadata"].clone();
+    mutate(&mut object, |s: &mut Service| {
+        s.spec.get_or_insert_default().session_affinity = Some("None".into());
+    });
+    assert_eq!(object["metadata"], metadata);
+    assert_eq!(object["spec"]["sessionAffinity"], "None");
+    assert_eq!(
+        serde_json::to_string(&object["metadata"]).ok(),
+        serde_json::to_string(&metadata).ok()
+    );
+}
+
+/// What `write_back` makes of `object` after `rule`, and what `write_changes` makes of it.
+fn both_ways(object: &Value, rule: impl Fn(&mut Service)) -> (Value, Value) {
+    let untouched: Service = for_rules(object).expect("decodes");
+    let mut changed = untouched.clone();
+    rule(&mut changed);
+    let mut full = object.clone();
+    write_back(&mut full, &changed, untouched.metadata());
+    let mut partial = object.clone();
+    write_changes(&mut partial, &mut changed.clone(), &untouched);
+    (full, partial)
+}
+
+#[test]
+fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
+    let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
+    object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
+    let rules: [fn(&mut Service); 4] = [
+        |_| {},
+        |s| s.metadata.generation = Some(2),
+        |s| s.spec.get_or_insert_default().session_affinity = Some("None".into()),
+        |s| {
+            s.metadata.generation = Some(3);
+            s.spec.get_or_insert_default().ports = None;
+        },
+    ];
+    for rule in rules {
+        let (full, partial) = both_ways(&object, rule);
+        assert_eq!(
+            serde_json::to_string(&full).ok(),
+            serde_json::to_string(&partial).ok()
+        );
+    }
+    let (_, generation) = both_ways(&object, |s| s.metadata.generation = Some(2));
+    assert_eq!(generation["metadata"]["generation"], 2);
+    assert_eq!(
+        generation["metadata"]["managedFields"],
+        stored()["metadata"]["managedFields"]
+    );
+}
+
+#[test]
+fn rules_sharing_a_view_write_back_what_each_decoding_on_its_own_writes() {
+    let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
+    object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
+    let affinity =
+        |s: &mut Service| s.spec.get_or_insert_default().session_affinity = Some("ClientIP".into());
+    let generation = |s: &mut Service| s.metadata.generation = Some(1);
+    // Each rule on its own: decoded, changed, written back; the registry's uid between.
+    let mut one_by_one = object.clone();
+    mutate(&mut one_by_one, affinity);
+    meta::set_meta_str(&mut one_by_one, "uid", "u-1");
+    mutate(&mut one_by_one, generation);
+    // The same through one view: the uid goes to the JSON and the view, one write back.
+    let mut shared = object.clone();
+    let mut view = RulesView::default();
+    affinity(view.typed::<Service>(&mut shared).expect("decodes"));
+    view.sync::<Service>(&mut shared);
+    meta::set_meta_str(&mut shared, "uid", "u-1");
+    view.edit_meta(|m| m.uid = Some("u-1".into()));
+    generation(view.typed::<Service>(&mut shared).expect("held"));
+    let cloned = view.clone();
+    let (mut finished, mut last) = (view.clone(), shared.clone());
+    view.sync::<Service>(&mut shared);
+    // The last sync writes the same, and spends the view: the next rule decodes again.
+    finished.finish::<Service>(&mut last);
+    assert_eq!(
+        serde_json::to_string(&last).ok(),
+        serde_json::to_string(&shared).ok()
+    );
+    assert!(finished.take_stored::<Service>().is_none());
+    let again = finished.typed::<Service>(&mut last).expect("decodes");
+    assert_eq!(again.metadata().generation, Some(1));
+    // Spent means decoded from the JSON as it is by then, not a copy held from before.
+    let mut spent = view.clone();
+    spent.finish::<Service>(&mut last);
+    meta::set_meta_str(&mut last, "uid", "u-2");
+    let decoded = spent.typed::<Service>(&mut last).expect("decodes");
+    assert_eq!(decoded.metadata().uid.as_deref(), Some("u-2"));
+    assert_eq!(
+        serde_json::to_string(&shared).ok(),
+        serde_json::to_string(&one_by_one).ok()
+    );
+    assert_eq!(
+        shared["metadata"]["managedFields"],
+        stored()["metadata"]["managedFields"]
+    );
+    // A dropped view decodes again, from the JSON as it is now.
+    let mut forgotten = cloned;
+    forgotten.forget();
+    let fresh = forgotten.typed::<Service>(&mut shared).expect("decodes");
+    assert_eq!(fresh.metadata().generation, Some(1));
+    assert_eq!(fresh.metadata().uid.as_deref(), Some("u-1"));
+}
