@@ -19,18 +19,22 @@ pub fn record_update_current(
     tracking: &Tracking,
 ) -> Result<(), ApiError> {
     let entries = entries_of(Some(old.meta()));
-    // A top-level member the manager's own entry owns whole, and no other entry owns any of.
+    // A top-level member the manager's own entry (the first that is its: the one `record`
+    // extends) owns whole, and no other entry owns any of.
     let sole = |key: &str| {
         let step = field_step(key);
-        let mut mine = false;
-        for owner in &entries {
-            if is_entry_of(&owner.entry, manager, "Update", tracking) {
-                mine |= owner.owned.iter().any(|p| p.len() == 1 && p[0] == step);
-            } else if owner.owned.iter().any(|p| p.first() == Some(&step)) {
-                return false;
-            }
-        }
-        mine
+        let mine = entries
+            .iter()
+            .position(|owner| is_entry_of(&owner.entry, manager, "Update", tracking));
+        mine.is_some_and(|mine| {
+            entries[mine]
+                .owned
+                .iter()
+                .any(|p| p.len() == 1 && p[0] == step)
+                && entries.iter().enumerate().all(|(i, owner)| {
+                    i == mine || !owner.owned.iter().any(|p| p.first() == Some(&step))
+                })
+        })
     };
     let comparison = compare_current(old, (new, detached), tracking, &sole)?;
     record(new, comparison, entries, manager, tracking);

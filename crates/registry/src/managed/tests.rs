@@ -567,19 +567,30 @@ mod from_current {
         ResourceInfo::of::<k8s_openapi::api::discovery::v1::EndpointSlice>();
 
     /// Entries owning a slice's atomic lists: none, the writing manager's alone, another's
-    /// alone, or both (the lists are compared last only when the writer owns them alone).
+    /// alone, both, or two of the writer's (the lists are compared last only when the writer's
+    /// first entry owns them alone).
     fn slice_owners(owners: u8) -> Option<Value> {
-        let entry = |manager: &str| {
+        let owning = |manager: &str, fields: Value| {
             json!({
                 "manager": manager, "operation": "Update", "apiVersion": "discovery.k8s.io/v1",
-                "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
-                "fieldsV1": {"f:endpoints": {}, "f:ports": {}, "f:metadata": {"f:labels": {}}},
+                "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields,
             })
+        };
+        let entry = |manager: &str| {
+            owning(
+                manager,
+                json!({"f:endpoints": {}, "f:ports": {}, "f:metadata": {"f:labels": {}}}),
+            )
         };
         match owners {
             1 => Some(json!([entry("m")])),
             2 => Some(json!([entry("other")])),
             3 => Some(json!([entry("m"), entry("other")])),
+            // Two entries of the writer (Capstan never makes them; another server might).
+            4 => Some(json!([
+                owning("m", json!({"f:metadata": {"f:labels": {}}})),
+                entry("m")
+            ])),
             _ => None,
         }
     }
@@ -590,7 +601,7 @@ mod from_current {
             proptest::collection::vec((0u8..3, any::<bool>()), 0..3),
             proptest::option::of(79u16..81),
             (any::<bool>(), proptest::option::of("[xy]")),
-            (owner(), 0u8..4),
+            (owner(), 0u8..5),
             extra(),
         )
             .prop_map(|(endpoints, port, (reversed, label), (owner, owners), extra)| {

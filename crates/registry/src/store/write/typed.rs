@@ -5,7 +5,8 @@
 //!
 //! An update made from the stored object ([`Registry::update_typed_over`],
 //! [`Registry::patch_typed`]) keeps the kind's atomic lists as encoded JSON
-//! ([`crate::detached`]): the object it returns is without them (its caller has them).
+//! ([`crate::detached`]): the object it returns after writing is without them (its caller has
+//! them; a write that changes nothing returns the stored object whole).
 
 use super::*;
 use crate::detached::{Detached, atomic_member, from_typed_detaching};
