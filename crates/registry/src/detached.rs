@@ -34,11 +34,6 @@ impl Detached {
         self.0.iter().find(|(k, _)| k == key).map(|(_, raw)| &**raw)
     }
 
-    /// Every detached member and its JSON.
-    pub fn members(&self) -> impl Iterator<Item = (&str, &RawValue)> {
-        self.0.iter().map(|(k, raw)| (k.as_str(), &**raw))
-    }
-
     /// Puts the members back into `object` as JSON trees: it is whole again.
     pub fn restore(&mut self, object: &mut Value) {
         for (key, raw) in self.0.drain(..) {

@@ -46,6 +46,11 @@ fn slice(address: &str) -> serde_json::Value {
            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]})
 }
 
+/// [`slice`] as a controller holds it.
+fn typed_slice(address: &str) -> EndpointSlice {
+    serde_json::from_value(slice(address)).expect("a typed slice")
+}
+
 fn set_address(slice: &mut EndpointSlice, address: &str) {
     if let Some(endpoint) = slice.endpoints.iter_mut().flatten().next() {
         endpoint.addresses = vec![address.to_string()];
@@ -61,8 +66,7 @@ async fn a_typed_update_without_system_metadata_keeps_the_stored_and_bumps_the_g
         .expect("created");
     // As a controller builds it: no uid, no creation time, a stale generation; a new label
     // and a new address.
-    let mut typed: EndpointSlice =
-        serde_json::from_value(slice("10.0.0.2")).expect("a typed slice");
+    let mut typed = typed_slice("10.0.0.2");
     typed.metadata.generation = Some(7);
     typed.metadata.resource_version = created["metadata"]["resourceVersion"]
         .as_str()
@@ -131,8 +135,7 @@ async fn a_typed_update_stores_its_lists_as_a_json_update_would() {
             .create("ns", slice("10.0.0.1"), &controller())
             .await
             .expect("created");
-        let mut new: EndpointSlice =
-            serde_json::from_value(slice("10.0.0.2")).expect("a typed slice");
+        let mut new = typed_slice("10.0.0.2");
         new.endpoints.get_or_insert_with(Vec::new).push(
             serde_json::from_value(json!({"addresses": ["10.0.0.9"],
                 "conditions": {"ready": false, "serving": true}, "nodeName": "n1",
@@ -197,7 +200,7 @@ async fn a_typed_update_takes_the_slice_as_read_only_at_the_stored_revision() {
         read.metadata.resource_version = version;
         read
     };
-    let new: EndpointSlice = serde_json::from_value(slice("10.0.0.2")).expect("a typed slice");
+    let new = typed_slice("10.0.0.2");
     let (updated, _) = slices
         .update_typed_over(
             "ns",
@@ -211,7 +214,7 @@ async fn a_typed_update_takes_the_slice_as_read_only_at_the_stored_revision() {
     // The generation moves from the read slice's.
     assert_eq!(updated["metadata"]["generation"], 41, "{updated}");
     // Read at a revision no longer stored: the stored slice (generation 41) is the old one.
-    let new: EndpointSlice = serde_json::from_value(slice("10.0.0.3")).expect("a typed slice");
+    let new = typed_slice("10.0.0.3");
     let (updated, _) = slices
         .update_typed_over(
             "ns",

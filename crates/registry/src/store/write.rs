@@ -545,14 +545,10 @@ impl Registry {
     /// The stored form of an object, with the members kept as encoded JSON (`detached`).
     fn encode_with(&self, object: &Value, detached: &Detached) -> Bytes {
         let info = self.strategy.info();
+        let api_version = info.api_version();
         let raw = |key: &str| detached.get(key);
-        let kind = (info.api_version(), info.kind);
-        Bytes::from(meta::typed_json_bytes_with(
-            object,
-            (&kind.0, kind.1),
-            true,
-            &raw,
-        ))
+        let encoded = meta::typed_json_bytes_with(object, (&api_version, info.kind), true, &raw);
+        Bytes::from(encoded)
     }
 
     /// Encodes an object for storage within the size bound. As upstream, an object too large
