@@ -202,15 +202,18 @@ pub(super) fn patched_object(
     } = *input;
     let info = strategy.info();
     let mut warnings = Vec::new();
-    let mut result = match patch_type {
-        PatchType::Json => patch::json_patch(current, bytes)?,
-        PatchType::StrategicMerge => {
-            let patch_value = strategic.unwrap_or(&Value::Null);
-            capstan_machinery::smp::apply(current, patch_value, strategy.schema())
-                .map_err(smp_error)?
-        }
-        _ => patch::merge_patch(current, bytes)?,
+    let apply = || -> Result<Value, ApiError> {
+        Ok(match patch_type {
+            PatchType::Json => patch::json_patch(current, bytes)?,
+            PatchType::StrategicMerge => {
+                let patch_value = strategic.unwrap_or(&Value::Null);
+                capstan_machinery::smp::apply(current, patch_value, strategy.schema())
+                    .map_err(smp_error)?
+            }
+            _ => patch::merge_patch(current, bytes)?,
+        })
     };
+    let mut result = apply()?;
     let problems = strategy.unknown_fields(&result);
     match validation {
         FieldValidation::Strict if !problems.is_empty() => {
@@ -240,10 +243,15 @@ pub(super) fn patched_object(
         }
     }
     // A patched object with a value of the wrong type: upstream's patcher answers with the
-    // decoder's error on the `patch` field, valued with the patched object's JSON.
-    let type_error = strategy
-        .schema()
-        .and_then(|schema| capstan_machinery::go_json::type_error(info.kind, schema, &result));
+    // decoder's error on the `patch` field, valued with the patched object's JSON. The kind's
+    // type refuses every such object, so the schema is searched for one only when the decode
+    // fails (on the object patched again: the decode took it), or when `kind` or `apiVersion`,
+    // which the decode does not read, is not a string.
+    let type_error = |result: &Value| {
+        strategy
+            .schema()
+            .and_then(|schema| capstan_machinery::go_json::type_error(info.kind, schema, result))
+    };
     let invalid_patch = |result: &Value, why: String| {
         let rendered = capstan_machinery::smp::value_key(result);
         let errors = capstan_machinery::field::FieldErrors(vec![
@@ -251,15 +259,37 @@ pub(super) fn patched_object(
         ]);
         ApiError::invalid("", "", "", &errors)
     };
-    if let Some(why) = type_error {
+    let untyped_meta = ["kind", "apiVersion"]
+        .iter()
+        .any(|key| result.get(*key).is_some_and(|v| !v.is_string()));
+    if untyped_meta && let Some(why) = type_error(&result) {
         return Err(invalid_patch(&result, why));
     }
     meta::strip_type_meta(&mut result);
-    check_name(info, name, namespace, &result)?;
-    let decoded = strategy
-        .decode(result)
-        .map_err(|e| invalid_patch(&Value::Null, e))?;
-    Ok((decoded, warnings))
+    // A name mismatch is answered after a type error and before any other decode error.
+    let named = check_name(info, name, namespace, &result);
+    #[cfg(debug_assertions)]
+    let sent = result.clone();
+    match strategy.decode(result) {
+        Ok(decoded) => {
+            #[cfg(debug_assertions)]
+            assert_eq!(
+                type_error(&sent),
+                None,
+                "the kind's type took an object with a value of the wrong type"
+            );
+            named?;
+            Ok((decoded, warnings))
+        }
+        Err(e) => {
+            let result = apply()?;
+            if let Some(why) = type_error(&result) {
+                return Err(invalid_patch(&result, why));
+            }
+            named?;
+            Err(invalid_patch(&Value::Null, e))
+        }
+    }
 }
 
 /// A strategic-merge failure as upstream's patch handler answers it
