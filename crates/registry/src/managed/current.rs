@@ -56,8 +56,11 @@ fn compare_current(
     sole: &dyn Fn(&str) -> bool,
 ) -> Result<Comparison, ApiError> {
     let schema = tracking.schema;
-    if let Some(whole) = old.decoded() {
-        // Decoded already (for a patch): compared as it is.
+    if let Some(whole) = old.decoded()
+        && detached.is_empty()
+    {
+        // Decoded already (for a patch): compared as it is (as the no-change check does, only
+        // when the new object is whole too).
         return Ok(compare(whole, new, schema));
     }
     let node = shape_of(Some(new), schema);
