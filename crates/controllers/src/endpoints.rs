@@ -72,10 +72,11 @@ struct Namespace {
     pods: HashMap<String, (Arc<Pod>, Vec<String>)>,
 }
 
-/// A Service's selector (its `key=value` pairs) and the names of the pods it selects.
+/// A Service's selector (its `key=value` pairs) and the pods it selects, by name: the same
+/// views as [`Namespace::pods`], so that a sync reads its pods without a lookup each.
 struct Selected {
     selector: Vec<(String, String)>,
-    members: BTreeSet<String>,
+    members: BTreeMap<String, Arc<Pod>>,
 }
 
 fn selects(selector: &[(String, String)], labels: Option<&Labels>) -> bool {
@@ -95,7 +96,7 @@ impl Namespace {
                 self.anchors.remove(anchor);
             }
         }
-        for pod in &old.members {
+        for pod in old.members.keys() {
             if let Some((_, services)) = self.pods.get_mut(pod) {
                 services.retain(|s| s != service);
             }
@@ -117,10 +118,10 @@ impl Index {
         let Some(anchor) = selector.first().cloned() else {
             return;
         };
-        let mut members = BTreeSet::new();
+        let mut members = BTreeMap::new();
         for (name, (pod, services)) in ns.pods.iter_mut() {
             if selects(&selector, labels_of(pod)) {
-                members.insert(name.clone());
+                members.insert(name.clone(), pod.clone());
                 services.push(service.clone());
             }
         }
@@ -166,9 +167,11 @@ impl Index {
                 selected.members.remove(name);
             }
         }
-        for service in now.iter().filter(|s| !before.contains(s)) {
-            if let Some(selected) = ns.services.get_mut(service) {
-                selected.members.insert(name.to_string());
+        if let Some(pod) = &pod {
+            for service in &now {
+                if let Some(selected) = ns.services.get_mut(service) {
+                    selected.members.insert(name.to_string(), pod.clone());
+                }
             }
         }
         let mut wake: Vec<Key> = before
@@ -220,20 +223,36 @@ impl Index {
             .collect()
     }
 
-    /// The views of the pods a Service's selector matches.
-    fn members(&self, key: &Key) -> Vec<Arc<Pod>> {
+    /// The views of the pods a Service's selector matches. The index may not have seen the
+    /// Service's latest selector yet: when the one it holds is not `selector` (the one a sync
+    /// read), each member is checked against `selector`.
+    fn members(&self, key: &Key, selector: &Labels) -> Vec<Arc<Pod>> {
         let (namespace, service) = key;
-        let Some(ns) = self.namespaces.get(namespace) else {
+        let Some(selected) = self
+            .namespaces
+            .get(namespace)
+            .and_then(|ns| ns.services.get(service))
+        else {
             return Vec::new();
         };
-        let Some(selected) = ns.services.get(service) else {
-            return Vec::new();
-        };
-        selected
-            .members
-            .iter()
-            .filter_map(|name| ns.pods.get(name).map(|(pod, _)| pod.clone()))
-            .collect()
+        let pods = selected.members.values();
+        let indexed = selected.selector.len() == selector.len()
+            && selected
+                .selector
+                .iter()
+                .zip(selector)
+                .all(|((k, v), (key, value))| k == key && v == value);
+        if indexed {
+            pods.cloned().collect()
+        } else {
+            let pairs: Vec<(String, String)> = selector
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            pods.filter(|pod| selects(&pairs, labels_of(pod)))
+                .cloned()
+                .collect()
+        }
     }
 }
 
@@ -699,19 +718,7 @@ impl EndpointsController {
         else {
             return Ok(Selection::Skip);
         };
-        // The index may not have seen the Service's latest selector yet: each member is
-        // checked against the selector this sync read.
-        let pods: Vec<Arc<Pod>> = self
-            .index()
-            .members(key)
-            .into_iter()
-            .filter(|pod| {
-                let labels = labels_of(pod);
-                selector
-                    .iter()
-                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-            })
-            .collect();
+        let pods = self.index().members(key, selector);
         Ok(Selection::Pods(Box::new(service), pods))
     }
 
@@ -889,9 +896,36 @@ impl Desired<'_> {
 }
 
 fn family_of(ip: &str) -> Option<&'static str> {
-    match ip.parse::<IpAddr>().ok()? {
-        IpAddr::V4(_) => Some("IPv4"),
-        IpAddr::V6(_) => Some("IPv6"),
+    ip.parse::<IpAddr>().ok().map(|ip| family(&ip))
+}
+
+fn family(ip: &IpAddr) -> &'static str {
+    match ip {
+        IpAddr::V4(_) => "IPv4",
+        IpAddr::V6(_) => "IPv6",
+    }
+}
+
+/// An address as Endpoints and slices hold it: canonical. `parsed_from` is the text `ip` was
+/// parsed from (by std or [`capstan_machinery::ip::parse_sloppy`]): for IPv4 four decimal
+/// parts, and when it is as short as the canonical form it has no leading zero, so it is that
+/// form and is copied, not formatted again.
+pub(crate) fn canonical(ip: &IpAddr, parsed_from: &str) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let digits = |o: &u8| match *o {
+                100.. => 3,
+                10.. => 2,
+                _ => 1,
+            };
+            let len = v4.octets().iter().map(digits).sum::<usize>() + 3;
+            if parsed_from.len() == len {
+                parsed_from.to_string()
+            } else {
+                ip.to_string()
+            }
+        }
+        IpAddr::V6(_) => ip.to_string(),
     }
 }
 
@@ -952,15 +986,16 @@ fn pod_address(
     if !publish && pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let wanted = family.or_else(|| family_of(first));
-    let ip = ips
+    let wanted = family.or_else(|| family_of(first))?;
+    let (ip, text) = ips
         .iter()
-        .find(|ip| family_of(ip) == wanted)
-        .and_then(|ip| ip.parse::<IpAddr>().ok())?;
+        .filter_map(|text| Some((text.parse::<IpAddr>().ok()?, text)))
+        .find(|(ip, _)| self::family(ip) == wanted)?;
+    let text = canonical(&ip, text);
     // An address Endpoints may not hold (loopback, link-local, unspecified) would make the
     // whole write fail validation and keep every other pod of the Service out too: such a
     // pod is left out instead.
-    if capstan_machinery::ip::special_problem(ip, &ip.to_string()).is_some() {
+    if capstan_machinery::ip::special_problem(ip, &text).is_some() {
         return None;
     }
     let spec = pod.spec.as_ref();
@@ -969,7 +1004,7 @@ fn pod_address(
         .filter(|h| !h.is_empty())
         .filter(|_| spec.and_then(|s| s.subdomain.as_deref()) == Some(service_name));
     let address = EndpointAddress {
-        ip: ip.to_string(),
+        ip: text,
         hostname: hostname.map(str::to_string),
         node_name: spec
             .and_then(|s| s.node_name.clone())
@@ -1014,6 +1049,10 @@ fn endpoint_port(service_port: &ServicePort, port: i32) -> EndpointPort {
     }
 }
 
+/// A Service port as one pod resolves it: the port's index and the number (`None`: a
+/// headless Service without ports).
+type Resolved = Option<(usize, i32)>;
+
 /// Subsets for a Service and its selected pods; `true` when
 /// truncated to 1000 addresses.
 pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
@@ -1030,39 +1069,74 @@ pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
         .map(String::as_str)
         .or_else(|| family_of(cluster_ip));
     let service_ports = spec.ports.as_deref().unwrap_or_default();
-    // port (in list order) -> (port, addresses keyed by (ip, uid) with their ready flag)
-    let mut by_port: BTreeMap<Option<PortOrder>, (Option<EndpointPort>, PortAddresses)> =
-        BTreeMap::new();
+    // Per port as first resolved (a pod's: the Service port's index and the number), its
+    // addresses keyed by (ip, uid) with their ready flag. A Service has a few ports, so they
+    // are found by a scan, and each is built once, not once per pod.
+    let mut by_port: Vec<(Resolved, Option<EndpointPort>, PortAddresses)> = Vec::new();
+    let mut resolved: Vec<Resolved> = Vec::with_capacity(service_ports.len());
     for pod in pods {
         let pod: &Pod = pod.borrow();
-        let Some((ip, address)) = pod_address(pod, family, publish, service_name) else {
+        let Some((_, address)) = pod_address(pod, family, publish, service_name) else {
             continue;
         };
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let is_ready = publish || capstan_resources::pod::is_ready(pod);
-        let mut add = |port: Option<EndpointPort>| {
-            let entry = by_port
-                .entry(port.as_ref().map(port_order))
-                .or_insert_with(|| (port, BTreeMap::new()));
-            let slot = entry
-                .1
-                .entry((ip.to_string(), uid.clone()))
-                .or_insert((address.clone(), is_ready));
-            slot.1 &= is_ready; // not-ready wins
-        };
+        resolved.clear();
         if service_ports.is_empty() {
             if cluster_ip == "None" {
-                add(None);
+                resolved.push(None);
             }
-            continue;
+        } else {
+            resolved.extend(
+                service_ports
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, p)| target_port(p, pod).map(|number| Some((i, number)))),
+            );
         }
-        for service_port in service_ports {
-            if let Some(port) = target_port(service_port, pod) {
-                add(Some(endpoint_port(service_port, port)));
+        let is_ready = publish || capstan_resources::pod::is_ready(pod);
+        let key = (
+            address.ip.clone(),
+            pod.metadata.uid.clone().unwrap_or_default(),
+        );
+        // The last port takes the key and address, the others copies.
+        let mut entry = Some((key, address));
+        for (n, port) in resolved.iter().enumerate() {
+            let at = match by_port.iter().position(|(p, _, _)| p == port) {
+                Some(at) => at,
+                None => {
+                    let built = port.map(|(i, number)| endpoint_port(&service_ports[i], number));
+                    by_port.push((*port, built, BTreeMap::new()));
+                    by_port.len() - 1
+                }
+            };
+            let (key, address) = match (&entry, n + 1 == resolved.len()) {
+                (Some(_), true) => match entry.take() {
+                    Some(taken) => taken,
+                    None => break,
+                },
+                (Some((key, address)), false) => (key.clone(), address.clone()),
+                (None, _) => break,
+            };
+            let slot = by_port[at].2.entry(key).or_insert((address, is_ready));
+            slot.1 &= is_ready; // not-ready wins
+        }
+    }
+    // Ports the same once resolved (two Service ports naming one container port) are one.
+    let mut merged: BTreeMap<Option<PortOrder>, (Option<EndpointPort>, PortAddresses)> =
+        BTreeMap::new();
+    for (_, port, addresses) in by_port {
+        match merged.entry(port.as_ref().map(port_order)) {
+            std::collections::btree_map::Entry::Vacant(vacant) => {
+                vacant.insert((port, addresses));
+            }
+            std::collections::btree_map::Entry::Occupied(mut occupied) => {
+                for (key, (address, ready)) in addresses {
+                    let slot = occupied.get_mut().1.entry(key).or_insert((address, ready));
+                    slot.1 &= ready;
+                }
             }
         }
     }
-    let mut subsets = group_by_addresses(by_port);
+    let mut subsets = group_by_addresses(merged);
     let truncated = truncate(&mut subsets);
     let subsets = subsets
         .into_iter()
@@ -1212,12 +1286,76 @@ mod tests {
         Some(Arc::new(pod_view(&pod)))
     }
 
+    /// The members of a Service, read with the selector the index holds for it.
     fn names(index: &Index, service: &str) -> Vec<String> {
+        let held: Labels = index
+            .namespaces
+            .get("ns")
+            .and_then(|ns| ns.services.get(service))
+            .map(|s| s.selector.iter().cloned().collect())
+            .unwrap_or_default();
+        names_selected(index, service, &held)
+    }
+
+    fn names_selected(index: &Index, service: &str, selector: &Labels) -> Vec<String> {
         index
-            .members(&("ns".into(), service.into()))
+            .members(&("ns".into(), service.into()), selector)
             .iter()
             .map(|p| p.metadata.name.clone().unwrap_or_default())
             .collect()
+    }
+
+    #[test]
+    fn an_address_is_written_in_canonical_form() {
+        for text in [
+            "10.0.0.1",
+            "010.0.0.1",
+            "10.00.0.1",
+            "1.2.3.004",
+            "0.0.0.0",
+            "255.255.255.255",
+            "100.20.3.0",
+            "fe80::0001",
+            "2001:DB8::1",
+            "::ffff:1.2.3.4",
+        ] {
+            let ip = capstan_machinery::ip::parse_sloppy(text).expect(text);
+            assert_eq!(canonical(&ip, text), ip.to_string(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_sync_reads_each_pods_latest_view_and_a_newer_selector() {
+        let mut index = Index::default();
+        let key: Key = ("ns".into(), "web".into());
+        index.set_selector(&key, Some(&selector(&[("app", "web"), ("tier", "x")])));
+        index.pod_changed("ns", "p1", labelled("p1", "web"));
+        index.pod_changed("ns", "p2", labelled("p2", "web"));
+        let moved: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p1", "namespace": "ns", "labels": {"app": "web", "tier": "x"}},
+            "status": {"podIP": "10.0.0.9"},
+        }))
+        .expect("a pod");
+        assert_eq!(
+            index.pod_changed("ns", "p1", Some(Arc::new(pod_view(&moved)))),
+            vec![key.clone()]
+        );
+        let held = selector(&[("app", "web"), ("tier", "x")]);
+        let ips: Vec<Option<String>> = index
+            .members(&key, &held)
+            .iter()
+            .map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()))
+            .collect();
+        assert_eq!(
+            ips,
+            [Some("10.0.0.9".to_string()), Some("10.0.0.1".to_string())],
+            "the changed pod is read as it is now"
+        );
+        // A sync that read a selector the index has not seen yet keeps only what it selects.
+        let newer = selector(&[("app", "web"), ("tier", "y")]);
+        assert!(names_selected(&index, "web", &newer).is_empty());
+        let wider = selector(&[("app", "web")]);
+        assert_eq!(names_selected(&index, "web", &wider), ["p1", "p2"]);
     }
 
     fn selector(pairs: &[(&str, &str)]) -> Labels {

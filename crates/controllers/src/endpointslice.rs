@@ -174,9 +174,11 @@ fn pod_endpoint(
         .status
         .iter()
         .flat_map(|s| s.pod_ips.iter().flatten())
-        .filter_map(|entry| capstan_machinery::ip::parse_sloppy(&entry.ip))
-        .filter(|ip| ip.is_ipv6() == (address_type == "IPv6"))
-        .map(|ip| ip.to_string())
+        .filter_map(|entry| {
+            let ip = capstan_machinery::ip::parse_sloppy(&entry.ip)?;
+            (ip.is_ipv6() == (address_type == "IPv6"))
+                .then(|| crate::endpoints::canonical(&ip, &entry.ip))
+        })
         .collect();
     let pod_spec = pod.spec.as_ref();
     let hostname = pod_spec
@@ -283,31 +285,81 @@ fn len(slice: &EndpointSlice) -> usize {
     slice.endpoints.as_ref().map_or(0, Vec::len)
 }
 
+/// An endpoint's identity ([`endpoint_key`]) as one text, written into `out`: the number of
+/// addresses, then each part preceded by its length, so that no two identities write the
+/// same text.
+fn write_key(endpoint: &Endpoint, out: &mut String) {
+    use std::fmt::Write;
+    out.clear();
+    let _ = write!(out, "{}:", endpoint.addresses.len());
+    let mut part = |text: &str| {
+        let _ = write!(out, "{}:", text.len());
+        out.push_str(text);
+    };
+    if endpoint.addresses.is_sorted() {
+        endpoint.addresses.iter().for_each(|a| part(a));
+    } else {
+        let mut sorted: Vec<&String> = endpoint.addresses.iter().collect();
+        sorted.sort();
+        sorted.into_iter().for_each(|a| part(a));
+    }
+    part(endpoint.hostname.as_deref().unwrap_or_default());
+    let target = endpoint.target_ref.as_ref();
+    part(
+        target
+            .and_then(|t| t.namespace.as_deref())
+            .unwrap_or_default(),
+    );
+    part(target.and_then(|t| t.name.as_deref()).unwrap_or_default());
+}
+
 /// Desired endpoints in the order they were found, by identity.
 #[derive(Default)]
 struct Desired {
-    order: std::collections::VecDeque<EndpointKey>,
-    endpoints: HashMap<EndpointKey, Endpoint>,
+    /// In the order found; `None` once placed.
+    found: Vec<Option<Endpoint>>,
+    /// The next of `found` not yet looked at by [`Desired::pop`].
+    next: usize,
+    /// Identity ([`write_key`]) → its place in `found`, while not yet placed.
+    index: HashMap<String, usize>,
+    /// A buffer for the identities looked up.
+    key: String,
 }
 
 impl Desired {
-    fn insert(&mut self, endpoint: Endpoint) {
-        let key = endpoint_key(&endpoint);
-        if self.endpoints.insert(key.clone(), endpoint).is_none() {
-            self.order.push_back(key);
+    fn with_capacity(n: usize) -> Self {
+        Desired {
+            found: Vec::with_capacity(n),
+            index: HashMap::with_capacity(n),
+            ..Desired::default()
         }
     }
 
-    fn take(&mut self, key: &EndpointKey) -> Option<Endpoint> {
-        self.endpoints.remove(key)
+    /// Adds an endpoint; one of an identity already found replaces it, in its place.
+    fn insert(&mut self, endpoint: Endpoint) {
+        write_key(&endpoint, &mut self.key);
+        match self.index.get(self.key.as_str()) {
+            Some(&at) => self.found[at] = Some(endpoint),
+            None => {
+                self.index.insert(self.key.clone(), self.found.len());
+                self.found.push(Some(endpoint));
+            }
+        }
+    }
+
+    /// Takes the desired endpoint of `existing`'s identity, if any.
+    fn take(&mut self, existing: &Endpoint) -> Option<Endpoint> {
+        write_key(existing, &mut self.key);
+        let at = self.index.remove(self.key.as_str())?;
+        self.found.get_mut(at)?.take()
     }
 
     fn is_empty(&self) -> bool {
-        self.endpoints.is_empty()
+        self.index.is_empty()
     }
 
     fn len(&self) -> usize {
-        self.endpoints.len()
+        self.index.len()
     }
 
     /// Moves endpoints into `slice` until it holds `max`.
@@ -322,8 +374,11 @@ impl Desired {
 
     /// The next desired endpoint not yet placed, in the order found.
     fn pop(&mut self) -> Option<Endpoint> {
-        while let Some(key) = self.order.pop_front() {
-            if let Some(endpoint) = self.endpoints.remove(&key) {
+        while let Some(slot) = self.found.get_mut(self.next) {
+            self.next += 1;
+            if let Some(endpoint) = slot.take() {
+                write_key(&endpoint, &mut self.key);
+                self.index.remove(self.key.as_str());
                 return Some(endpoint);
             }
         }
@@ -403,31 +458,56 @@ fn reconcile_type(
         }
     }
     let mut desired: BTreeMap<PortKey, (Vec<EndpointPort>, Desired)> = BTreeMap::new();
+    // A pod's ports follow from the numbers its Service's ports resolve to: each resolution
+    // seen so far and the port set it gives, so that the ports are built once per set.
+    let service_ports = spec.ports.as_deref().unwrap_or_default();
+    let mut resolutions: Vec<(Vec<Option<i32>>, PortKey)> = Vec::new();
+    let mut resolution: Vec<Option<i32>> = Vec::with_capacity(service_ports.len());
     for pod in inputs.pods {
         if !included(pod) {
             continue;
         }
-        let ports = if headless_without_ports {
-            Vec::new()
-        } else {
-            endpoint_ports(spec, pod)
+        resolution.clear();
+        if !headless_without_ports {
+            resolution.extend(
+                service_ports
+                    .iter()
+                    .map(|p| crate::endpoints::target_port(p, pod)),
+            );
+        }
+        let key = match resolutions.iter().find(|(r, _)| *r == resolution) {
+            Some((_, key)) => key,
+            None => {
+                let ports = if headless_without_ports {
+                    Vec::new()
+                } else {
+                    endpoint_ports(spec, pod)
+                };
+                let key = port_key(&ports);
+                let pods = inputs.pods.len();
+                desired
+                    .entry(key.clone())
+                    .or_insert_with(|| (ports, Desired::with_capacity(pods)));
+                resolutions.push((resolution.clone(), key));
+                &resolutions[resolutions.len() - 1].1
+            }
         };
-        let entry = desired
-            .entry(port_key(&ports))
-            .or_insert_with(|| (ports, Desired::default()));
+        let Some(entry) = desired.get_mut(key) else {
+            continue;
+        };
         let node = pod
             .spec
             .as_ref()
-            .and_then(|s| s.node_name.clone())
+            .and_then(|s| s.node_name.as_deref())
             .unwrap_or_default();
-        let zone = match inputs.zones.get(&node) {
+        let zone = match inputs.zones.get(node) {
             Some(zone) => zone.clone(),
             // Upstream leaves out a pod whose Node is missing, as a kubelet that went away.
             // A Capstan without any Node (service discovery with no nodes modelled) keeps
             // its pods: there, no Node is the rule, not a fault.
             None if publish || inputs.nodeless => None,
             None => {
-                plan.missing_nodes.push(node);
+                plan.missing_nodes.push(node.to_string());
                 continue;
             }
         };
@@ -506,7 +586,7 @@ fn by_port_mapping(
         let mut kept = Vec::new();
         let mut updated = false;
         for endpoint in slice.endpoints.iter().flatten() {
-            if let Some(desired) = wanted.take(&endpoint_key(endpoint)) {
+            if let Some(desired) = wanted.take(endpoint) {
                 updated |= !equal_beyond_key(&desired, endpoint);
                 kept.push(desired);
             }
@@ -910,8 +990,10 @@ pub(crate) struct SliceWriter {
 
 #[derive(Default)]
 struct SliceState {
-    /// Node name → zone label, from the node watch.
-    zones: HashMap<String, Option<String>>,
+    /// Node name → zone label, from the node watch; shared with the syncs that read it (a
+    /// sync takes the map, not a copy of every Node's entry; a node change copies it only
+    /// while a sync still holds the old one).
+    zones: Arc<HashMap<String, Option<String>>>,
     /// Whether the node watch has replayed what exists.
     nodes_replayed: bool,
     /// This controller's slices of each Service, by name, from the slice watch.
@@ -969,7 +1051,9 @@ impl SliceWriter {
                 let name = object.selectable.name().to_string();
                 let mut state = writer.state();
                 if kind == EventType::Deleted {
-                    state.zones.remove(&name);
+                    if state.zones.contains_key(&name) {
+                        Arc::make_mut(&mut state.zones).remove(&name);
+                    }
                 } else {
                     let zone = object
                         .selectable
@@ -977,7 +1061,10 @@ impl SliceWriter {
                         // An empty zone label is no zone (upstream's podToEndpoint).
                         .filter(|zone| !zone.is_empty())
                         .map(str::to_string);
-                    state.zones.insert(name, zone);
+                    // A node's status heartbeats leave its zone as it was: nothing to change.
+                    if state.zones.get(&name) != Some(&zone) {
+                        Arc::make_mut(&mut state.zones).insert(name, zone);
+                    }
                 }
             },
             {

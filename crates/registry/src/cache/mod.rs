@@ -334,13 +334,19 @@ impl WatchCache {
 
     fn apply(&self, kind: EventKind, kv: &KeyValue, prev: Option<&KeyValue>) {
         let revision = kv.mod_revision;
+        // Decoded before the lock is taken: readers (lists, the controllers' reads) do not
+        // wait for the scan of a large object.
+        let decoded = match kind {
+            EventKind::Put => {
+                CachedObject::decode(kv.key.clone(), &kv.value, revision, &self.project)
+            }
+            EventKind::Delete => None,
+        };
         let mut state = self.write();
         let previous = state.objects.get(&kv.key).cloned();
         let event = match kind {
             EventKind::Put => {
-                let Some(object) =
-                    CachedObject::decode(kv.key.clone(), &kv.value, revision, &self.project)
-                else {
+                let Some(object) = decoded else {
                     state.revision = revision;
                     return;
                 };
