@@ -60,7 +60,7 @@ impl PatchType {
 }
 
 /// Applies an RFC 6902 patch document to `target`.
-pub fn json_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
+pub fn json_patch(target: Value, patch: &[u8]) -> Result<Value, ApiError> {
     let operations: Vec<Value> = serde_json::from_slice(patch)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if operations.len() > MAX_JSON_PATCH_OPERATIONS {
@@ -80,10 +80,10 @@ pub fn json_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
         )
         .with_details(Default::default())
     };
-    let mut result = target.clone();
+    let mut result = target;
     let mut copied: u64 = 0;
-    // One operation at a time on the copy: a failure leaves `target` untouched anyway, and a
-    // copy is measured before it runs, so no operation can blow the document up first.
+    // One operation at a time: a copy is measured before it runs, so no operation can blow
+    // the document up first.
     for operation in &patch.0 {
         // Where a value lands, and the value: too deep a result is refused before it exists.
         let placed = match operation {
@@ -156,7 +156,7 @@ fn serialized_len(value: &Value) -> u64 {
 }
 
 /// Applies an RFC 7386 merge patch to `target`.
-pub fn merge_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
+pub fn merge_patch(target: Value, patch: &[u8]) -> Result<Value, ApiError> {
     let patch: Value = serde_json::from_slice(patch)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if !patch.is_object() {
@@ -164,7 +164,7 @@ pub fn merge_patch(target: &Value, patch: &[u8]) -> Result<Value, ApiError> {
             "error decoding patch: invalid JSON document",
         ));
     }
-    let mut result = target.clone();
+    let mut result = target;
     json_patch::merge(&mut result, &patch);
     Ok(result)
 }
@@ -177,14 +177,14 @@ mod tests {
     #[test]
     fn merge_patch_adds_and_removes_labels() {
         let target = json!({"metadata":{"labels":{"a":"1","b":"2"}}});
-        let patched = merge_patch(&target, br#"{"metadata":{"labels":{"a":null,"c":"3"}}}"#)
-            .expect("applies");
+        let patched =
+            merge_patch(target, br#"{"metadata":{"labels":{"a":null,"c":"3"}}}"#).expect("applies");
         assert_eq!(patched, json!({"metadata":{"labels":{"b":"2","c":"3"}}}));
     }
 
     #[test]
     fn failing_json_patch_test_is_422() {
-        let err = json_patch(&json!({"a":1}), br#"[{"op":"test","path":"/a","value":2}]"#)
+        let err = json_patch(json!({"a":1}), br#"[{"op":"test","path":"/a","value":2}]"#)
             .expect_err("must fail");
         assert_eq!(err.code, 422);
     }
@@ -196,7 +196,7 @@ mod tests {
             ops.push(json!({"op": "copy", "from": "/a", "path": format!("/a/k{i}")}));
         }
         let body = serde_json::to_vec(&ops).expect("encodes");
-        let err = json_patch(&json!({}), &body).expect_err("over the copy limit");
+        let err = json_patch(json!({}), &body).expect_err("over the copy limit");
         assert_eq!(err.code, 422);
         assert_eq!(
             err.message,
@@ -204,7 +204,7 @@ mod tests {
         );
         // A few copies stay well inside it.
         let small = serde_json::to_vec(&ops[..4]).expect("encodes");
-        let patched = json_patch(&json!({}), &small).expect("applies");
+        let patched = json_patch(json!({}), &small).expect("applies");
         assert!(patched["a"]["k2"]["k1"]["k0"]["x"].is_string());
     }
 
@@ -219,9 +219,9 @@ mod tests {
             }
             serde_json::to_vec(&ops).expect("encodes")
         };
-        let shallow = json_patch(&json!({}), &copies(5)).expect("32 deep is fine");
+        let shallow = json_patch(json!({}), &copies(5)).expect("32 deep is fine");
         assert_eq!(depth_within(&shallow, 1000), 33);
-        let err = json_patch(&json!({}), &copies(12)).expect_err("too deep");
+        let err = json_patch(json!({}), &copies(12)).expect_err("too deep");
         assert_eq!(err.code, 422);
         assert_eq!(depth_within(&json!({"a": [[1]]}), 10), 3);
     }

@@ -307,7 +307,7 @@ impl Node {
 
 /// Applies `patch` to `original`; `schema` is the object's OpenAPI definition.
 pub fn apply(
-    original: &Value,
+    original: Value,
     patch: &Value,
     schema: Option<&'static Value>,
 ) -> Result<Value, SmpError> {
@@ -315,7 +315,7 @@ pub fn apply(
         return Err(bad("invalid JSON document"));
     };
     Ok(Value::Object(merge_map(
-        original.clone(),
+        original,
         patch.clone(),
         Node(schema),
     )?))
@@ -960,7 +960,7 @@ mod tests {
     }
 
     fn patched(original: Value, patch: Value) -> Value {
-        apply(&original, &patch, service()).expect("applies")
+        apply(original.clone(), &patch, service()).expect("applies")
     }
 
     #[test]
@@ -1065,7 +1065,7 @@ mod tests {
     }
 
     fn refused(original: Value, patch: Value) -> SmpError {
-        apply(&original, &patch, service()).expect_err("refused")
+        apply(original.clone(), &patch, service()).expect_err("refused")
     }
 
     #[test]

@@ -75,10 +75,10 @@ proptest! {
     #[test]
     fn patch_engines_never_panic(original in json_value(), patch_doc in json_value()) {
         let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
-        let _ = smp::apply(&original, &patch_doc, schema);
+        let _ = smp::apply(original.clone(), &patch_doc, schema);
         let bytes = serde_json::to_vec(&patch_doc).unwrap_or_default();
-        let _ = patch::merge_patch(&original, &bytes);
-        let _ = patch::json_patch(&original, &bytes);
+        let _ = patch::merge_patch(original.clone(), &bytes);
+        let _ = patch::json_patch(original.clone(), &bytes);
         if let Some(schema) = schema {
             let _ = capstan_machinery::go_json::type_error("Service", schema, &patch_doc);
             let _ = capstan_machinery::go_json::type_error("Service", schema, &serde_json::json!({"spec": patch_doc, "metadata": original}));

@@ -181,6 +181,15 @@ pub trait Strategy: Send + Sync + 'static {
         None
     }
 
+    /// The object [`Strategy::field_value`] reads, decoded from the object's JSON (without
+    /// managedFields) for the watch cache: the whole object by default. A kind whose
+    /// selectable fields are a small part of its objects decodes only that part (and
+    /// `metadata`'s name, namespace and labels); its tests check that every selectable field
+    /// reads the same from it as from the whole object.
+    fn selectable_object(&self, json: &[u8]) -> Option<Self::Object> {
+        serde_json::from_slice(json).ok()
+    }
+
     /// The 400 message for an unsupported field selector field.
     fn unsupported_field_message(&self, field: &str) -> String {
         format!(
@@ -584,7 +593,7 @@ impl<S: Strategy> DynStrategy for S {
                 [],
             ));
         }
-        let typed: S::Object = serde_json::from_slice(&whole()).ok()?;
+        let typed = Strategy::selectable_object(self, &whole())?;
         let m = typed.metadata();
         Some(crate::cache::Selectable::from_parts(
             m.name.as_deref().unwrap_or_default(),

@@ -184,9 +184,9 @@ pub(super) struct PatchInput<'a> {
     validation: FieldValidation,
 }
 
-/// Applies a JSON, merge or strategic merge patch to the stored object (with kind and
-/// apiVersion) and checks the result as upstream does; returns it with the unknown-field
-/// warnings to send.
+/// Applies a JSON, merge or strategic merge patch to the stored object (`current`, as stored:
+/// the patch applies to a copy with kind and apiVersion) and checks the result as upstream
+/// does; returns it with the unknown-field warnings to send.
 pub(super) fn patched_object(
     input: &PatchInput<'_>,
     current: &Value,
@@ -202,15 +202,17 @@ pub(super) fn patched_object(
     } = *input;
     let info = strategy.info();
     let mut warnings = Vec::new();
+    // The one copy of the stored object a patch makes: the patch engines change it in place.
     let apply = || -> Result<Value, ApiError> {
+        let target = meta::with_type_meta(current, &info.api_version(), info.kind);
         Ok(match patch_type {
-            PatchType::Json => patch::json_patch(current, bytes)?,
+            PatchType::Json => patch::json_patch(target, bytes)?,
             PatchType::StrategicMerge => {
                 let patch_value = strategic.unwrap_or(&Value::Null);
-                capstan_machinery::smp::apply(current, patch_value, strategy.schema())
+                capstan_machinery::smp::apply(target, patch_value, strategy.schema())
                     .map_err(smp_error)?
             }
-            _ => patch::merge_patch(current, bytes)?,
+            _ => patch::merge_patch(target, bytes)?,
         })
     };
     let mut result = apply()?;

@@ -215,8 +215,9 @@ impl Registry {
         .await
     }
 
-    /// PATCH: `apply` computes the new object from the current one (with `kind`/`apiVersion`);
-    /// `form` says whether what it returns is in its type's form already (encoded from a typed
+    /// PATCH: `apply` computes the new object from the current one, lent as stored (without
+    /// `kind` and `apiVersion`; [`meta::with_type_meta`] makes the copy that has them, for an
+    /// `apply` that changes a copy anyway); `form` says whether what it returns is in its type's form already (encoded from a typed
     /// object, as a controller's: defaulting then does not encode it again).
     pub async fn patch(
         &self,
@@ -227,14 +228,8 @@ impl Registry {
         form: Form,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
-        let info = self.strategy.info();
-        let api_version = info.api_version();
         self.patch_with((namespace, name), options, subresource, form, |current| {
-            let patched = apply(&meta::with_type_meta(
-                current.whole()?,
-                &api_version,
-                info.kind,
-            ))?;
+            let patched = apply(current.whole()?)?;
             Ok((patched, RulesView::default()))
         })
         .await

@@ -325,6 +325,66 @@ impl Strategy for PodStrategy {
         format!("field label not supported: {field}")
     }
 
+    /// Only what [`PodStrategy::field_value`] reads: the watch cache decodes every pod it is
+    /// given, and a pod's containers, volumes and conditions are most of it.
+    fn selectable_object(&self, json: &[u8]) -> Option<Pod> {
+        use k8s_openapi::api::core::v1::PodSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        #[derive(serde::Deserialize)]
+        struct Read {
+            #[serde(default)]
+            metadata: Meta,
+            spec: Option<Spec>,
+            status: Option<Status>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct Meta {
+            name: Option<String>,
+            namespace: Option<String>,
+            labels: Option<std::collections::BTreeMap<String, String>>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            node_name: Option<String>,
+            restart_policy: Option<String>,
+            scheduler_name: Option<String>,
+            service_account_name: Option<String>,
+            host_network: Option<bool>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Status {
+            phase: Option<String>,
+            #[serde(rename = "podIP")]
+            pod_ip: Option<String>,
+            nominated_node_name: Option<String>,
+        }
+        let read: Read = serde_json::from_slice(json).ok()?;
+        Some(Pod {
+            metadata: ObjectMeta {
+                name: read.metadata.name,
+                namespace: read.metadata.namespace,
+                labels: read.metadata.labels,
+                ..ObjectMeta::default()
+            },
+            spec: read.spec.map(|s| PodSpec {
+                node_name: s.node_name,
+                restart_policy: s.restart_policy,
+                scheduler_name: s.scheduler_name,
+                service_account_name: s.service_account_name,
+                host_network: s.host_network,
+                ..PodSpec::default()
+            }),
+            status: read.status.map(|s| PodStatus {
+                phase: s.phase,
+                pod_ip: s.pod_ip,
+                nominated_node_name: s.nominated_node_name,
+                ..PodStatus::default()
+            }),
+        })
+    }
+
     fn columns(&self) -> Vec<Column> {
         let column = |name: &'static str, priority: i32| Column {
             name,
@@ -396,6 +456,35 @@ mod tests {
             Some("true")
         );
         assert_eq!(strategy.field_value(&set, "spec.ports"), None);
+    }
+
+    #[test]
+    fn the_cache_reads_every_selectable_field_as_the_whole_pod_gives_it() {
+        let strategy = PodStrategy;
+        let full = json!({"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}, "uid": "u1",
+                "annotations": {"a": "b"}},
+            "spec": {"nodeName": "n1", "restartPolicy": "Never", "schedulerName": "s",
+                "serviceAccountName": "sa", "hostNetwork": true, "hostname": "h",
+                "containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}],
+                "nominatedNodeName": "n2", "conditions": [{"type": "Ready", "status": "True"}]}});
+        let bare = json!({"metadata": {"name": "q"}});
+        for object in [full, bare] {
+            let json = serde_json::to_vec(&object).expect("json");
+            let whole: Pod = serde_json::from_slice(&json).expect("a pod");
+            let read = strategy.selectable_object(&json).expect("read");
+            assert_eq!(read.metadata.name, whole.metadata.name);
+            assert_eq!(read.metadata.namespace, whole.metadata.namespace);
+            assert_eq!(read.metadata.labels, whole.metadata.labels);
+            for field in strategy.selectable_fields() {
+                assert_eq!(
+                    strategy.field_value(&read, field),
+                    strategy.field_value(&whole, field),
+                    "{field}"
+                );
+            }
+        }
     }
 
     #[test]
