@@ -7,8 +7,8 @@ use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::Column;
 use capstan_machinery::{ApiError, meta};
 use capstan_storage::{Compare, Op, Storage};
+use k8s_openapi::Metadata;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::{Metadata, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -251,6 +251,10 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// refused (the error text follows "cannot be handled as a <Kind>: ").
     fn decode(&self, object: Value) -> Result<Value, String>;
 
+    /// [`DynStrategy::decode`], with the rules' view of the decoded object (see
+    /// [`crate::Registry::patch_viewed`]).
+    fn decode_viewed(&self, object: Value) -> Result<(Value, RulesView), String>;
+
     /// The kind's OpenAPI definition (drives managedFields and `fieldValidation`).
     fn schema(&self) -> Option<&'static Value>;
 
@@ -331,6 +335,15 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn cells_json(&self, json: &[u8]) -> Vec<Value>;
 }
 
+/// A request body decoded into the kind's type (its `kind` and `apiVersion` are the type's).
+fn decode_typed<T: Object>(mut object: Value) -> Result<T, String> {
+    if let Value::Object(map) = &mut object {
+        map.insert("apiVersion".into(), T::API_VERSION.into());
+        map.insert("kind".into(), T::KIND.into());
+    }
+    serde_json::from_value(object).map_err(|e| e.to_string())
+}
+
 /// The generic half of a `/status` update: everything but status and metadata is the stored
 /// object's.
 fn keep_all_but_status(new: &mut Value, old: &Value) {
@@ -398,13 +411,14 @@ impl<S: Strategy> DynStrategy for S {
             .collect()
     }
 
-    fn decode(&self, mut object: Value) -> Result<Value, String> {
-        if let Value::Object(map) = &mut object {
-            map.insert("apiVersion".into(), S::Object::API_VERSION.into());
-            map.insert("kind".into(), S::Object::KIND.into());
-        }
-        let typed: S::Object = serde_json::from_value(object).map_err(|e| e.to_string())?;
-        Ok(from_typed(&typed))
+    fn decode(&self, object: Value) -> Result<Value, String> {
+        Ok(from_typed(&decode_typed::<S::Object>(object)?))
+    }
+
+    fn decode_viewed(&self, object: Value) -> Result<(Value, RulesView), String> {
+        let typed = decode_typed::<S::Object>(object)?;
+        let json = from_typed(&typed);
+        Ok((json, RulesView::of(typed)))
     }
 
     fn schema(&self) -> Option<&'static Value> {

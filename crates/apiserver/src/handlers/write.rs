@@ -139,18 +139,11 @@ pub(super) async fn patch_object(
                 validation,
             };
             let patched = registry
-                .patch(
-                    &namespace,
-                    &owned_name,
-                    &options,
-                    subresource,
-                    capstan_registry::Form::Any,
-                    |current| {
-                        let (result, problems) = patched_object(&input, current)?;
-                        *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                        Ok(result)
-                    },
-                )
+                .patch_viewed(&namespace, &owned_name, &options, subresource, |current| {
+                    let (result, view, problems) = patched_object(&input, current)?;
+                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                    Ok((result, view))
+                })
                 .await?;
             Ok((
                 patched,
@@ -186,11 +179,12 @@ pub(super) struct PatchInput<'a> {
 
 /// Applies a JSON, merge or strategic merge patch to the stored object (`current`, as stored:
 /// the patch applies to a copy with kind and apiVersion) and checks the result as upstream
-/// does; returns it with the unknown-field warnings to send.
+/// does; returns it in its type's form, with the rules' view of it and the unknown-field
+/// warnings to send.
 pub(super) fn patched_object(
     input: &PatchInput<'_>,
     current: &Value,
-) -> Result<(Value, Vec<String>), ApiError> {
+) -> Result<(Value, capstan_registry::typed::RulesView, Vec<String>), ApiError> {
     let PatchInput {
         patch_type,
         bytes,
@@ -272,8 +266,8 @@ pub(super) fn patched_object(
     let named = check_name(info, name, namespace, &result);
     #[cfg(debug_assertions)]
     let sent = result.clone();
-    match strategy.decode(result) {
-        Ok(decoded) => {
+    match strategy.decode_viewed(result) {
+        Ok((decoded, view)) => {
             #[cfg(debug_assertions)]
             assert_eq!(
                 type_error(&sent),
@@ -281,7 +275,7 @@ pub(super) fn patched_object(
                 "the kind's type took an object with a value of the wrong type"
             );
             named?;
-            Ok((decoded, warnings))
+            Ok((decoded, view, warnings))
         }
         Err(e) => {
             let result = apply()?;

@@ -235,6 +235,28 @@ impl Registry {
         .await
     }
 
+    /// [`Registry::patch`] whose `apply` returns the new object in its type's form (decoded
+    /// into the type and encoded again, [`crate::DynStrategy::decode_viewed`]) with the rules'
+    /// view of the decoded object: defaulting and the other rules start from that object
+    /// instead of decoding the JSON again.
+    pub async fn patch_viewed(
+        &self,
+        namespace: &str,
+        name: &str,
+        options: &WriteOptions,
+        subresource: Subresource,
+        apply: impl Fn(&Value) -> Result<(Value, RulesView), ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.patch_with(
+            (namespace, name),
+            options,
+            subresource,
+            Form::Normal,
+            |current| apply(current.whole()?),
+        )
+        .await
+    }
+
     /// A patch whose new object `patch` computes from the current one (which must exist), with
     /// the rules' view of it when it has one; the result is pinned to the current
     /// `resourceVersion` unless it names one.
