@@ -312,8 +312,7 @@ pub fn pod_view_of_json(json: &[u8]) -> Option<Pod> {
     use k8s_openapi::api::core::v1::{ContainerPort, PodCondition, PodIP};
     #[derive(serde::Deserialize)]
     struct Read {
-        #[serde(default)]
-        metadata: Meta,
+        metadata: Option<Meta>,
         spec: Option<Spec>,
         status: Option<Status>,
     }
@@ -332,14 +331,13 @@ pub fn pod_view_of_json(json: &[u8]) -> Option<Pod> {
         hostname: Option<String>,
         subdomain: Option<String>,
         node_name: Option<String>,
-        #[serde(default)]
-        containers: Vec<Port>,
+        containers: Option<Vec<Port>>,
         init_containers: Option<Vec<Port>>,
     }
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Port {
-        name: String,
+        name: Option<String>,
         ports: Option<Vec<ContainerPort>>,
         restart_policy: Option<String>,
     }
@@ -354,26 +352,32 @@ pub fn pod_view_of_json(json: &[u8]) -> Option<Pod> {
         conditions: Option<Vec<PodCondition>>,
     }
     let read: Read = serde_json::from_slice(json).ok()?;
+    let metadata = read.metadata.unwrap_or_default();
     let container = |c: Port| Container {
-        name: c.name,
+        name: c.name.unwrap_or_default(),
         ports: c.ports,
         restart_policy: c.restart_policy,
         ..Container::default()
     };
     Some(Pod {
         metadata: ObjectMeta {
-            name: read.metadata.name,
-            namespace: read.metadata.namespace,
-            uid: read.metadata.uid,
-            labels: read.metadata.labels,
-            deletion_timestamp: read.metadata.deletion_timestamp,
+            name: metadata.name,
+            namespace: metadata.namespace,
+            uid: metadata.uid,
+            labels: metadata.labels,
+            deletion_timestamp: metadata.deletion_timestamp,
             ..ObjectMeta::default()
         },
         spec: read.spec.map(|spec| PodSpec {
             hostname: spec.hostname,
             subdomain: spec.subdomain,
             node_name: spec.node_name,
-            containers: spec.containers.into_iter().map(container).collect(),
+            containers: spec
+                .containers
+                .into_iter()
+                .flatten()
+                .map(container)
+                .collect(),
             init_containers: spec
                 .init_containers
                 .map(|list| list.into_iter().map(container).collect()),
@@ -1408,7 +1412,8 @@ mod tests {
                 "conditions": [{"type": "Initialized", "status": "True"},
                     {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
         let bare = json!({"metadata": {"name": "q"}, "spec": {"containers": []}});
-        for object in [full, bare] {
+        let nulls = json!({"metadata": null, "spec": {"containers": null}, "status": null});
+        for object in [full, bare, nulls] {
             let json = serde_json::to_vec(&object).expect("json");
             let pod: Pod = serde_json::from_slice(&json).expect("a pod");
             assert_eq!(pod_view_of_json(&json), Some(pod_view(&pod)));

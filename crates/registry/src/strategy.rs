@@ -416,8 +416,10 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn decode_viewed(&self, object: Value) -> Result<(Value, RulesView), String> {
-        let typed = decode_typed::<S::Object>(object)?;
-        let json = from_typed(&typed);
+        let json = from_typed(&decode_typed::<S::Object>(object)?);
+        // The rules see the object as the JSON has it (empty lists left out, times at the
+        // JSON's precision), as they would had they decoded it themselves.
+        let typed: S::Object = for_rules(&json)?;
         Ok((json, RulesView::of(typed)))
     }
 

@@ -332,8 +332,7 @@ impl Strategy for PodStrategy {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
         #[derive(serde::Deserialize)]
         struct Read {
-            #[serde(default)]
-            metadata: Meta,
+            metadata: Option<Meta>,
             spec: Option<Spec>,
             status: Option<Status>,
         }
@@ -361,11 +360,12 @@ impl Strategy for PodStrategy {
             nominated_node_name: Option<String>,
         }
         let read: Read = serde_json::from_slice(json).ok()?;
+        let metadata = read.metadata.unwrap_or_default();
         Some(Pod {
             metadata: ObjectMeta {
-                name: read.metadata.name,
-                namespace: read.metadata.namespace,
-                labels: read.metadata.labels,
+                name: metadata.name,
+                namespace: metadata.namespace,
+                labels: metadata.labels,
                 ..ObjectMeta::default()
             },
             spec: read.spec.map(|s| PodSpec {
@@ -470,7 +470,8 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}],
                 "nominatedNodeName": "n2", "conditions": [{"type": "Ready", "status": "True"}]}});
         let bare = json!({"metadata": {"name": "q"}});
-        for object in [full, bare] {
+        let nulls = json!({"metadata": null, "spec": null, "status": null});
+        for object in [full, bare, nulls] {
             let json = serde_json::to_vec(&object).expect("json");
             let whole: Pod = serde_json::from_slice(&json).expect("a pod");
             let read = strategy.selectable_object(&json).expect("read");
