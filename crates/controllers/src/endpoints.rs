@@ -66,8 +66,8 @@ struct Namespace {
     /// Services by one pair of their selector (its first): a pod can only be selected by the
     /// Services anchored at one of its own labels, so a pod change tests only those.
     anchors: HashMap<(String, String), BTreeSet<String>>,
-    /// Pods by name: what the controller reads of each ([`pod_view`]) and the Services that
-    /// select it.
+    /// Pods by name: what the controllers read of each ([`pod_view_of_json`]) and the
+    /// Services that select it.
     pods: HashMap<String, (Arc<Pod>, Vec<String>)>,
 }
 

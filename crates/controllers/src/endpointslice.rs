@@ -26,8 +26,9 @@ const HEADLESS: &str = "service.kubernetes.io/headless";
 type Labels = BTreeMap<String, String>;
 /// A set of ports as a key: sorted (name, port, protocol, appProtocol), unset apart from empty.
 type PortKey = Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>;
-/// An endpoint's identity: its sorted addresses, hostname and target's namespace and name.
-pub(crate) type EndpointKey = (Vec<String>, String, String, String);
+/// An endpoint's identity: its sorted addresses, hostname and target's namespace and name, as
+/// [`write_key`] writes them.
+pub(crate) type EndpointKey = String;
 
 /// What a sync decided to write.
 #[derive(Debug, Default)]
@@ -73,15 +74,9 @@ fn port_key(ports: &[EndpointPort]) -> PortKey {
 }
 
 pub(crate) fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
-    let mut addresses = endpoint.addresses.clone();
-    addresses.sort();
-    let target = endpoint.target_ref.as_ref();
-    (
-        addresses,
-        endpoint.hostname.clone().unwrap_or_default(),
-        target.and_then(|t| t.namespace.clone()).unwrap_or_default(),
-        target.and_then(|t| t.name.clone()).unwrap_or_default(),
-    )
+    let mut key = String::new();
+    write_key(endpoint, &mut key);
+    key
 }
 
 /// `EndpointsEqualBeyondHash`: node, zone, conditions and target (less its resourceVersion).
@@ -285,9 +280,9 @@ fn len(slice: &EndpointSlice) -> usize {
     slice.endpoints.as_ref().map_or(0, Vec::len)
 }
 
-/// An endpoint's identity ([`endpoint_key`]) as one text, written into `out`: the number of
-/// addresses, then each part preceded by its length, so that no two identities write the
-/// same text.
+/// An endpoint's identity ([`EndpointKey`]) written into `out` (a buffer reused for lookups):
+/// the number of addresses, then each part preceded by its length, so that no two identities
+/// write the same text.
 fn write_key(endpoint: &Endpoint, out: &mut String) {
     use std::fmt::Write;
     out.clear();

@@ -16,7 +16,7 @@ pub mod typed;
 pub mod watch;
 
 pub use store::{
-    DeleteOptions, DeleteResult, Form, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
+    DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt, Registry,
     Subresource, WriteOptions,
 };
 pub use strategy::{Deleting, DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};

@@ -56,7 +56,7 @@ impl Subresource {
 
 /// What form the object a write computes is in (see [`Registry::patch`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Form {
+pub(crate) enum Form {
     /// Its type's (decoded from a body, or encoded from a typed object): defaulting writes it
     /// back only when it changed something.
     Normal,

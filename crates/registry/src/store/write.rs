@@ -215,23 +215,27 @@ impl Registry {
         .await
     }
 
-    /// PATCH: `apply` computes the new object from the current one, lent as stored (without
-    /// `kind` and `apiVersion`; [`meta::with_type_meta`] makes the copy that has them, for an
-    /// `apply` that changes a copy anyway); `form` says whether what it returns is in its type's form already (encoded from a typed
-    /// object, as a controller's: defaulting then does not encode it again).
+    /// PATCH: `apply` computes the new object, as any JSON (defaulting normalizes it), from the
+    /// current one, lent as stored (without `kind` and `apiVersion`). A new object in its
+    /// type's form goes through [`Registry::patch_viewed`] or [`Registry::patch_typed`].
     pub async fn patch(
         &self,
         namespace: &str,
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        form: Form,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
-        self.patch_with((namespace, name), options, subresource, form, |current| {
-            let patched = apply(current.whole()?)?;
-            Ok((patched, RulesView::default()))
-        })
+        self.patch_with(
+            (namespace, name),
+            options,
+            subresource,
+            Form::Any,
+            |current| {
+                let patched = apply(current.whole()?)?;
+                Ok((patched, RulesView::default()))
+            },
+        )
         .await
     }
 
