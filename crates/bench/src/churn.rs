@@ -4,6 +4,7 @@
 //! shows it. The slice watcher also counts what the controller wrote per flip (a flip should
 //! change one slice in place, never create or delete one).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,73 +52,69 @@ struct Pending {
     sent: Instant,
 }
 
-/// The parts of an Endpoints watch line this scenario reads.
+/// The parts of an Endpoints watch line this scenario reads (borrowed from the line: the
+/// bench shares the server's CPUs, so it builds as little as it can).
 #[derive(serde::Deserialize)]
-struct EndpointsEvent {
-    object: EndpointsObject,
+struct EndpointsEvent<'a> {
+    #[serde(borrow)]
+    object: EndpointsObject<'a>,
 }
 
 #[derive(serde::Deserialize)]
-struct EndpointsObject {
-    metadata: NameOnly,
-    #[serde(default)]
-    subsets: Vec<Subset>,
-}
-
-impl EndpointsObject {
-    /// The IPs of one address list (`addresses` or `notReadyAddresses`) of every subset.
-    fn ips(&self, list: impl Fn(&Subset) -> &Vec<Address>) -> std::collections::HashSet<&str> {
-        self.subsets
-            .iter()
-            .flat_map(|s| list(s).iter().map(|a| a.ip.as_str()))
-            .collect()
-    }
+struct EndpointsObject<'a> {
+    #[serde(borrow)]
+    metadata: NameOnly<'a>,
+    #[serde(default, borrow)]
+    subsets: Vec<Subset<'a>>,
 }
 
 #[derive(serde::Deserialize)]
-struct NameOnly {
-    #[serde(default)]
-    name: String,
+struct NameOnly<'a> {
+    #[serde(default, borrow)]
+    name: Cow<'a, str>,
 }
 
 #[derive(serde::Deserialize)]
-struct Subset {
-    #[serde(default)]
-    addresses: Vec<Address>,
-    #[serde(default, rename = "notReadyAddresses")]
-    not_ready: Vec<Address>,
+struct Subset<'a> {
+    #[serde(default, borrow)]
+    addresses: Vec<Address<'a>>,
+    #[serde(default, rename = "notReadyAddresses", borrow)]
+    not_ready: Vec<Address<'a>>,
 }
 
 #[derive(serde::Deserialize)]
-struct Address {
-    ip: String,
+struct Address<'a> {
+    #[serde(borrow)]
+    ip: Cow<'a, str>,
 }
 
-/// The parts of an EndpointSlice watch line this scenario reads.
+/// The parts of an EndpointSlice watch line this scenario reads (borrowed, as above).
 #[derive(serde::Deserialize)]
-struct SliceEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    object: SliceObject,
-}
-
-#[derive(serde::Deserialize)]
-struct SliceObject {
-    metadata: SliceMeta,
-    #[serde(default)]
-    endpoints: Option<Vec<SliceEndpoint>>,
+struct SliceEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    object: SliceObject<'a>,
 }
 
 #[derive(serde::Deserialize)]
-struct SliceMeta {
-    #[serde(default)]
-    labels: HashMap<String, String>,
+struct SliceObject<'a> {
+    #[serde(borrow)]
+    metadata: SliceMeta<'a>,
+    #[serde(default, borrow)]
+    endpoints: Option<Vec<SliceEndpoint<'a>>>,
 }
 
 #[derive(serde::Deserialize)]
-struct SliceEndpoint {
-    #[serde(default)]
-    addresses: Vec<String>,
+struct SliceMeta<'a> {
+    #[serde(default, borrow)]
+    labels: HashMap<Cow<'a, str>, Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct SliceEndpoint<'a> {
+    #[serde(default, borrow)]
+    addresses: Vec<Cow<'a, str>>,
     #[serde(default)]
     conditions: SliceConditions,
 }
@@ -127,28 +124,40 @@ struct SliceConditions {
     ready: Option<bool>,
 }
 
-/// What one watch event shows of a Service: its index, and the IPs it shows ready and not
-/// ready.
-type Shown = (
-    usize,
-    std::collections::HashSet<String>,
-    std::collections::HashSet<String>,
-);
-
-/// Reads what a watch line shows (its event type, and [`Shown`]).
-type ShownFn = fn(&[u8]) -> Option<(String, Shown)>;
-
-fn endpoints_shown(line: &[u8]) -> Option<(String, Shown)> {
-    let event = serde_json::from_slice::<EndpointsEvent>(line).ok()?;
-    let service = service_index(&event.object.metadata.name)?;
-    let owned =
-        |set: std::collections::HashSet<&str>| set.into_iter().map(str::to_string).collect();
-    let ready = owned(event.object.ips(|s| &s.addresses));
-    let not_ready = owned(event.object.ips(|s| &s.not_ready));
-    Some((String::new(), (service, ready, not_ready)))
+/// What one watch event shows of a Service: its event type, the Service's index, and each IP
+/// it shows with whether it shows it ready.
+struct Shown<'a> {
+    kind: Cow<'a, str>,
+    service: usize,
+    ips: Vec<(Cow<'a, str>, bool)>,
 }
 
-fn slice_shown(line: &[u8]) -> Option<(String, Shown)> {
+impl Shown<'_> {
+    /// Whether the event shows `ip` with readiness `ready`.
+    fn shows(&self, ip: &str, ready: bool) -> bool {
+        self.ips.iter().any(|(shown, r)| shown == ip && *r == ready)
+    }
+}
+
+/// Reads what a watch line shows.
+type ShownFn = for<'a> fn(&'a [u8]) -> Option<Shown<'a>>;
+
+fn endpoints_shown(line: &[u8]) -> Option<Shown<'_>> {
+    let event = serde_json::from_slice::<EndpointsEvent>(line).ok()?;
+    let service = service_index(&event.object.metadata.name)?;
+    let mut ips = Vec::new();
+    for subset in event.object.subsets {
+        ips.extend(subset.addresses.into_iter().map(|a| (a.ip, true)));
+        ips.extend(subset.not_ready.into_iter().map(|a| (a.ip, false)));
+    }
+    Some(Shown {
+        kind: Cow::Borrowed(""),
+        service,
+        ips,
+    })
+}
+
+fn slice_shown(line: &[u8]) -> Option<Shown<'_>> {
     let event = serde_json::from_slice::<SliceEvent>(line).ok()?;
     let service = service_index(
         event
@@ -157,17 +166,16 @@ fn slice_shown(line: &[u8]) -> Option<(String, Shown)> {
             .labels
             .get("kubernetes.io/service-name")?,
     )?;
-    let (mut ready, mut not_ready) = (Default::default(), Default::default());
-    for endpoint in event.object.endpoints.iter().flatten() {
-        let into: &mut std::collections::HashSet<String> =
-            if endpoint.conditions.ready.unwrap_or(true) {
-                &mut ready
-            } else {
-                &mut not_ready
-            };
-        into.extend(endpoint.addresses.iter().cloned());
+    let mut ips = Vec::new();
+    for endpoint in event.object.endpoints.into_iter().flatten() {
+        let ready = endpoint.conditions.ready.unwrap_or(true);
+        ips.extend(endpoint.addresses.into_iter().map(|ip| (ip, ready)));
     }
-    Some((event.kind, (service, ready, not_ready)))
+    Some(Shown {
+        kind: event.kind,
+        service,
+        ips,
+    })
 }
 
 fn service_index(name: &str) -> Option<usize> {
@@ -205,6 +213,50 @@ where
     }
 }
 
+/// The delays one watcher saw: all of them, and the worst per second of the churn (by when
+/// the flip was sent), to tell a steady tail from a few stalls.
+struct Delays {
+    all: hdrhistogram::Histogram<u64>,
+    worst_by_second: Vec<u64>,
+    started: Instant,
+}
+
+impl Delays {
+    fn new(started: Instant) -> Self {
+        Delays {
+            all: histogram(),
+            worst_by_second: Vec::new(),
+            started,
+        }
+    }
+
+    fn record(&mut self, sent: Instant, micros: u64) {
+        let _ = self.all.record(micros.max(1));
+        let second = sent.saturating_duration_since(self.started).as_secs() as usize;
+        if self.worst_by_second.len() <= second {
+            self.worst_by_second.resize(second + 1, 0);
+        }
+        self.worst_by_second[second] = self.worst_by_second[second].max(micros);
+    }
+}
+
+/// A merge patch of a pod's status. The answer is read, not decoded: the bench shares the
+/// server's CPUs, and a typed decode of every answered pod was a tenth of its CPU.
+async fn patch_status(client: &kube::Client, path: &str, patch: &Value) -> anyhow::Result<()> {
+    use http_body_util::BodyExt;
+    let request = http::Request::builder()
+        .method(http::Method::PATCH)
+        .uri(path)
+        .header("content-type", "application/merge-patch+json")
+        .header("accept", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(patch)?))?;
+    let response = client.send(request).await?;
+    let status = response.status();
+    response.into_body().collect().await?;
+    anyhow::ensure!(status.is_success(), "PATCH {path}: {status}");
+    Ok(())
+}
+
 /// Flips written and not yet seen, per Service, by pod IP.
 type PendingFlips = Arc<Mutex<HashMap<usize, HashMap<String, Pending>>>>;
 
@@ -214,7 +266,7 @@ fn follow_watch(
     client: kube::Client,
     path: String,
     pending: PendingFlips,
-    delays: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
+    delays: Arc<Mutex<Delays>>,
     counts: Arc<Mutex<HashMap<String, usize>>>,
     done: Arc<AtomicBool>,
     shown: ShownFn,
@@ -223,40 +275,40 @@ fn follow_watch(
         use http_body_util::BodyExt;
         let mut body = crate::open(&client, &path, "application/json").await?;
         let mut buffer = bytes::BytesMut::new();
+        let mut scanned = 0;
         while let Some(frame) = body.frame().await {
             let Ok(data) = frame?.into_data() else {
                 continue;
             };
             let arrived = Instant::now();
             buffer.extend_from_slice(&data);
-            while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                let line = buffer.split_to(end + 1);
-                let Some((kind, (service, ready, not_ready))) = shown(&line) else {
+            // Only what arrived since the last look is searched for a line's end.
+            while let Some(end) = buffer[scanned..].iter().position(|b| *b == b'\n') {
+                let line = buffer.split_to(scanned + end + 1);
+                scanned = 0;
+                let Some(shown) = shown(&line) else {
                     continue;
                 };
                 *counts
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .entry(kind)
+                    .entry(shown.kind.to_string())
                     .or_default() += 1;
                 let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(flips) = pending.get_mut(&service) else {
+                let Some(flips) = pending.get_mut(&shown.service) else {
                     continue;
                 };
                 let mut delays = delays.lock().unwrap_or_else(|e| e.into_inner());
                 flips.retain(|ip, flip| {
-                    let seen = if flip.ready {
-                        ready.contains(ip.as_str())
-                    } else {
-                        not_ready.contains(ip.as_str())
-                    };
+                    let seen = shown.shows(ip, flip.ready);
                     if seen {
                         let micros = arrived.duration_since(flip.sent).as_micros();
-                        let _ = delays.record((micros as u64).max(1));
+                        delays.record(flip.sent, micros as u64);
                     }
                     !seen
                 });
             }
+            scanned = buffer.len();
             if done.load(Ordering::Relaxed) {
                 break;
             }
@@ -364,8 +416,8 @@ impl Bench {
         // shows.
         let pending: PendingFlips = Arc::default();
         let slice_pending: PendingFlips = Arc::default();
-        let delays = Arc::new(Mutex::new(histogram()));
-        let slice_delays = Arc::new(Mutex::new(histogram()));
+        let delays = Arc::new(Mutex::new(Delays::new(Instant::now())));
+        let slice_delays = Arc::new(Mutex::new(Delays::new(Instant::now())));
         let slice_events: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let done = Arc::new(AtomicBool::new(false));
         let namespace = &self.namespace;
@@ -415,6 +467,9 @@ impl Bench {
         let errors = Arc::new(AtomicUsize::new(0));
         let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 8));
         let started = Instant::now();
+        for delays in [&delays, &slice_delays] {
+            delays.lock().unwrap_or_else(|e| e.into_inner()).started = started;
+        }
         let mut ticker = tokio::time::interval(Duration::from_millis(10));
         let mut flips = 0usize;
         while started.elapsed() < Duration::from_secs(args.duration) {
@@ -441,16 +496,16 @@ impl Bench {
                         .insert(ip.clone(), Pending { ready: want, sent });
                 }
                 let permit = limit.clone().acquire_owned().await?;
-                let (api, busy, errors) = (self.pods(), busy.clone(), errors.clone());
+                let (client, busy, errors) = (self.client.clone(), busy.clone(), errors.clone());
+                let path = format!(
+                    "/api/v1/namespaces/{}/pods/{}/status",
+                    self.namespace,
+                    pod_name(k / per, k % per)
+                );
                 let maps = [pending.clone(), slice_pending.clone()];
                 tokio::spawn(async move {
                     let patch = ready_status(&ip, want);
-                    let name = pod_name(k / per, k % per);
-                    if api
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .is_err()
-                    {
+                    if patch_status(&client, &path, &patch).await.is_err() {
                         errors.fetch_add(1, Ordering::Relaxed);
                         for map in &maps {
                             if let Some(flips) = map
@@ -520,7 +575,11 @@ impl Bench {
         let count = |kind: &str| slice_events.get(kind).copied().unwrap_or(0);
         eprint!("\r{:80}\r", "");
 
-        let delays = delays.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let take = |delays: &Arc<Mutex<Delays>>| {
+            let delays = delays.lock().unwrap_or_else(|e| e.into_inner());
+            (delays.all.clone(), delays.worst_by_second.clone())
+        };
+        let (delays, _) = take(&delays);
         let errors = errors.load(Ordering::Relaxed);
         println!(
             "endpoints-churn        {services} services x {per} pods, {per_second:.0} flips/s for {:.0} s (Endpoints complete {:.1} s, EndpointSlices {:.1} s after the last pod write)",
@@ -528,10 +587,7 @@ impl Bench {
             settled.as_secs_f64(),
             slices_settled.as_secs_f64()
         );
-        let slice_delays = slice_delays
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let (slice_delays, slice_worst) = take(&slice_delays);
         for (what, delays, missed) in [
             ("Endpoints event", &delays, missed),
             ("slice event    ", &slice_delays, slice_missed),
@@ -546,6 +602,14 @@ impl Bench {
                 delays.max() as f64 / 1000.0,
             );
         }
+        let worst: Vec<String> = slice_worst
+            .iter()
+            .map(|micros| format!("{}", micros / 1000))
+            .collect();
+        println!(
+            "slowest slice event of the flips sent in each second (ms): {}",
+            worst.join(" ")
+        );
         let slice_writes = count("ADDED") + count("MODIFIED") + count("DELETED");
         println!(
             "slice writes during the churn: {} added, {} modified, {} deleted = {:.2} per flip",
@@ -557,6 +621,7 @@ impl Bench {
         let mut report = json!({
             "slices_settle_seconds": slices_settled.as_secs_f64(),
             "slice_delay_ms": latency_json(&slice_delays),
+            "slice_delay_worst_ms_by_second": slice_worst.iter().map(|m| *m as f64 / 1000.0).collect::<Vec<_>>(),
             "slice_missed": slice_missed,
             "slice_events": {"added": count("ADDED"), "modified": count("MODIFIED"), "deleted": count("DELETED")},
             "services": services,
