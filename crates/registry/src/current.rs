@@ -24,15 +24,57 @@ pub struct Current<'a> {
     kv: &'a KeyValue,
     /// The top-level members but `kind`, `apiVersion` and `metadata`, in stored order.
     members: Vec<(Cow<'a, str>, &'a RawValue)>,
-    /// `{"metadata": …}`: the stored metadata with its `resourceVersion`.
-    meta: Value,
+    /// `{"metadata": …}`: the stored metadata with its `resourceVersion`; `None` when the
+    /// whole object was decoded when it was read (its `metadata` is the one read).
+    meta: Option<Value>,
     whole: OnceLock<Value>,
 }
+
+/// What [`Current::meta`] answers in a state no constructor leaves (neither its own metadata
+/// nor the whole object).
+static NO_META: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| serde_json::json!({}));
 
 impl<'a> Current<'a> {
     /// Reads a stored value's members and decodes its metadata (a 500 when it is not a JSON
     /// object).
     pub(crate) fn read(kv: &'a KeyValue) -> Result<Self, ApiError> {
+        let (members, metadata) = Self::members_of(kv)?;
+        let mut meta = serde_json::json!({});
+        if let Some(raw) = metadata {
+            let decoded: Value = serde_json::from_str(raw.get()).map_err(|_| undecodable(kv))?;
+            meta::metadata_mut(&mut meta).extend(match decoded {
+                Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            });
+        }
+        meta::set_meta_str(&mut meta, "resourceVersion", &kv.mod_revision.to_string());
+        Ok(Current {
+            kv,
+            members,
+            meta: Some(meta),
+            whole: OnceLock::new(),
+        })
+    }
+
+    /// [`Current::read`] for a write that reads the whole object anyway (a patch, an apply):
+    /// it is decoded at once, and its metadata is the one the write reads (not decoded a
+    /// second time on its own).
+    pub(crate) fn read_whole(kv: &'a KeyValue) -> Result<Self, ApiError> {
+        let (members, _) = Self::members_of(kv)?;
+        Ok(Current {
+            kv,
+            members,
+            meta: None,
+            whole: OnceLock::from(decode(kv)?),
+        })
+    }
+
+    /// The stored object's top-level members but `kind`, `apiVersion` and `metadata`, and its
+    /// `metadata` (a 500 when it is not a JSON object).
+    #[allow(clippy::type_complexity)]
+    fn members_of(
+        kv: &'a KeyValue,
+    ) -> Result<(Vec<(Cow<'a, str>, &'a RawValue)>, Option<&'a RawValue>), ApiError> {
         let undecodable = || undecodable(kv);
         let mut json = serde_json::Deserializer::from_slice(&kv.value);
         let all = json.deserialize_map(Members).map_err(|_| undecodable())?;
@@ -50,26 +92,18 @@ impl<'a> Current<'a> {
                 },
             }
         }
-        let mut meta = serde_json::json!({});
-        if let Some(raw) = metadata {
-            let decoded: Value = serde_json::from_str(raw.get()).map_err(|_| undecodable())?;
-            meta::metadata_mut(&mut meta).extend(match decoded {
-                Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            });
-        }
-        meta::set_meta_str(&mut meta, "resourceVersion", &kv.mod_revision.to_string());
-        Ok(Current {
-            kv,
-            members,
-            meta,
-            whole: OnceLock::new(),
-        })
+        Ok((members, metadata))
     }
 
-    /// `{"metadata": …}`: all of the stored object most of a write reads.
+    /// An object whose `metadata` member is the stored metadata (with its `resourceVersion`):
+    /// all of the stored object most of a write reads. Its other members are not to be read
+    /// (they are there when the whole object is).
     pub fn meta(&self) -> &Value {
-        &self.meta
+        match (&self.meta, self.whole.get()) {
+            (Some(meta), _) => meta,
+            (None, Some(whole)) => whole,
+            (None, None) => &NO_META,
+        }
     }
 
     /// The stored object's members but `kind`, `apiVersion` and `metadata`, as stored.
@@ -386,6 +420,15 @@ mod tests {
         assert_eq!(current.whole().expect("decodes"), &whole);
         assert_eq!(typed(&current), read);
         assert_eq!(current.into_whole().expect("decodes"), whole);
+        // Read whole at once: the same parts, the metadata the whole object's.
+        let at_once = Current::read_whole(&kv).expect("reads");
+        assert_eq!(at_once.decoded(), Some(&whole));
+        assert_eq!(at_once.meta()["metadata"], whole["metadata"]);
+        assert_eq!(
+            at_once.members().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["data", "binaryData"]
+        );
+        assert_eq!(typed(&at_once), read);
     }
 
     #[test]
@@ -464,6 +507,7 @@ mod tests {
     fn what_is_not_an_object_is_refused() {
         for value in [json!([1]), json!("x"), json!(null)] {
             assert!(Current::read(&kv(&value)).is_err());
+            assert!(Current::read_whole(&kv(&value)).is_err());
         }
     }
 }

@@ -1280,6 +1280,11 @@ impl Storage for EmbeddedStore {
     async fn health(&self) -> Result<()> {
         self.shared.health.check()
     }
+
+    /// redb holds its file locked: no other process writes it while this one has it open.
+    fn exclusive(&self) -> bool {
+        true
+    }
 }
 
 /// Brings a new watcher up to date from history, then hands it to the hub.

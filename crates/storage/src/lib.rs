@@ -335,6 +335,14 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Whether the store can serve and take writes now (readiness reports it).
     async fn health(&self) -> Result<()>;
+
+    /// Whether this process is the store's only writer (an embedded store it holds locked):
+    /// then every value in it was written by this process, or by an earlier run of it, and a
+    /// reader may trust it to have the shape this process gives its values. A store others
+    /// can write (etcd) says no, and its values are checked as they are read.
+    fn exclusive(&self) -> bool {
+        false
+    }
 }
 
 /// The first key after every key that starts with `prefix` (etcd's `range_end` for a prefix),

@@ -60,7 +60,18 @@ impl Stored {
         scan.whitespace();
         let members = scan.at;
         let (start, end) = span(parts.metadata?)?;
-        if bytes.get(start) != Some(&b'{') {
+        Self::with_metadata(bytes, members, start..end)
+    }
+
+    /// The parts found: the members after `kind` and `apiVersion` start at `members`, and
+    /// `metadata` spans `metadata` (`None` when that is not an object).
+    fn with_metadata(
+        bytes: Bytes,
+        members: usize,
+        metadata: std::ops::Range<usize>,
+    ) -> Option<Self> {
+        let (start, end) = (metadata.start, metadata.end);
+        if bytes.get(start) != Some(&b'{') || end < start + 2 {
             return None;
         }
         let metadata_end = end - 1;
@@ -74,6 +85,45 @@ impl Stored {
             metadata_empty,
             bytes,
         })
+    }
+
+    /// [`Stored::locate`] of a value this process's registry encoded (`kind`, `apiVersion`
+    /// and `metadata` first, in that order): only those three members are read, and the
+    /// rest is not checked; `None` when they are not where the registry puts them (then
+    /// [`Stored::locate`] reads the value).
+    pub(super) fn locate_own(bytes: Bytes) -> Option<Self> {
+        if bytes.last() != Some(&b'}') {
+            return None;
+        }
+        let mut scan = Scanner {
+            bytes: &bytes,
+            at: 0,
+        };
+        scan.expect(b'{')?;
+        for name in ["kind", "apiVersion"] {
+            scan.whitespace();
+            let key = scan.member()?;
+            if !named(key, name) {
+                return None;
+            }
+            scan.whitespace();
+            scan.expect(b',')?;
+        }
+        scan.whitespace();
+        let members = scan.at;
+        if !named(scan.string()?, "metadata") {
+            return None;
+        }
+        scan.whitespace();
+        scan.expect(b':')?;
+        scan.whitespace();
+        let start = scan.at;
+        if bytes.get(start) != Some(&b'{') {
+            return None;
+        }
+        scan.value()?;
+        let end = scan.at;
+        Self::with_metadata(bytes, members, start..end)
     }
 
     /// The `metadata` member's value, braces included (sharing the stored bytes).

@@ -11,7 +11,7 @@ mod json;
 mod object;
 mod selectable;
 
-pub use object::CachedObject;
+pub use object::{CachedObject, Writer};
 pub use selectable::{Projection, Selectable};
 
 /// What happened to an object.
@@ -107,6 +107,8 @@ pub struct HistoryLimits {
 pub struct WatchCache {
     prefix: String,
     project: Projection,
+    /// Who wrote the values it reads.
+    writer: Writer,
     state: RwLock<State>,
     history_limit: HistoryLimits,
     channel_capacity: usize,
@@ -135,8 +137,8 @@ pub struct TooOld {
 
 impl WatchCache {
     fn new(
-        prefix: String,
-        project: Projection,
+        (prefix, project): (String, Projection),
+        writer: Writer,
         global: watch::Receiver<Revision>,
         history_limit: HistoryLimits,
     ) -> Self {
@@ -145,6 +147,7 @@ impl WatchCache {
         WatchCache {
             prefix,
             project,
+            writer,
             state: RwLock::new(State {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
@@ -337,9 +340,13 @@ impl WatchCache {
         // Decoded before the lock is taken: readers (lists, the controllers' reads) do not
         // wait for the scan of a large object.
         let decoded = match kind {
-            EventKind::Put => {
-                CachedObject::decode(kv.key.clone(), &kv.value, revision, &self.project)
-            }
+            EventKind::Put => CachedObject::decode_written(
+                self.writer,
+                kv.key.clone(),
+                &kv.value,
+                revision,
+                &self.project,
+            ),
             EventKind::Delete => None,
         };
         let mut state = self.write();
@@ -367,8 +374,14 @@ impl WatchCache {
                 state.objects.remove(&kv.key);
                 let last = previous.or_else(|| {
                     prev.and_then(|p| {
-                        CachedObject::decode(p.key.clone(), &p.value, p.mod_revision, &self.project)
-                            .map(Arc::new)
+                        CachedObject::decode_written(
+                            self.writer,
+                            p.key.clone(),
+                            &p.value,
+                            p.mod_revision,
+                            &self.project,
+                        )
+                        .map(Arc::new)
                     })
                 });
                 let Some(last) = last else {
@@ -449,10 +462,20 @@ impl CacheSet {
         history_limit: HistoryLimits,
     ) -> Self {
         let (global, receiver) = watch::channel(0);
+        let writer = if storage.exclusive() {
+            Writer::ThisProcess
+        } else {
+            Writer::Anyone
+        };
         let caches = prefixes
             .into_iter()
-            .map(|(p, project)| {
-                Arc::new(WatchCache::new(p, project, receiver.clone(), history_limit))
+            .map(|kind| {
+                Arc::new(WatchCache::new(
+                    kind,
+                    writer,
+                    receiver.clone(),
+                    history_limit,
+                ))
             })
             .collect();
         CacheSet {
@@ -488,8 +511,14 @@ impl CacheSet {
                 .kvs
                 .into_iter()
                 .filter_map(|kv| {
-                    CachedObject::decode(kv.key.clone(), &kv.value, kv.mod_revision, &cache.project)
-                        .map(|o| (kv.key, Arc::new(o)))
+                    CachedObject::decode_written(
+                        cache.writer,
+                        kv.key.clone(),
+                        &kv.value,
+                        kv.mod_revision,
+                        &cache.project,
+                    )
+                    .map(|o| (kv.key, Arc::new(o)))
                 })
                 .collect();
             cache.reset(objects, revision);

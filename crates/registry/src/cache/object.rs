@@ -78,6 +78,15 @@ impl std::fmt::Debug for CachedObject {
     }
 }
 
+/// Who wrote the values a cache reads ([`capstan_storage::Storage::exclusive`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// This process alone: every value is the registry's encoding of an object.
+    ThisProcess,
+    /// Anyone (etcd): a value is checked to be JSON as it is read.
+    Anyone,
+}
+
 impl CachedObject {
     /// Decodes a stored value; `revision` becomes its `resourceVersion`. The stored bytes
     /// themselves are kept (shared with the storage engine's copy, not duplicated) when they
@@ -89,13 +98,32 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
+        Self::decode_written(Writer::Anyone, key, value, revision, project)
+    }
+
+    /// [`CachedObject::decode`] of a value `writer` wrote: one this process wrote is not
+    /// checked to be JSON (the registry encoded it), only its leading parts are found.
+    pub fn decode_written(
+        writer: Writer,
+        key: Arc<str>,
+        value: &Bytes,
+        revision: Revision,
+        project: &Projection,
+    ) -> Option<Self> {
         // The stored bytes are kept when they have Capstan's shape; the projection reads their
         // metadata alone, or (a kind with selectable fields in `spec` or `status`) the object
         // without managedFields, straight into the kind's type.
         // The text is checked first: finding the parts checks the JSON's syntax, not that
         // what its strings hold is UTF-8.
-        if std::str::from_utf8(value).is_ok()
-            && let Some(stored) = Stored::locate(value.clone())
+        let located = match writer {
+            Writer::ThisProcess => Stored::locate_own(value.clone()),
+            Writer::Anyone => None,
+        };
+        let located = located.or_else(|| {
+            std::str::from_utf8(value).ok()?;
+            Stored::locate(value.clone())
+        });
+        if let Some(stored) = located
             && !stored.has_resource_version()
         {
             let metadata = stored.metadata();

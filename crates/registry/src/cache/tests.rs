@@ -18,8 +18,8 @@ fn projection() -> Projection {
 fn cache(events: usize) -> (tokio::sync::watch::Sender<i64>, super::WatchCache) {
     let (global, receiver) = tokio::sync::watch::channel(0);
     let cache = super::WatchCache::new(
-        "/k/".into(),
-        projection(),
+        ("/k/".into(), projection()),
+        super::Writer::Anyone,
         receiver,
         super::HistoryLimits {
             events,
@@ -48,6 +48,22 @@ fn same_as_reencoded(stored: &Value) {
     let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
     let project = projection();
     let cached = CachedObject::decode("/k".into(), &bytes, 42, &project).expect("decodes");
+    // Read as this process's own value (its leading parts found, the rest not checked):
+    // served the same.
+    let own = CachedObject::decode_written(
+        super::Writer::ThisProcess,
+        "/k".into(),
+        &bytes,
+        42,
+        &project,
+    )
+    .expect("decodes");
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    cached.write_item(&mut a);
+    own.write_item(&mut b);
+    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    assert_eq!(own.object(), cached.object());
+    assert_eq!(own.selectable, cached.selectable);
     let mut object = stored.clone();
     let reencoded = CachedObject::from_object("/k".into(), &mut object, 42, &project);
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -236,6 +252,12 @@ fn stored_values_are_served_without_reencoding() {
     same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v2", "metadata": {}}));
 }
 
+/// Whether a test value repeats a top-level member.
+fn served_repeats(text: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(text);
+    text.matches("\"metadata\":").count() > 1 || text.matches("\"spec\":").count() > 1
+}
+
 /// Stored bytes written by hand: what the cache serves is what a full decode reads, and
 /// bytes that are not JSON are refused, however far in the fault is.
 #[test]
@@ -250,6 +272,17 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
     );
     let decode =
         |text: &[u8]| CachedObject::decode("/k".into(), &Bytes::copy_from_slice(text), 7, &project);
+    // A value of another shape than this process's encoding is read as any value is, even
+    // when it is said to be its own.
+    let own = |text: &[u8]| {
+        CachedObject::decode_written(
+            super::Writer::ThisProcess,
+            "/k".into(),
+            &Bytes::copy_from_slice(text),
+            7,
+            &project,
+        )
+    };
     for text in [
         &br#"{"kind":"Service","apiVersion":"v1" , "metadata" : {"name":"a"} ,"spec":{}}"#[..],
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a","labels":{"x":"1"}},"metadata":{"name":"b"}}"#,
@@ -259,6 +292,12 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"f","resource\u0056ersion":"3"}}"#,
     ] {
         let cached = decode(text).expect("valid JSON is cached");
+        // (Repeated members aside: this process never writes those.)
+        if !served_repeats(text) {
+            let own = own(text).expect("valid JSON is cached");
+            assert_eq!(own.object(), cached.object());
+            assert_eq!(own.typed_json("Service", "v1"), cached.typed_json("Service", "v1"));
+        }
         let mut expected: Value = serde_json::from_slice(text).expect("JSON");
         meta::strip_type_meta(&mut expected);
         meta::set_meta_str(&mut expected, "resourceVersion", "7");

@@ -21,6 +21,15 @@ pub(super) enum OnConflict {
     Refuse,
 }
 
+/// What a write reads of the stored object before it computes the new one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reads {
+    /// Its members as stored, and its metadata ([`Current::read`]).
+    Members,
+    /// The whole object, which the write works on (a patch, an apply: [`Current::read_whole`]).
+    Whole,
+}
+
 impl Registry {
     fn invalid(&self, name: &str, errors: &FieldErrors) -> ApiError {
         let info = self.strategy.info();
@@ -210,6 +219,7 @@ impl Registry {
                     (true, false) => OnConflict::Refuse,
                     (false, _) => OnConflict::Fail,
                 },
+                Reads::Members,
             ),
         )
         .await
@@ -230,7 +240,7 @@ impl Registry {
             (namespace, name),
             options,
             subresource,
-            Form::Any,
+            (Form::Any, Reads::Whole),
             |current| {
                 let patched = apply(current.whole()?)?;
                 Ok((patched, RulesView::default()))
@@ -255,7 +265,7 @@ impl Registry {
             (namespace, name),
             options,
             subresource,
-            Form::Normal,
+            (Form::Normal, Reads::Whole),
             |current| apply(current.whole()?),
         )
         .await
@@ -269,7 +279,7 @@ impl Registry {
         (namespace, name): (&str, &str),
         options: &WriteOptions,
         subresource: Subresource,
-        form: Form,
+        (form, reads): (Form, Reads),
         patch: impl Fn(&Current<'_>) -> Result<(Value, RulesView), ApiError>,
     ) -> Result<Value, ApiError> {
         let compute = |current: Option<&Current<'_>>| {
@@ -293,7 +303,7 @@ impl Registry {
                 options,
                 subresource,
                 compute,
-                (form, OnConflict::Retry),
+                (form, OnConflict::Retry, reads),
             )
             .await?;
         Ok(object)
@@ -372,7 +382,7 @@ impl Registry {
             &options,
             subresource,
             merge,
-            (Form::Any, OnConflict::Retry),
+            (Form::Any, OnConflict::Retry, Reads::Whole),
         )
         .await
     }
@@ -384,7 +394,7 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         compute: impl Fn(Option<&Current<'_>>) -> Result<(Value, RulesView), ApiError>,
-        (form, on_conflict): (Form, OnConflict),
+        (form, on_conflict, reads): (Form, OnConflict, Reads),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
         let info = self.strategy.info();
@@ -409,7 +419,10 @@ impl Registry {
                 return Ok((self.create(namespace, new, options).await?, true));
             };
             // The stored object, decoded as far as this write reads it.
-            let old = Current::read(&kv)?;
+            let old = match reads {
+                Reads::Members => Current::read(&kv)?,
+                Reads::Whole => Current::read_whole(&kv)?,
+            };
             let (mut new, mut view) = compute(Some(&old))?;
             if !new.is_object() {
                 return Err(ApiError::bad_request(

@@ -104,7 +104,8 @@ impl Registry {
             (namespace, name),
             options,
             subresource,
-            Form::Normal,
+            // The rules' stored object is decoded from the stored JSON into its type.
+            (Form::Normal, Reads::Members),
             |current| {
                 let stored: T = current.typed().map_err(ApiError::internal)?;
                 let patched = apply(&stored)?;
