@@ -1002,6 +1002,13 @@ struct SliceState {
     /// in flight (`None`: none yet): whether that event was this write's own is decided when
     /// the write returns with its generation.
     in_flight: HashMap<String, Option<i64>>,
+    /// The slices this controller last wrote, by (namespace, name), typed as the stored JSON
+    /// decodes (without managedFields, each with the `resourceVersion` its write returned):
+    /// a sync that finds a slice still at that revision in the watch cache takes it from here
+    /// instead of decoding its JSON again (a sixth of this controller's time in a churn), as
+    /// upstream's controller reads its slices from its informer's typed cache. A sync takes
+    /// them out; a slice's other events drop a stale one.
+    kept: HashMap<crate::endpoints::Key, EndpointSlice>,
 }
 
 /// A slice's identity as its watch event's metadata tells it.
@@ -1082,6 +1089,15 @@ impl SliceWriter {
                 let mut state = writer.state();
                 let mut wake = Vec::new();
                 let slice_key = (namespace.clone(), name.clone());
+                // Changed since this controller wrote it (or gone): what it kept is stale.
+                if kind == EventType::Deleted
+                    || state.kept.get(&slice_key).is_some_and(|kept| {
+                        kept.metadata.resource_version.as_deref()
+                            != Some(object.revision.to_string().as_str())
+                    })
+                {
+                    state.kept.remove(&slice_key);
+                }
                 if let Some(key) = state.service_of.remove(&slice_key) {
                     if let Some(names) = state.index.get_mut(&key) {
                         names.remove(&name);
@@ -1132,11 +1148,64 @@ impl SliceWriter {
 
     /// This controller's slices of a Service, as the slice index shows them, less those
     /// pending deletion (upstream's `dropEndpointSlicesPendingDeletion`).
+    /// Each is the slice this controller kept when it wrote it, when the watch cache still
+    /// holds it at that revision; otherwise it is decoded from the cache.
     fn existing(&self, key: &crate::endpoints::Key) -> Vec<EndpointSlice> {
         let names = self.state().index.get(key).cloned().unwrap_or_default();
-        let mut slices = cached_slices(&self.slices, &key.0, &names, true);
-        slices.retain(|slice| slice.metadata.deletion_timestamp.is_none());
+        let info = self.slices.strategy().info();
+        let mut slices = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(cached) = self.slices.cache().get(&info.key(&key.0, &name)) else {
+                continue;
+            };
+            let revision = cached.revision.to_string();
+            let kept = self.state().kept.remove(&(key.0.clone(), name));
+            let slice = match kept {
+                Some(kept) if kept.metadata.resource_version.as_deref() == Some(&revision) => {
+                    debug_assert_eq!(
+                        capstan_registry::strategy::from_typed(&kept),
+                        capstan_registry::strategy::from_typed(
+                            &decode_cached(&cached, true).unwrap_or_default()
+                        ),
+                        "a kept slice is the stored one"
+                    );
+                    kept
+                }
+                _ => match decode_cached(&cached, true) {
+                    Some(slice) => slice,
+                    None => continue,
+                },
+            };
+            if slice.metadata.deletion_timestamp.is_none() {
+                slices.push(slice);
+            }
+        }
         slices
+    }
+
+    /// Keeps `slice` as just written ([`SliceState::kept`]): with the metadata of the object
+    /// the write returned (the stored one's) and the defaults the write's rules gave it, it is
+    /// what the stored JSON decodes to.
+    fn keep(&self, namespace: &str, mut slice: EndpointSlice, mut written: serde_json::Value) {
+        use capstan_registry::Strategy;
+        let metadata = capstan_machinery::meta::metadata_mut(&mut written);
+        metadata.shift_remove("managedFields");
+        let Ok(metadata) = serde_json::from_value::<ObjectMeta>(serde_json::Value::Object(
+            std::mem::take(metadata),
+        )) else {
+            return;
+        };
+        let Some(name) = metadata.name.clone() else {
+            return;
+        };
+        if metadata.resource_version.is_none() {
+            return;
+        }
+        slice.metadata = metadata;
+        capstan_resources::endpointslice::EndpointSliceStrategy.default(&mut slice);
+        self.state()
+            .kept
+            .insert((namespace.to_string(), name), slice);
     }
 
     /// Reconciles and writes a Service's slices; the trigger time (`trigger`, taken only once
@@ -1255,7 +1324,10 @@ impl SliceWriter {
                 annotate(&mut slice);
                 let value = capstan_registry::strategy::from_typed(&slice);
                 match self.slices.create(namespace, value, &options).await {
-                    Ok(created) => self.record(key, &created),
+                    Ok(created) => {
+                        self.record(key, &created);
+                        self.keep(namespace, slice, created);
+                    }
                     Err(e) if e.is_namespace_terminating() => return Ok(()),
                     Err(e) => return Err(e),
                 }
@@ -1300,6 +1372,7 @@ impl SliceWriter {
                 queue.add(key.clone());
             }
             self.record(key, &updated);
+            self.keep(namespace, slice, updated);
         }
         for slice in deletes {
             self.delete(key, &slice).await?;
@@ -1344,15 +1417,21 @@ pub(crate) fn cached_slices(
     names
         .iter()
         .filter_map(|name| slices.cache().get(&info.key(namespace, name)))
-        .filter_map(|cached| {
-            let mut slice: EndpointSlice =
-                from_json_without_managed_fields(cached.raw_json()).ok()?;
-            if versioned {
-                slice.metadata.resource_version = Some(cached.revision.to_string());
-            }
-            Some(slice)
-        })
+        .filter_map(|cached| decode_cached(&cached, versioned))
         .collect()
+}
+
+/// A slice as the watch cache holds it, without its managedFields; `versioned`: with the
+/// `resourceVersion` it was read at.
+fn decode_cached(
+    cached: &capstan_registry::cache::CachedObject,
+    versioned: bool,
+) -> Option<EndpointSlice> {
+    let mut slice: EndpointSlice = from_json_without_managed_fields(cached.raw_json()).ok()?;
+    if versioned {
+        slice.metadata.resource_version = Some(cached.revision.to_string());
+    }
+    Some(slice)
 }
 
 /// Deletes a slice of `key` (one already gone is no error), remembering the write so the
