@@ -1163,10 +1163,8 @@ impl SliceWriter {
             let slice = match kept {
                 Some(kept) if kept.metadata.resource_version.as_deref() == Some(&revision) => {
                     debug_assert_eq!(
-                        capstan_registry::strategy::from_typed(&kept),
-                        capstan_registry::strategy::from_typed(
-                            &decode_cached(&cached, true).unwrap_or_default()
-                        ),
+                        Some(&kept),
+                        decode_cached(&cached, true).as_ref(),
                         "a kept slice is the stored one"
                     );
                     kept
@@ -1203,9 +1201,27 @@ impl SliceWriter {
         }
         slice.metadata = metadata;
         capstan_resources::endpointslice::EndpointSliceStrategy.default(&mut slice);
-        self.state()
-            .kept
-            .insert((namespace.to_string(), name), slice);
+        // The stored JSON leaves empty lists out: they decode as absent.
+        fn none_if_empty<T>(list: &mut Option<Vec<T>>) {
+            if list.as_ref().is_some_and(Vec::is_empty) {
+                *list = None;
+            }
+        }
+        none_if_empty(&mut slice.ports);
+        for endpoint in slice.endpoints.iter_mut().flatten() {
+            if let Some(hints) = endpoint.hints.as_mut() {
+                none_if_empty(&mut hints.for_zones);
+                none_if_empty(&mut hints.for_nodes);
+            }
+        }
+        none_if_empty(&mut slice.endpoints);
+        let key = (namespace.to_string(), name);
+        let mut state = self.state();
+        // Only a slice the index holds: one deleted before this write returned (its events
+        // already seen) would never be dropped.
+        if state.service_of.contains_key(&key) {
+            state.kept.insert(key, slice);
+        }
     }
 
     /// Reconciles and writes a Service's slices; the trigger time (`trigger`, taken only once
