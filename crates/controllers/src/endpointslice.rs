@@ -1148,6 +1148,7 @@ impl SliceWriter {
 
     /// This controller's slices of a Service, as the slice index shows them, less those
     /// pending deletion (upstream's `dropEndpointSlicesPendingDeletion`).
+    ///
     /// Each is the slice this controller kept when it wrote it, when the watch cache still
     /// holds it at that revision; otherwise it is decoded from the cache.
     fn existing(&self, key: &crate::endpoints::Key) -> Vec<EndpointSlice> {
@@ -1421,19 +1422,17 @@ impl SliceWriter {
 }
 
 /// The named slices of a namespace, as the watch cache holds them now, without their
-/// managedFields (the registry's: a write keeps the stored ones); `versioned`: each with the
-/// `resourceVersion` it was read at.
+/// managedFields (the registry's: a write keeps the stored ones) and `resourceVersion`.
 pub(crate) fn cached_slices(
     slices: &capstan_registry::Registry,
     namespace: &str,
     names: &std::collections::BTreeSet<String>,
-    versioned: bool,
 ) -> Vec<EndpointSlice> {
     let info = slices.strategy().info();
     names
         .iter()
         .filter_map(|name| slices.cache().get(&info.key(namespace, name)))
-        .filter_map(|cached| decode_cached(&cached, versioned))
+        .filter_map(|cached| decode_cached(&cached, false))
         .collect()
 }
 

@@ -498,9 +498,9 @@ impl GarbageCollector {
                 &key.1,
                 &key.2,
                 &write_options(),
+                Subresource::Main,
                 // An edited list may end up empty (which its type's form leaves out): the
                 // registry normalizes what a plain patch returns.
-                Subresource::Main,
                 |current| {
                     let mut object = current.clone();
                     if let Some(uid) = uid

@@ -340,7 +340,7 @@ impl MirroringController {
     /// The mirrored slices of a Service, as the slice watch last showed them.
     fn existing(&self, key: &Key) -> Vec<EndpointSlice> {
         let names = self.index().get(key).cloned().unwrap_or_default();
-        crate::endpointslice::cached_slices(&self.slices, &key.0, &names, false)
+        crate::endpointslice::cached_slices(&self.slices, &key.0, &names)
     }
 
     /// The Endpoints to mirror for a Service, if it should be mirrored.

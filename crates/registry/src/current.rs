@@ -24,15 +24,14 @@ pub struct Current<'a> {
     kv: &'a KeyValue,
     /// The top-level members but `kind`, `apiVersion` and `metadata`, in stored order.
     members: Vec<(Cow<'a, str>, &'a RawValue)>,
-    /// `{"metadata": …}`: the stored metadata with its `resourceVersion`; `None` when the
-    /// whole object was decoded when it was read (its `metadata` is the one read).
-    meta: Option<Value>,
+    /// What [`Current::meta`] answers: `{"metadata": …}` (the stored metadata with its
+    /// `resourceVersion`), or the whole object when it was read whole.
+    meta: Value,
+    /// Whether `meta` is the whole object ([`Current::read_whole`]).
+    meta_is_whole: bool,
+    /// Otherwise, the whole object, decoded the first time it is asked for.
     whole: OnceLock<Value>,
 }
-
-/// What [`Current::meta`] answers in a state no constructor leaves (neither its own metadata
-/// nor the whole object).
-static NO_META: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| serde_json::json!({}));
 
 impl<'a> Current<'a> {
     /// Reads a stored value's members and decodes its metadata (a 500 when it is not a JSON
@@ -51,7 +50,8 @@ impl<'a> Current<'a> {
         Ok(Current {
             kv,
             members,
-            meta: Some(meta),
+            meta,
+            meta_is_whole: false,
             whole: OnceLock::new(),
         })
     }
@@ -64,8 +64,9 @@ impl<'a> Current<'a> {
         Ok(Current {
             kv,
             members,
-            meta: None,
-            whole: OnceLock::from(decode(kv)?),
+            meta: decode(kv)?,
+            meta_is_whole: true,
+            whole: OnceLock::new(),
         })
     }
 
@@ -99,11 +100,7 @@ impl<'a> Current<'a> {
     /// all of the stored object most of a write reads. Its other members are not to be read
     /// (they are there when the whole object is).
     pub fn meta(&self) -> &Value {
-        match (&self.meta, self.whole.get()) {
-            (Some(meta), _) => meta,
-            (None, Some(whole)) => whole,
-            (None, None) => &NO_META,
-        }
+        &self.meta
     }
 
     /// The stored object's members but `kind`, `apiVersion` and `metadata`, as stored.
@@ -127,7 +124,7 @@ impl<'a> Current<'a> {
     /// The whole stored object as JSON, without `kind` and `apiVersion` and with its
     /// `resourceVersion`, decoded the first time it is asked for.
     pub fn whole(&self) -> Result<&Value, ApiError> {
-        if let Some(whole) = self.whole.get() {
+        if let Some(whole) = self.decoded() {
             return Ok(whole);
         }
         let decoded = decode(self.kv)?;
@@ -136,11 +133,18 @@ impl<'a> Current<'a> {
 
     /// The whole stored object, if something already decoded it.
     pub fn decoded(&self) -> Option<&Value> {
-        self.whole.get()
+        if self.meta_is_whole {
+            Some(&self.meta)
+        } else {
+            self.whole.get()
+        }
     }
 
     /// [`Current::whole`], owned.
     pub fn into_whole(mut self) -> Result<Value, ApiError> {
+        if self.meta_is_whole {
+            return Ok(self.meta);
+        }
         match self.whole.take() {
             Some(whole) => Ok(whole),
             None => decode(self.kv),
@@ -166,7 +170,7 @@ impl<'a> Current<'a> {
     /// The stored object as its kind's type, as a rule sees it (no managedFields): from the
     /// whole object when something decoded it already, otherwise straight from the stored JSON.
     pub fn typed<T: Object>(&self) -> Result<T, String> {
-        if let Some(whole) = self.whole.get() {
+        if let Some(whole) = self.decoded() {
             return for_rules(whole);
         }
         let mut typed: T = from_json_without_managed_fields(&self.kv.value)?;
