@@ -100,6 +100,27 @@ pub(crate) fn created(meta: &ObjectMeta) -> String {
         .unwrap_or_default()
 }
 
+/// What the watch cache's selectors read of `metadata` (name, namespace, labels), for a
+/// kind's `selectable_object` that decodes only the fields it selects by.
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct SelectableMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl SelectableMeta {
+    /// The object's metadata with only these fields.
+    pub(crate) fn into_object_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            labels: self.labels,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 /// A kind's object from a test's JSON.
 #[cfg(test)]
 pub(crate) fn typed<T: serde::de::DeserializeOwned>(object: serde_json::Value) -> T {

@@ -329,18 +329,11 @@ impl Strategy for PodStrategy {
     /// given, and a pod's containers, volumes and conditions are most of it.
     fn selectable_object(&self, json: &[u8]) -> Option<Pod> {
         use k8s_openapi::api::core::v1::PodSpec;
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
         #[derive(serde::Deserialize)]
         struct Read {
-            metadata: Option<Meta>,
+            metadata: Option<crate::SelectableMeta>,
             spec: Option<Spec>,
             status: Option<Status>,
-        }
-        #[derive(serde::Deserialize, Default)]
-        struct Meta {
-            name: Option<String>,
-            namespace: Option<String>,
-            labels: Option<std::collections::BTreeMap<String, String>>,
         }
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -360,14 +353,8 @@ impl Strategy for PodStrategy {
             nominated_node_name: Option<String>,
         }
         let read: Read = serde_json::from_slice(json).ok()?;
-        let metadata = read.metadata.unwrap_or_default();
         Some(Pod {
-            metadata: ObjectMeta {
-                name: metadata.name,
-                namespace: metadata.namespace,
-                labels: metadata.labels,
-                ..ObjectMeta::default()
-            },
+            metadata: read.metadata.unwrap_or_default().into_object_meta(),
             spec: read.spec.map(|s| PodSpec {
                 node_name: s.node_name,
                 restart_policy: s.restart_policy,

@@ -138,6 +138,34 @@ impl Strategy for ServiceStrategy {
         }
     }
 
+    /// Only what [`ServiceStrategy::field_value`] reads: the watch cache decodes every Service
+    /// written, and its ports, selector and the rest of its spec are most of it.
+    fn selectable_object(&self, json: &[u8]) -> Option<Service> {
+        use k8s_openapi::api::core::v1::ServiceSpec;
+        #[derive(serde::Deserialize)]
+        struct Read {
+            metadata: Option<crate::SelectableMeta>,
+            spec: Option<Spec>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Spec {
+            #[serde(rename = "clusterIP")]
+            cluster_ip: Option<String>,
+            #[serde(rename = "type")]
+            type_: Option<String>,
+        }
+        let read: Read = serde_json::from_slice(json).ok()?;
+        Some(Service {
+            metadata: read.metadata.unwrap_or_default().into_object_meta(),
+            spec: read.spec.map(|s| ServiceSpec {
+                cluster_ip: s.cluster_ip,
+                type_: s.type_,
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        })
+    }
+
     fn warnings(&self, service: &Service) -> Vec<String> {
         validation::warnings(service)
     }
