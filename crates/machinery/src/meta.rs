@@ -105,19 +105,28 @@ pub fn format_timestamp(at: jiff::Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// Sets `kind` and `apiVersion` first in the object, as single-object responses carry them.
+/// Sets `kind` and `apiVersion` first in the object, then `metadata`, as kube-apiserver's
+/// responses carry them (a Go type's fields in order: `TypeMeta`, `ObjectMeta`, the rest).
 pub fn with_type_meta(object: &Value, api_version: &str, kind: &str) -> Value {
     let mut out = Map::new();
     out.insert("kind".into(), Value::String(kind.to_string()));
     out.insert("apiVersion".into(), Value::String(api_version.to_string()));
     if let Value::Object(fields) = object {
-        for (k, v) in fields {
-            if k != "kind" && k != "apiVersion" {
-                out.insert(k.clone(), v.clone());
-            }
+        for (k, v) in members_in_order(fields) {
+            out.insert(k.to_string(), v.clone());
         }
     }
     Value::Object(out)
+}
+
+/// An object's members but `kind` and `apiVersion`: `metadata` first, the others in order.
+fn members_in_order(fields: &Map<String, Value>) -> impl Iterator<Item = (&str, &Value)> {
+    let metadata = fields.get("metadata").map(|m| ("metadata", m));
+    let rest = fields
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "kind" | "apiVersion" | "metadata"))
+        .map(|(k, v)| (k.as_str(), v));
+    metadata.into_iter().chain(rest)
 }
 
 /// Removes `kind` and `apiVersion`, keeping the other members in order.
@@ -159,10 +168,7 @@ pub fn typed_json_bytes_with<'r>(
     }
     let mut out = type_head(kind, api_version);
     if let Value::Object(fields) = object {
-        for (key, value) in fields {
-            if key == "kind" || key == "apiVersion" {
-                continue;
-            }
+        for (key, value) in members_in_order(fields) {
             out.push(b',');
             put(&mut out, key);
             out.push(b':');
@@ -223,6 +229,19 @@ mod tests {
             ),
             br#"{"kind":"Pod","apiVersion":"v1","metadata":{}}"#
         );
+    }
+
+    #[test]
+    fn metadata_comes_right_after_the_type_as_kube_apiserver_writes_it() {
+        // k8s-openapi, and many clients, write an EndpointSlice's members alphabetically.
+        let slice = json!({"addressType": "IPv4", "apiVersion": "discovery.k8s.io/v1",
+            "endpoints": [], "kind": "EndpointSlice", "metadata": {"name": "s"}, "ports": []});
+        let (api_version, kind) = ("discovery.k8s.io/v1", "EndpointSlice");
+        let expected = br#"{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"s"},"addressType":"IPv4","endpoints":[],"ports":[]}"#;
+        assert_eq!(typed_json_bytes(&slice, api_version, kind, true), expected);
+        assert_eq!(typed_json_bytes(&slice, api_version, kind, false), expected);
+        let typed = with_type_meta(&slice, api_version, kind);
+        assert_eq!(serde_json::to_vec(&typed).expect("encodes"), expected);
     }
 
     #[test]

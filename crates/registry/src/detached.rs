@@ -224,7 +224,6 @@ pub fn from_typed_detaching<T: Object>(
         return (crate::typed::from_typed(object), Detached::default());
     };
     capstan_machinery::meta::strip_type_meta(&mut value);
-    crate::typed::metadata_first(&mut value);
     crate::typed::drop_empty_lists(&mut value);
     (value, detached)
 }

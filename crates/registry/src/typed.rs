@@ -27,22 +27,8 @@ pub fn to_typed<T: Object>(object: &Value) -> Result<T, String> {
 pub fn from_typed<T: Object>(object: &T) -> Value {
     let mut out = serde_json::to_value(object).unwrap_or(Value::Null);
     meta::strip_type_meta(&mut out);
-    metadata_first(&mut out);
     drop_empty_lists(&mut out);
     out
-}
-
-/// Puts `metadata` before the kind's own members, where kube-apiserver's JSON has it (a Go
-/// type's fields in order: `TypeMeta`, `ObjectMeta`, then the rest); k8s-openapi writes
-/// every member in alphabetical order, which puts an EndpointSlice's `addressType` first.
-/// The watch cache reads a stored value's metadata quickly only when it comes first.
-pub(crate) fn metadata_first(value: &mut Value) {
-    if let Value::Object(map) = value
-        && map.keys().next().is_some_and(|first| first != "metadata")
-        && let Some(metadata) = map.shift_remove("metadata")
-    {
-        map.shift_insert(0, "metadata".into(), metadata);
-    }
 }
 
 /// The object as a rule sees it: everything but `metadata.managedFields`.

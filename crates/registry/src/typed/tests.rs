@@ -183,23 +183,3 @@ fn rules_sharing_a_view_write_back_what_each_decoding_on_its_own_writes() {
     assert_eq!(fresh.metadata().generation, Some(1));
     assert_eq!(fresh.metadata().uid.as_deref(), Some("u-1"));
 }
-
-#[test]
-fn a_typed_object_has_its_metadata_first_as_kube_apiserver_writes_it() {
-    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"name": "s"}, "addressType": "IPv4",
-        "endpoints": [{"addresses": ["10.0.0.1"]}], "ports": [{"port": 80}],
-    }))
-    .expect("a slice");
-    let keys = |value: &Value| -> Vec<String> {
-        value
-            .as_object()
-            .map(|map| map.keys().cloned().collect())
-            .unwrap_or_default()
-    };
-    // k8s-openapi writes `addressType` first; kube-apiserver (Go's field order) `metadata`.
-    let expected = ["metadata", "addressType", "endpoints", "ports"];
-    assert_eq!(keys(&from_typed(&slice)), expected);
-    let (detaching, _) = crate::detached::from_typed_detaching(&slice, &|key| key == "endpoints");
-    assert_eq!(keys(&detaching), expected);
-}
