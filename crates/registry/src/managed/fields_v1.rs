@@ -1,6 +1,7 @@
 //! `fieldsV1`, the encoding of a field set in a managedFields entry: a tree of steps in
 //! upstream's order, a member with members below it marked by `.`.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use serde_json::{Map, Value};
@@ -75,35 +76,29 @@ fn value_order(a: &Value, b: &Value) -> Ordering {
     }
 }
 
-/// A set as `fieldsV1`: members with nothing below them are `{}`, members with something
-/// below them carry `.`; children in upstream's order.
-pub(super) fn to_fields_v1(set: &Set) -> Value {
-    #[derive(Default)]
-    struct Node<'s> {
-        member: bool,
-        children: Vec<(&'s str, Node<'s>)>,
-    }
-    fn render(node: Node<'_>) -> Value {
-        let mut out = Map::with_capacity(node.children.len() + 1);
-        if node.member && !node.children.is_empty() {
-            out.insert(".".into(), Value::Object(Map::new()));
-        }
-        let mut children = node.children;
-        children.sort_by(|a, b| step_order(a.0, b.0));
-        for (step, child) in children {
-            out.insert(step.to_string(), render(child));
-        }
-        Value::Object(out)
-    }
-    // The set is ordered, so a path's parent steps are the latest children at each level.
-    let mut root = Node::default();
-    for path in set {
-        let mut node = &mut root;
-        for step in path {
-            let index = match node.children.last() {
-                Some((last, _)) if *last == step.as_str() => node.children.len() - 1,
-                _ => {
-                    node.children.push((step.as_str(), Node::default()));
+/// A field set as a tree of steps: what `fieldsV1` renders.
+#[derive(Default)]
+pub(super) struct Tree<'s> {
+    /// Whether the path to this node is itself in the set.
+    member: bool,
+    children: Vec<(Cow<'s, str>, Tree<'s>)>,
+}
+
+impl<'s> Tree<'s> {
+    /// Adds a path, each new step as `step` makes it (borrowed from a set that outlives the
+    /// tree, or copied).
+    pub(super) fn insert<'p>(
+        &mut self,
+        path: &'p [String],
+        step: impl Fn(&'p String) -> Cow<'s, str>,
+    ) {
+        let mut node = self;
+        for name in path {
+            // Searched from the last child: a set's paths come in order, so it is that one.
+            let index = match node.children.iter().rposition(|(s, _)| s == name) {
+                Some(index) => index,
+                None => {
+                    node.children.push((step(name), Tree::default()));
                     node.children.len() - 1
                 }
             };
@@ -111,7 +106,36 @@ pub(super) fn to_fields_v1(set: &Set) -> Value {
         }
         node.member = true;
     }
-    render(root)
+
+    /// Whether the set is empty.
+    pub(super) fn is_empty(&self) -> bool {
+        !self.member && self.children.is_empty()
+    }
+
+    /// The set as `fieldsV1`: members with nothing below them are `{}`, members with
+    /// something below them carry `.`; children in upstream's order (and, where that order
+    /// ties, by their text, as a set's paths sort).
+    pub(super) fn render(self) -> Value {
+        let mut out = Map::with_capacity(self.children.len() + 1);
+        if self.member && !self.children.is_empty() {
+            out.insert(".".into(), Value::Object(Map::new()));
+        }
+        let mut children = self.children;
+        children.sort_by(|a, b| step_order(&a.0, &b.0).then_with(|| a.0.cmp(&b.0)));
+        for (step, child) in children {
+            out.insert(step.into_owned(), child.render());
+        }
+        Value::Object(out)
+    }
+}
+
+/// A set as `fieldsV1` ([`Tree::render`]).
+pub(super) fn to_fields_v1(set: &Set) -> Value {
+    let mut root = Tree::default();
+    for path in set {
+        root.insert(path, |step| Cow::Borrowed(step.as_str()));
+    }
+    root.render()
 }
 
 /// The set a `fieldsV1` value names.

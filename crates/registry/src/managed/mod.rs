@@ -17,6 +17,7 @@
 //! - The fields the subresource resets (status for the main resource; spec and more for
 //!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
@@ -106,7 +107,7 @@ impl Tracking {
     }
 
     /// Whether a path is a reset field or lies under one.
-    fn resets_path(&self, path: &Path) -> bool {
+    fn resets_path(&self, path: &[String]) -> bool {
         self.resets.iter().any(|reset| {
             reset.len() <= path.len()
                 && reset
@@ -138,7 +139,7 @@ impl Tracking {
     }
 
     /// Whether a changed path is recorded (neither reset nor system metadata).
-    fn records(&self, path: &Path) -> bool {
+    fn records(&self, path: &[String]) -> bool {
         !self.resets_path(path)
             && !STRIPPED.iter().any(|stripped| {
                 stripped.len() == path.len() && stripped.iter().zip(path).all(|(a, b)| a == b)
@@ -256,6 +257,50 @@ impl Comparison {
     }
 }
 
+/// Where a comparison puts what it finds, as it walks: each path changed (added anew, or
+/// modified) or removed.
+trait Changes {
+    fn added(&mut self, path: &Path);
+    fn modified(&mut self, path: &Path);
+    fn removed(&mut self, path: &Path);
+}
+
+impl Changes for Comparison {
+    fn added(&mut self, path: &Path) {
+        self.added.insert(path.clone());
+    }
+
+    fn modified(&mut self, path: &Path) {
+        self.modified.insert(path.clone());
+    }
+
+    fn removed(&mut self, path: &Path) {
+        self.removed.insert(path.clone());
+    }
+}
+
+/// What a create's manager takes: the paths it changed that the write records, straight into
+/// the tree `fieldsV1` is rendered from (no set of paths first; nothing to take away from other
+/// managers, as there are none).
+struct Taken<'t> {
+    tracking: &'t Tracking,
+    fields: fields_v1::Tree<'static>,
+}
+
+impl Changes for Taken<'_> {
+    fn added(&mut self, path: &Path) {
+        if self.tracking.records(path) {
+            self.fields.insert(path, |step| Cow::Owned(step.clone()));
+        }
+    }
+
+    fn modified(&mut self, path: &Path) {
+        self.added(path);
+    }
+
+    fn removed(&mut self, _: &Path) {}
+}
+
 /// The step naming a struct field or map key.
 fn field_step(key: &str) -> String {
     let mut step = String::with_capacity(key.len() + 2);
@@ -292,19 +337,19 @@ fn compare_node(
     rhs: Option<&Value>,
     schema: Option<&'static Value>,
     path: &mut Path,
-    out: &mut Comparison,
+    out: &mut impl Changes,
 ) {
     let node = shape_of(rhs.or(lhs), schema);
     // A leaf: added, removed or modified as a whole.
-    let leaf = |out: &mut Comparison| {
+    let leaf = |out: &mut _| {
         if path.is_empty() {
             return;
         }
         match (lhs, rhs) {
-            (None, _) => out.added.insert(path.clone()),
-            (_, None) => out.removed.insert(path.clone()),
-            (Some(l), Some(r)) if l != r => out.modified.insert(path.clone()),
-            _ => false,
+            (None, _) => Changes::added(out, path),
+            (_, None) => Changes::removed(out, path),
+            (Some(l), Some(r)) if l != r => Changes::modified(out, path),
+            _ => {}
         };
     };
     match &node {
@@ -347,16 +392,26 @@ fn compare_node(
             if l.is_none_or(Vec::is_empty) && r.is_none_or(Vec::is_empty) {
                 return leaf(out);
             }
-            let right: HashMap<String, &Value> = entries(r, &node).into_iter().collect();
+            // Each entry's step is made once (a list-map's is its keys as JSON); a list that
+            // is all new (a create's) needs no lookups.
+            let right = entries(r, &node);
             let left = entries(l, &node);
-            let in_left: HashSet<&String> = left.iter().map(|(step, _)| step).collect();
-            for (step, value) in &left {
-                path.push(step.clone());
-                compare_node(Some(value), right.get(step).copied(), items, path, out);
-                path.pop();
+            let mut in_left = HashSet::new();
+            if !left.is_empty() {
+                let by_step: HashMap<&str, &Value> = right
+                    .iter()
+                    .map(|(step, value)| (step.as_str(), *value))
+                    .collect();
+                for (step, value) in &left {
+                    in_left.insert(step.as_str());
+                    path.push(step.clone());
+                    let other = by_step.get(step.as_str()).copied();
+                    compare_node(Some(value), other, items, path, out);
+                    path.pop();
+                }
             }
-            for (step, value) in entries(r, &node) {
-                if in_left.contains(&step) {
+            for (step, value) in right {
+                if in_left.contains(step.as_str()) {
                     continue;
                 }
                 path.push(step);
@@ -369,9 +424,9 @@ fn compare_node(
     // A node with members below it: itself added or removed when new or gone.
     if !path.is_empty() {
         if lhs.is_none() {
-            out.added.insert(path.clone());
+            out.added(path);
         } else if rhs.is_none() {
-            out.removed.insert(path.clone());
+            out.removed(path);
         }
     }
 }
@@ -498,6 +553,12 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
         }
         out.push(owner.entry);
     }
+    put_entries(object, out);
+}
+
+/// Sets the object's managedFields to `out`, capped and ordered as upstream stores them
+/// (none: no managedFields).
+fn put_entries(object: &mut Value, mut out: Vec<Value>) {
     cap_updates(&mut out);
     sort_entries(&mut out);
     let metadata = meta::metadata_mut(object);
@@ -510,9 +571,55 @@ fn store_entries(object: &mut Value, owners: Vec<Owner>) {
 
 /// Records an `Update` by `manager` on `new`, given the stored `old` object (None on create).
 pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracking: &Tracking) {
-    let live = old.unwrap_or_else(|| tracking.zero());
-    let comparison = compare(live, new, tracking.schema);
-    record(new, comparison, entries_of(old), manager, tracking);
+    let Some(old) = old else {
+        return record_create(new, manager, tracking);
+    };
+    let comparison = compare(old, new, tracking.schema);
+    record(new, comparison, entries_of(Some(old)), manager, tracking);
+}
+
+/// [`record_update`] of a create: `new` compared with the kind's Go zero value, the manager
+/// taking every path that changed and is recorded, and no other manager to take it from.
+fn record_create(new: &mut Value, manager: &str, tracking: &Tracking) {
+    #[cfg(debug_assertions)]
+    let by_sets = {
+        let mut object = new.clone();
+        let comparison = compare(tracking.zero(), &object, tracking.schema);
+        record(&mut object, comparison, Vec::new(), manager, tracking);
+        object
+    };
+    let mut taken = Taken {
+        tracking,
+        fields: fields_v1::Tree::default(),
+    };
+    compare_node(
+        Some(tracking.zero()),
+        Some(new),
+        tracking.schema,
+        &mut Vec::new(),
+        &mut taken,
+    );
+    let mut entries = Vec::new();
+    if !taken.fields.is_empty() {
+        let mut fresh = entry(manager, "Update", tracking, &meta::now_rfc3339());
+        fresh["fieldsV1"] = taken.fields.render();
+        entries.push(fresh);
+    }
+    put_entries(new, entries);
+    #[cfg(debug_assertions)]
+    {
+        // The same entries as the general bookkeeping's, but for the time of day.
+        let entries = |object: &Value| {
+            let mut entries = meta::metadata(object)
+                .and_then(|m| m.get("managedFields"))
+                .cloned();
+            for entry in entries.iter_mut().flat_map(|e| e.as_array_mut()).flatten() {
+                entry.as_object_mut().map(|e| e.shift_remove("time"));
+            }
+            entries
+        };
+        debug_assert_eq!(entries(new), entries(&by_sets), "a create's managedFields");
+    }
 }
 
 /// Records the write's `comparison` of the stored object with `new` in `entries` (the stored
