@@ -17,7 +17,6 @@
 //! - The fields the subresource resets (status for the main resource; spec and more for
 //!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use capstan_machinery::meta;
@@ -29,6 +28,7 @@ use crate::{ResourceInfo, Subresource};
 pub use unchanged::{same_ignoring_times, same_ignoring_times_current};
 
 mod apply;
+mod create;
 mod current;
 mod fields_v1;
 #[cfg(test)]
@@ -36,6 +36,7 @@ mod tests;
 mod unchanged;
 
 pub use apply::{Conflict, apply};
+use create::{Changes, record_create};
 pub use current::record_update_current;
 use fields_v1::{from_fields_v1, to_fields_v1};
 
@@ -255,50 +256,6 @@ impl Comparison {
         self.added.append(&mut self.modified);
         (self.added, self.removed)
     }
-}
-
-/// Where a comparison puts what it finds, as it walks: each path changed (added anew, or
-/// modified) or removed.
-trait Changes {
-    fn added(&mut self, path: &Path);
-    fn modified(&mut self, path: &Path);
-    fn removed(&mut self, path: &Path);
-}
-
-impl Changes for Comparison {
-    fn added(&mut self, path: &Path) {
-        self.added.insert(path.clone());
-    }
-
-    fn modified(&mut self, path: &Path) {
-        self.modified.insert(path.clone());
-    }
-
-    fn removed(&mut self, path: &Path) {
-        self.removed.insert(path.clone());
-    }
-}
-
-/// What a create's manager takes: the paths it changed that the write records, straight into
-/// the tree `fieldsV1` is rendered from (no set of paths first; nothing to take away from other
-/// managers, as there are none).
-struct Taken<'t> {
-    tracking: &'t Tracking,
-    fields: fields_v1::Tree<'static>,
-}
-
-impl Changes for Taken<'_> {
-    fn added(&mut self, path: &Path) {
-        if self.tracking.records(path) {
-            self.fields.insert(path, |step| Cow::Owned(step.clone()));
-        }
-    }
-
-    fn modified(&mut self, path: &Path) {
-        self.added(path);
-    }
-
-    fn removed(&mut self, _: &Path) {}
 }
 
 /// The step naming a struct field or map key.
@@ -576,50 +533,6 @@ pub fn record_update(new: &mut Value, old: Option<&Value>, manager: &str, tracki
     };
     let comparison = compare(old, new, tracking.schema);
     record(new, comparison, entries_of(Some(old)), manager, tracking);
-}
-
-/// [`record_update`] of a create: `new` compared with the kind's Go zero value, the manager
-/// taking every path that changed and is recorded, and no other manager to take it from.
-fn record_create(new: &mut Value, manager: &str, tracking: &Tracking) {
-    #[cfg(debug_assertions)]
-    let by_sets = {
-        let mut object = new.clone();
-        let comparison = compare(tracking.zero(), &object, tracking.schema);
-        record(&mut object, comparison, Vec::new(), manager, tracking);
-        object
-    };
-    let mut taken = Taken {
-        tracking,
-        fields: fields_v1::Tree::default(),
-    };
-    compare_node(
-        Some(tracking.zero()),
-        Some(new),
-        tracking.schema,
-        &mut Vec::new(),
-        &mut taken,
-    );
-    let mut entries = Vec::new();
-    if !taken.fields.is_empty() {
-        let mut fresh = entry(manager, "Update", tracking, &meta::now_rfc3339());
-        fresh["fieldsV1"] = taken.fields.render();
-        entries.push(fresh);
-    }
-    put_entries(new, entries);
-    #[cfg(debug_assertions)]
-    {
-        // The same entries as the general bookkeeping's, but for the time of day.
-        let entries = |object: &Value| {
-            let mut entries = meta::metadata(object)
-                .and_then(|m| m.get("managedFields"))
-                .cloned();
-            for entry in entries.iter_mut().flat_map(|e| e.as_array_mut()).flatten() {
-                entry.as_object_mut().map(|e| e.shift_remove("time"));
-            }
-            entries
-        };
-        debug_assert_eq!(entries(new), entries(&by_sets), "a create's managedFields");
-    }
 }
 
 /// Records the write's `comparison` of the stored object with `new` in `entries` (the stored
