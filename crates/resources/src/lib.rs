@@ -121,6 +121,42 @@ impl SelectableMeta {
     }
 }
 
+/// Checks that a kind's `selectable_object` (what the watch cache decodes of each object)
+/// gives every selectable field, and the name, namespace and labels, as the whole object does.
+#[cfg(test)]
+pub(crate) fn assert_selects_as_whole<S: capstan_registry::Strategy>(
+    strategy: &S,
+    objects: impl IntoIterator<Item = serde_json::Value>,
+) {
+    use k8s_openapi::Metadata;
+    for object in objects {
+        let json = serde_json::to_vec(&object).expect("json");
+        let whole: S::Object = serde_json::from_slice(&json).expect("the whole object");
+        let read = strategy.selectable_object(&json).expect("read");
+        let (m, w) = (read.metadata(), whole.metadata());
+        assert_eq!(
+            (&m.name, &m.namespace, &m.labels),
+            (&w.name, &w.namespace, &w.labels)
+        );
+        for field in strategy.selectable_fields() {
+            assert_eq!(
+                strategy.field_value(&read, field),
+                strategy.field_value(&whole, field),
+                "{field}"
+            );
+        }
+    }
+}
+
+/// The Service strategy over a test's ranges (10.96.0.0/16, ports 30000-32767).
+#[cfg(test)]
+pub(crate) fn test_services() -> service::ServiceStrategy {
+    use service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+    let ranges = vec![IpRange::parse("10.96.0.0/16").expect("range")];
+    let ports = PortRange::parse("30000-32767").expect("ports");
+    ServiceStrategy::new(ServiceAllocator::new(ranges, ports))
+}
+
 /// A kind's object from a test's JSON.
 #[cfg(test)]
 pub(crate) fn typed<T: serde::de::DeserializeOwned>(object: serde_json::Value) -> T {
@@ -133,15 +169,11 @@ mod projection_tests {
 
     use serde_json::json;
 
-    use crate::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
-
     /// The watch cache projects stored JSON straight into the kind's type; what it finds must
     /// be what the projection of the decoded object finds, for every kind.
     #[test]
     fn every_kind_projects_its_json_as_its_object() {
-        let ranges = vec![IpRange::parse("10.96.0.0/16").expect("range")];
-        let ports = PortRange::parse("30000-32767").expect("ports");
-        let services = Arc::new(ServiceStrategy::new(ServiceAllocator::new(ranges, ports)));
+        let services = Arc::new(crate::test_services());
         let metadata = json!({"name": "a", "namespace": "ns", "labels": {"z": "1", "app": "web"}});
         let samples = [
             json!({"metadata": metadata, "spec": {"finalizers": ["kubernetes"]},

@@ -83,7 +83,8 @@ pub(super) fn record_create(new: &mut Value, manager: &str, tracking: &Tracking)
     put_entries(new, entries);
     #[cfg(debug_assertions)]
     {
-        // The same entries as the general bookkeeping's, but for the time of day.
+        // The same entries as the general bookkeeping's, but for the time of day, compared as
+        // JSON text (a JSON tree's maps compare without their order, and fieldsV1's matters).
         let entries = |object: &Value| {
             let mut entries = meta::metadata(object)
                 .and_then(|m| m.get("managedFields"))
@@ -91,7 +92,7 @@ pub(super) fn record_create(new: &mut Value, manager: &str, tracking: &Tracking)
             for entry in entries.iter_mut().flat_map(|e| e.as_array_mut()).flatten() {
                 entry.as_object_mut().map(|e| e.shift_remove("time"));
             }
-            entries
+            entries.map(|entries| entries.to_string())
         };
         debug_assert_eq!(entries(new), entries(&by_sets), "a create's managedFields");
     }

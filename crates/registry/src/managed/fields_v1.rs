@@ -19,11 +19,14 @@ fn step_order(a: &str, b: &str) -> Ordering {
             _ => 3,
         }
     }
-    let parsed = |s: &str| serde_json::from_str::<Value>(&s[2..]).unwrap_or(Value::Null);
+    // After the two-byte prefix (nothing when a step is shorter, or not a prefix at all:
+    // a stored `fieldsV1` can hold any key).
+    let rest = |s: &str| s.get(2..).unwrap_or_default().to_string();
+    let parsed = |s: &str| serde_json::from_str::<Value>(&rest(s)).unwrap_or(Value::Null);
     rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
         1 | 2 => value_order(&parsed(a), &parsed(b)),
         3 => {
-            let index = |s: &str| s[2..].parse::<i64>().unwrap_or_default();
+            let index = |s: &str| rest(s).parse::<i64>().unwrap_or_default();
             index(a).cmp(&index(b))
         }
         _ => a.cmp(b),

@@ -666,3 +666,30 @@ mod from_current {
         }
     }
 }
+
+#[test]
+fn a_stored_entry_with_steps_of_any_shape_is_rewritten_without_a_panic() {
+    // A client may store any keys in fieldsV1: one byte long, or a multi-byte character
+    // where a prefix would end.
+    let mut old = json!({"metadata": {"name": "web", "labels": {"a": "1"}, "managedFields": [
+        {"manager": "odd", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+         "fieldsV1": {"x": {}, "y": {}, "aé": {}, "f:metadata": {"f:labels": {"f:a": {}}}}}]},
+        "spec": {"type": "ClusterIP"}});
+    meta::set_meta_str(&mut old, "resourceVersion", "7");
+    let mut new = old.clone();
+    new["metadata"]["labels"]["a"] = json!("2");
+    record_update(
+        &mut new,
+        Some(&old),
+        "kubectl-edit",
+        &tracking(Subresource::Main),
+    );
+    let entries = new["metadata"]["managedFields"]
+        .as_array()
+        .expect("entries");
+    let odd = entries
+        .iter()
+        .find(|e| e["manager"] == "odd")
+        .expect("kept");
+    assert_eq!(odd["fieldsV1"], json!({"aé": {}, "x": {}, "y": {}}));
+}

@@ -458,21 +458,7 @@ mod tests {
                 "nominatedNodeName": "n2", "conditions": [{"type": "Ready", "status": "True"}]}});
         let bare = json!({"metadata": {"name": "q"}});
         let nulls = json!({"metadata": null, "spec": null, "status": null});
-        for object in [full, bare, nulls] {
-            let json = serde_json::to_vec(&object).expect("json");
-            let whole: Pod = serde_json::from_slice(&json).expect("a pod");
-            let read = strategy.selectable_object(&json).expect("read");
-            assert_eq!(read.metadata.name, whole.metadata.name);
-            assert_eq!(read.metadata.namespace, whole.metadata.namespace);
-            assert_eq!(read.metadata.labels, whole.metadata.labels);
-            for field in strategy.selectable_fields() {
-                assert_eq!(
-                    strategy.field_value(&read, field),
-                    strategy.field_value(&whole, field),
-                    "{field}"
-                );
-            }
-        }
+        crate::assert_selects_as_whole(&strategy, [full, bare, nulls]);
     }
 
     #[test]

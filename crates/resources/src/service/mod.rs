@@ -182,3 +182,24 @@ impl Strategy for ServiceStrategy {
         printer::cells(service)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn the_cache_reads_every_selectable_field_as_the_whole_service_gives_it() {
+        let strategy = crate::test_services();
+        let full = json!({"kind": "Service", "apiVersion": "v1",
+            "metadata": {"name": "web", "namespace": "ns", "labels": {"app": "web"}, "uid": "u1",
+                "annotations": {"a": "b"}},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.9", "clusterIPs": ["10.96.0.9"],
+                "selector": {"app": "web"},
+                "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]},
+            "status": {"loadBalancer": {}}});
+        let headless = json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None"}});
+        let bare = json!({"metadata": {"name": "q"}});
+        let nulls = json!({"metadata": null, "spec": null, "status": null});
+        crate::assert_selects_as_whole(&strategy, [full, headless, bare, nulls]);
+    }
+}
