@@ -581,3 +581,39 @@ fn ports_come_in_upstreams_hash_order_in_endpoints_and_slices() {
         assert_eq!(out.trim(), "http admin https", "{}", args[1]);
     }
 }
+
+/// A slice's JSON has `metadata` right after `kind` and `apiVersion`, as kube-apiserver writes
+/// it (its Go type's order), whether the controller wrote it from its type (k8s-openapi puts
+/// `addressType` first) or a client sent its members in another order.
+#[test]
+fn a_slices_json_has_its_metadata_first_as_kube_apiserver_writes_it() {
+    let (server, _) = serve_web(1, &[], true);
+    let name_args = [
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=web",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ];
+    let written = wait_for(&server, "web's slice", &name_args, |out| !out.is_empty());
+    let by_hand = server.apply_file(
+        "slice.json",
+        r#"{"addressType": "IPv4", "apiVersion": "discovery.k8s.io/v1",
+            "endpoints": [{"addresses": ["10.0.0.1"]}], "kind": "EndpointSlice",
+            "metadata": {"name": "by-hand"}, "ports": [{"port": 80}]}"#,
+    );
+    server.ok(&["create", "-f", common::path_str(&by_hand)]);
+    for name in [written.trim(), "by-hand"] {
+        let path = format!("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/{name}");
+        let raw = server.ok(&["get", "--raw", &path]);
+        assert!(
+            raw.starts_with(
+                r#"{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"#
+            ),
+            "{raw}"
+        );
+        let (metadata, address_type) = (raw.find(r#""metadata""#), raw.find(r#""addressType""#));
+        assert!(metadata < address_type, "{raw}");
+    }
+}

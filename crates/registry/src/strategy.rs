@@ -335,6 +335,31 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn cells_json(&self, json: &[u8]) -> Vec<Value>;
 }
 
+/// What label and field selectors read of `metadata` (name, namespace, labels): all the watch
+/// cache decodes of a kind without selectable fields, and what a kind's
+/// [`Strategy::selectable_object`] reads of the metadata.
+#[derive(serde::Deserialize, Default)]
+pub struct SelectableMeta {
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.labels`.
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl SelectableMeta {
+    /// The object's metadata with only these fields.
+    pub fn into_object_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            labels: self.labels,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 /// A request body decoded into the kind's type (its `kind` and `apiVersion` are the type's).
 fn decode_typed<T: Object>(mut object: Value) -> Result<T, String> {
     if let Value::Object(map) = &mut object {
@@ -594,14 +619,8 @@ impl<S: Strategy> DynStrategy for S {
     ) -> Option<crate::cache::Selectable> {
         let fields = Strategy::selectable_fields(self);
         if fields.is_empty() {
-            #[derive(serde::Deserialize)]
-            struct NamedMeta {
-                name: Option<String>,
-                namespace: Option<String>,
-                labels: Option<std::collections::BTreeMap<String, String>>,
-            }
             // Only the metadata is read: the rest of the object is not even scanned.
-            let m: NamedMeta = serde_json::from_slice(metadata).ok()?;
+            let m: SelectableMeta = serde_json::from_slice(metadata).ok()?;
             return Some(crate::cache::Selectable::from_parts(
                 m.name.as_deref().unwrap_or_default(),
                 m.namespace.as_deref().unwrap_or_default(),

@@ -100,27 +100,6 @@ pub(crate) fn created(meta: &ObjectMeta) -> String {
         .unwrap_or_default()
 }
 
-/// What the watch cache's selectors read of `metadata` (name, namespace, labels), for a
-/// kind's `selectable_object` that decodes only the fields it selects by.
-#[derive(serde::Deserialize, Default)]
-pub(crate) struct SelectableMeta {
-    name: Option<String>,
-    namespace: Option<String>,
-    labels: Option<std::collections::BTreeMap<String, String>>,
-}
-
-impl SelectableMeta {
-    /// The object's metadata with only these fields.
-    pub(crate) fn into_object_meta(self) -> ObjectMeta {
-        ObjectMeta {
-            name: self.name,
-            namespace: self.namespace,
-            labels: self.labels,
-            ..ObjectMeta::default()
-        }
-    }
-}
-
 /// Checks that a kind's `selectable_object` (what the watch cache decodes of each object)
 /// gives every selectable field, and the name, namespace and labels, as the whole object does.
 #[cfg(test)]

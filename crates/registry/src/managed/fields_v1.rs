@@ -19,10 +19,12 @@ fn step_order(a: &str, b: &str) -> Ordering {
             _ => 3,
         }
     }
-    // After the two-byte prefix (nothing when a step is shorter, or not a prefix at all:
-    // a stored `fieldsV1` can hold any key).
-    let rest = |s: &str| s.get(2..).unwrap_or_default().to_string();
-    let parsed = |s: &str| serde_json::from_str::<Value>(&rest(s)).unwrap_or(Value::Null);
+    /// After the two-byte prefix (nothing when a step is shorter, or not a prefix at all: a
+    /// stored `fieldsV1` can hold any key).
+    fn rest(step: &str) -> &str {
+        step.get(2..).unwrap_or_default()
+    }
+    let parsed = |s: &str| serde_json::from_str::<Value>(rest(s)).unwrap_or(Value::Null);
     rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
         1 | 2 => value_order(&parsed(a), &parsed(b)),
         3 => {
