@@ -335,31 +335,6 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn cells_json(&self, json: &[u8]) -> Vec<Value>;
 }
 
-/// What label and field selectors read of `metadata` (name, namespace, labels): all the watch
-/// cache decodes of a kind without selectable fields, and what a kind's
-/// [`Strategy::selectable_object`] reads of the metadata.
-#[derive(serde::Deserialize, Default)]
-pub struct SelectableMeta {
-    /// `metadata.name`.
-    pub name: Option<String>,
-    /// `metadata.namespace`.
-    pub namespace: Option<String>,
-    /// `metadata.labels`.
-    pub labels: Option<std::collections::BTreeMap<String, String>>,
-}
-
-impl SelectableMeta {
-    /// The object's metadata with only these fields.
-    pub fn into_object_meta(self) -> ObjectMeta {
-        ObjectMeta {
-            name: self.name,
-            namespace: self.namespace,
-            labels: self.labels,
-            ..ObjectMeta::default()
-        }
-    }
-}
-
 /// A request body decoded into the kind's type (its `kind` and `apiVersion` are the type's).
 fn decode_typed<T: Object>(mut object: Value) -> Result<T, String> {
     if let Value::Object(map) = &mut object {
@@ -620,7 +595,7 @@ impl<S: Strategy> DynStrategy for S {
         let fields = Strategy::selectable_fields(self);
         if fields.is_empty() {
             // Only the metadata is read: the rest of the object is not even scanned.
-            let m: SelectableMeta = serde_json::from_slice(metadata).ok()?;
+            let m: crate::cache::SelectableMeta = serde_json::from_slice(metadata).ok()?;
             return Some(crate::cache::Selectable::from_parts(
                 m.name.as_deref().unwrap_or_default(),
                 m.namespace.as_deref().unwrap_or_default(),

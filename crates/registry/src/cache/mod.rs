@@ -12,7 +12,7 @@ mod object;
 mod selectable;
 
 pub use object::{CachedObject, Writer};
-pub use selectable::{Projection, Selectable};
+pub use selectable::{Projection, Selectable, SelectableMeta};
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

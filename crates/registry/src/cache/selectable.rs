@@ -2,7 +2,33 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
+
+/// What label and field selectors read of `metadata` (name, namespace, labels): all the watch
+/// cache decodes of a kind without selectable fields, and what a kind's
+/// [`crate::Strategy::selectable_object`] reads of the metadata.
+#[derive(serde::Deserialize, Default)]
+pub struct SelectableMeta {
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.labels`.
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl SelectableMeta {
+    /// The object's metadata with only these fields.
+    pub fn into_object_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            labels: self.labels,
+            ..ObjectMeta::default()
+        }
+    }
+}
 
 /// A kind's [`Selectable`] of an object, from the object or from its JSON.
 #[derive(Clone)]

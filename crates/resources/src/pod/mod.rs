@@ -331,7 +331,7 @@ impl Strategy for PodStrategy {
         use k8s_openapi::api::core::v1::PodSpec;
         #[derive(serde::Deserialize)]
         struct Read {
-            metadata: Option<capstan_registry::strategy::SelectableMeta>,
+            metadata: Option<capstan_registry::cache::SelectableMeta>,
             spec: Option<Spec>,
             status: Option<Status>,
         }

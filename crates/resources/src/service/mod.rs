@@ -144,7 +144,7 @@ impl Strategy for ServiceStrategy {
         use k8s_openapi::api::core::v1::ServiceSpec;
         #[derive(serde::Deserialize)]
         struct Read {
-            metadata: Option<capstan_registry::strategy::SelectableMeta>,
+            metadata: Option<capstan_registry::cache::SelectableMeta>,
             spec: Option<Spec>,
         }
         #[derive(serde::Deserialize)]
