@@ -188,7 +188,7 @@ impl AvailabilityController {
                 {
                     return apiservice.clone();
                 }
-                let apiservice = serde_json::from_slice::<Backing>(object.raw_json())
+                let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
                     .ok()
                     .map(|backing| APIService {
                         metadata: ObjectMeta {

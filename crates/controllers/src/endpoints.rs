@@ -610,7 +610,7 @@ impl EndpointsController {
                     // Only the selector is decoded; the rest of the Service is skipped.
                     let selector = (kind != EventType::Deleted)
                         .then(|| {
-                            serde_json::from_slice::<SelectorOf>(object.raw_json())
+                            serde_json::from_slice::<SelectorOf>(&object.lean_json())
                                 .ok()
                                 .and_then(|s| s.spec?.selector)
                         })
@@ -638,7 +638,7 @@ impl EndpointsController {
                 move |kind, object, _| {
                     let s = &object.selectable;
                     let view = (kind != EventType::Deleted)
-                        .then(|| pod_view_of_json(object.raw_json()))
+                        .then(|| pod_view_of_json(&object.lean_json()))
                         .flatten()
                         .map(Arc::new);
                     let wake = on_event.index().pod_changed(s.namespace(), s.name(), view);
@@ -664,7 +664,7 @@ impl EndpointsController {
                     // Only the start-up pass reads the object (for the leader annotation);
                     // later events are not decoded at all.
                     let orphan_check = replaying
-                        && serde_json::from_slice::<Endpoints>(object.raw_json())
+                        && serde_json::from_slice::<Endpoints>(&object.lean_json())
                             .ok()
                             .and_then(|e| e.metadata.annotations)
                             .is_none_or(|a| !a.contains_key(LEADER));
@@ -774,7 +774,7 @@ impl EndpointsController {
         let Some(cached) = self.services.cache().get(&key) else {
             return Ok(None);
         };
-        let read: Read = serde_json::from_slice(cached.raw_json())
+        let read: Read = serde_json::from_slice(&cached.lean_json())
             .map_err(|_| ApiError::internal(format!("undecodable object at {key}")))?;
         Ok(Some(Service {
             metadata: ObjectMeta {

@@ -1442,7 +1442,7 @@ fn decode_cached(
     cached: &capstan_registry::cache::CachedObject,
     versioned: bool,
 ) -> Option<EndpointSlice> {
-    let mut slice: EndpointSlice = from_json_without_managed_fields(cached.raw_json()).ok()?;
+    let mut slice: EndpointSlice = from_json_without_managed_fields(&cached.lean_json()).ok()?;
     if versioned {
         slice.metadata.resource_version = Some(cached.revision.to_string());
     }

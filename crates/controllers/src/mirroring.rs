@@ -262,7 +262,7 @@ impl MirroringController {
                 controller.services.clone(),
                 move |kind, object, _| {
                     let key = key_of(&object.selectable);
-                    let selector = kind != EventType::Deleted && has_selector(object.raw_json());
+                    let selector = kind != EventType::Deleted && has_selector(&object.lean_json());
                     let before = if kind == EventType::Deleted {
                         c.selectors().remove(&key)
                     } else {
@@ -350,14 +350,14 @@ impl MirroringController {
             .services
             .cache()
             .get(&self.services.strategy().info().key(namespace, name))?;
-        if has_selector(service.raw_json()) {
+        if has_selector(&service.lean_json()) {
             return None;
         }
         let cached = self
             .endpoints
             .cache()
             .get(&self.endpoints.strategy().info().key(namespace, name))?;
-        let endpoints: Endpoints = serde_json::from_slice(cached.raw_json()).ok()?;
+        let endpoints: Endpoints = serde_json::from_slice(&cached.lean_json()).ok()?;
         should_mirror(&endpoints).then_some(endpoints)
     }
 

@@ -30,6 +30,13 @@ pub(super) struct Stored {
     /// Where `metadata`'s closing brace is.
     pub(super) metadata_end: usize,
     pub(super) metadata_empty: bool,
+    /// Whether `metadata` has a `resourceVersion` member (then the value is not held as
+    /// stored: the cache's own goes in at the end).
+    pub(super) has_resource_version: bool,
+    /// The bytes that hold `metadata.managedFields` with one comma beside it: without them
+    /// the bytes are the object without managedFields, which readers of a few fields need not
+    /// step over (it is most of a small object's metadata). `None` when there is none.
+    pub(super) managed_fields: Option<std::ops::Range<usize>>,
 }
 
 impl Stored {
@@ -74,6 +81,27 @@ impl Stored {
         if bytes.get(start) != Some(&b'{') || end < start + 2 {
             return None;
         }
+        let (walked, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
+        if walked != end {
+            return None;
+        }
+        Self::with_parts(
+            bytes,
+            members,
+            start..end,
+            has_resource_version,
+            managed_fields,
+        )
+    }
+
+    fn with_parts(
+        bytes: Bytes,
+        members: usize,
+        metadata: std::ops::Range<usize>,
+        has_resource_version: bool,
+        managed_fields: Option<std::ops::Range<usize>>,
+    ) -> Option<Self> {
+        let (start, end) = (metadata.start, metadata.end);
         let metadata_end = end - 1;
         let metadata_empty = bytes[start + 1..metadata_end]
             .iter()
@@ -83,8 +111,84 @@ impl Stored {
             metadata_start: start,
             metadata_end,
             metadata_empty,
+            has_resource_version,
+            managed_fields,
             bytes,
         })
+    }
+
+    /// Steps over the members of `metadata`, an object whose opening brace is at `start`:
+    /// where it ends (after its closing brace), whether a member is `resourceVersion`, and the
+    /// bytes to leave out for it without `managedFields` (the member and the comma before it,
+    /// or after it when it comes first). `None` when it is not an object.
+    #[allow(clippy::type_complexity)]
+    fn metadata_members(
+        bytes: &[u8],
+        start: usize,
+    ) -> Option<(usize, bool, Option<std::ops::Range<usize>>)> {
+        let mut scan = Scanner { bytes, at: start };
+        scan.expect(b'{')?;
+        let (mut resource_version, mut managed_fields) = (false, None);
+        // Where the previous member's value ends; whether managedFields came first (its cut
+        // then runs to the start of the member after it).
+        let (mut previous_end, mut first) = (None, false);
+        loop {
+            scan.whitespace();
+            if bytes.get(scan.at) == Some(&b'}') && previous_end.is_none() {
+                break;
+            }
+            let member_start = scan.at;
+            let key = scan.member()?;
+            let member_end = scan.at;
+            if named(key, "resourceVersion") {
+                resource_version = true;
+            } else if managed_fields.is_none() && named(key, "managedFields") {
+                managed_fields = Some(previous_end.unwrap_or(member_start)..member_end);
+                first = previous_end.is_none();
+            }
+            scan.whitespace();
+            match scan.next()? {
+                b',' => {}
+                b'}' => return Some((scan.at, resource_version, managed_fields)),
+                _ => return None,
+            }
+            if std::mem::take(&mut first) {
+                scan.whitespace();
+                if let Some(cut) = managed_fields.as_mut() {
+                    cut.end = scan.at;
+                }
+            }
+            previous_end = Some(member_end);
+        }
+        // `{}`
+        Some((scan.at + 1, resource_version, managed_fields))
+    }
+
+    /// The `metadata` member's value without `managedFields`, braces included.
+    pub(super) fn metadata_without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
+        let metadata = self.metadata_start..self.metadata_end + 1;
+        match &self.managed_fields {
+            Some(cut) => {
+                let mut out = Vec::with_capacity(metadata.len() - cut.len());
+                out.extend_from_slice(&self.bytes[metadata.start..cut.start]);
+                out.extend_from_slice(&self.bytes[cut.end..metadata.end]);
+                std::borrow::Cow::Owned(out)
+            }
+            None => std::borrow::Cow::Borrowed(&self.bytes[metadata]),
+        }
+    }
+
+    /// The stored value without `metadata.managedFields`.
+    pub(super) fn without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
+        match &self.managed_fields {
+            Some(cut) => {
+                let mut out = Vec::with_capacity(self.bytes.len() - cut.len());
+                out.extend_from_slice(&self.bytes[..cut.start]);
+                out.extend_from_slice(&self.bytes[cut.end..]);
+                std::borrow::Cow::Owned(out)
+            }
+            None => std::borrow::Cow::Borrowed(&self.bytes),
+        }
     }
 
     /// [`Stored::locate`] of a value this process's registry encoded (`kind`, `apiVersion`
@@ -121,68 +225,15 @@ impl Stored {
         if bytes.get(start) != Some(&b'{') {
             return None;
         }
-        scan.value()?;
-        let end = scan.at;
-        Self::with_metadata(bytes, members, start..end)
-    }
-
-    /// The `metadata` member's value, braces included (sharing the stored bytes).
-    pub(super) fn metadata(&self) -> Bytes {
-        self.bytes.slice(self.metadata_start..=self.metadata_end)
-    }
-
-    /// Whether `metadata` has a `resourceVersion` member (then the value is not held as
-    /// stored: the cache's own goes in at the end).
-    pub(super) fn has_resource_version(&self) -> bool {
-        let mut scan = Scanner {
-            bytes: &self.bytes,
-            at: self.metadata_start + 1,
-        };
-        loop {
-            scan.whitespace();
-            if scan.at >= self.metadata_end {
-                return false;
-            }
-            match scan.member() {
-                Some(key) if named(key, "resourceVersion") => return true,
-                Some(_) => {}
-                None => return false,
-            }
-            scan.whitespace();
-            if scan.next() != Some(b',') {
-                return false;
-            }
-        }
-    }
-
-    /// Writes `metadata`'s members (comma-separated, without the braces) other than `skip`;
-    /// whether it wrote any.
-    pub(super) fn write_metadata_members_except(&self, skip: &str, out: &mut Vec<u8>) -> bool {
-        let mut scan = Scanner {
-            bytes: &self.bytes,
-            at: self.metadata_start + 1,
-        };
-        let mut wrote = false;
-        loop {
-            scan.whitespace();
-            if scan.at >= self.metadata_end {
-                break;
-            }
-            let start = scan.at;
-            let Some(key) = scan.member() else { break };
-            if !named(key, skip) {
-                if wrote {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&self.bytes[start..scan.at]);
-                wrote = true;
-            }
-            scan.whitespace();
-            if scan.next() != Some(b',') {
-                break;
-            }
-        }
-        wrote
+        // One walk over metadata's members finds its end and what it holds.
+        let (end, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
+        Self::with_parts(
+            bytes,
+            members,
+            start..end,
+            has_resource_version,
+            managed_fields,
+        )
     }
 }
 
@@ -266,12 +317,14 @@ impl<'a> Scanner<'a> {
         self.expect(b'"')?;
         let start = self.at;
         loop {
+            // Most of a stored object's bytes are in strings (managedFields' keys above all):
+            // they are stepped over to the next quote or backslash at once.
+            self.at += memchr::memchr2(b'"', b'\\', self.bytes.get(self.at..)?)?;
             match self.next()? {
                 b'\\' => {
                     self.next()?;
                 }
-                b'"' => return Some(&self.bytes[start..self.at - 1]),
-                _ => {}
+                _ => return Some(&self.bytes[start..self.at - 1]),
             }
         }
     }

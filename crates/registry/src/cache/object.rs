@@ -124,9 +124,9 @@ impl CachedObject {
             Stored::locate(value.clone())
         });
         if let Some(stored) = located
-            && !stored.has_resource_version()
+            && !stored.has_resource_version
         {
-            let metadata = stored.metadata();
+            let metadata = stored.metadata_without_managed_fields().into_owned();
             let mut object = CachedObject {
                 selectable: Selectable::default(),
                 key: key.clone(),
@@ -209,10 +209,21 @@ impl CachedObject {
         }
     }
 
+    /// [`CachedObject::raw_json`] without `metadata.managedFields` when stored bytes are held
+    /// (a re-encoded object is as held): for partial decodes that do not read managedFields,
+    /// which then need not step over it (it is a third or more of a small object).
+    pub fn lean_json(&self) -> std::borrow::Cow<'_, [u8]> {
+        match &self.json {
+            Json::Item(json) => std::borrow::Cow::Borrowed(json),
+            Json::Stored(stored) => stored.without_managed_fields(),
+        }
+    }
+
     /// Decodes what a reader needs of the object's `metadata`, into a partial type such as one
     /// with a few of its fields. When the stored value is held, only its `metadata` member is
     /// read, not the rest of the object (a 50-endpoint EndpointSlice is 13 KB, its metadata a
-    /// tenth of that); `resourceVersion` is then absent, as in [`CachedObject::raw_json`].
+    /// tenth of that), and not its `managedFields`; `resourceVersion` is then absent, as in
+    /// [`CachedObject::raw_json`].
     /// A re-encoded object is read whole, with its `resourceVersion`.
     pub fn decode_metadata<T>(&self) -> Result<T, serde_json::Error>
     where
@@ -225,7 +236,9 @@ impl CachedObject {
             metadata: T,
         }
         match &self.json {
-            Json::Stored(stored) => serde_json::from_slice(&stored.metadata()),
+            Json::Stored(stored) => {
+                serde_json::from_slice(&stored.metadata_without_managed_fields())
+            }
             Json::Item(json) => serde_json::from_slice::<Of<T>>(json).map(|of| of.metadata),
         }
     }
@@ -271,9 +284,13 @@ impl CachedObject {
         match &self.json {
             Json::Stored(stored) => {
                 out.push(b'{');
-                out.extend_from_slice(&stored.bytes[stored.members..=stored.metadata_start]);
-                let wrote = stored.write_metadata_members_except("managedFields", out);
-                out.extend_from_slice(ResourceVersionMember::new(!wrote, self.revision).as_bytes());
+                let metadata = stored.metadata_without_managed_fields();
+                out.extend_from_slice(&stored.bytes[stored.members..stored.metadata_start]);
+                // The metadata without its closing brace, then resourceVersion.
+                let members = &metadata[..metadata.len() - 1];
+                out.extend_from_slice(members);
+                let empty = members[1..].iter().all(u8::is_ascii_whitespace);
+                out.extend_from_slice(ResourceVersionMember::new(empty, self.revision).as_bytes());
                 out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
             }
             Json::Item(json) => out.extend_from_slice(json),

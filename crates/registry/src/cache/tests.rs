@@ -29,11 +29,13 @@ fn cache(events: usize) -> (tokio::sync::watch::Sender<i64>, super::WatchCache) 
     (global, cache)
 }
 
-/// `metadata` without its `resourceVersion`.
+/// `metadata` without its `resourceVersion` and `managedFields` (what partial reads of the
+/// metadata see of stored bytes: neither is there).
 fn without_version(metadata: &Value) -> Value {
     let mut metadata = metadata.clone();
     if let Some(members) = metadata.as_object_mut() {
         members.remove("resourceVersion");
+        members.remove("managedFields");
     }
     metadata
 }
@@ -41,6 +43,35 @@ fn without_version(metadata: &Value) -> Value {
 /// [`CachedObject::decode_metadata`] of the whole metadata, without its `resourceVersion`.
 fn metadata_without_version(object: &CachedObject) -> Value {
     without_version(&object.decode_metadata::<Value>().expect("metadata decodes"))
+}
+
+/// [`CachedObject::lean_json`] decodes to the object without `metadata.managedFields` and
+/// `resourceVersion` (and without `kind` and `apiVersion`, which partial reads skip).
+fn assert_lean(object: &CachedObject, whole: &Value) {
+    let lean: Value = serde_json::from_slice(&object.lean_json()).expect("lean JSON decodes");
+    let expected = without_managed_fields(whole);
+    let strip = |value: &Value| {
+        let mut value = value.clone();
+        meta::strip_type_meta(&mut value);
+        if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.remove("resourceVersion");
+        }
+        value
+    };
+    assert_eq!(strip(&lean), strip(&expected));
+    // Stored bytes with managedFields are cut; anything else is the JSON as held.
+    let held: Value = serde_json::from_slice(object.raw_json()).expect("held JSON decodes");
+    if held["metadata"].get("managedFields").is_none() {
+        assert_eq!(&*object.lean_json(), object.raw_json());
+    }
+}
+
+fn without_managed_fields(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.shift_remove("managedFields");
+    }
+    object
 }
 
 /// The cached object served from the stored bytes equals the re-encoded one.
@@ -64,6 +95,11 @@ fn same_as_reencoded(stored: &Value) {
     assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
     assert_eq!(own.object(), cached.object());
     assert_eq!(own.selectable, cached.selectable);
+    for object in [&cached, &own] {
+        if object.holds_stored_bytes() {
+            assert_lean(object, &object.object());
+        }
+    }
     let mut object = stored.clone();
     let reencoded = CachedObject::from_object("/k".into(), &mut object, 42, &project);
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -290,6 +326,11 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         br#"{"kind":"Service","apiVersion":"v1","meta\u0064ata":{"name":"c"},"spec":{"x":"\"}"}}"#,
         br#" {"kind":"Service","apiVersion":"v1","metadata":{"name":"d"}}"#,
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"f","resource\u0056ersion":"3"}}"#,
+        // managedFields with space around it, first, last, alone and with its name escaped.
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{ "managedFields" : [ {"a":"],}"} ] , "name":"g" },"spec":{}}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"h" , "managedFields":[{}] }}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{ "managedFields":[] }}"#,
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"i","managed\u0046ields":[{}],"uid":"u"}}"#,
     ] {
         let cached = decode(text).expect("valid JSON is cached");
         // (Repeated members aside: this process never writes those.)
@@ -307,7 +348,9 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
             "{}",
             String::from_utf8_lossy(text)
         );
-        assert_eq!(cached.selectable.name(), expected["metadata"]["name"]);
+        assert_lean(&cached, &expected);
+        let name = expected["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(cached.selectable.name(), name);
         assert_eq!(cached.selectable.label("x"), None);
         assert_eq!(
             metadata_without_version(&cached),
@@ -361,4 +404,47 @@ fn selectable_answers_selectors_as_the_object_would() {
     assert!(!selects("app=db", ""));
     assert!(!selects("", "spec.type=ClusterIP"));
     assert!(!selects("", "metadata.name=other"));
+}
+
+/// Any JSON value, with strings that need escapes and keys like the scanner's landmarks.
+fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        "[ -~\u{e9}\u{1F600}\\\\\"]{0,10}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            proptest::collection::vec(("[a-zF\"\\\\{}:,]{0,8}", inner), 0..4)
+                .prop_map(|members| Value::Object(members.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Stored objects of any content, with managedFields anywhere in metadata or nowhere:
+    /// what the cache serves and what partial readers decode agree with a full decode.
+    #[test]
+    fn any_stored_object_is_read_as_a_full_decode_reads_it(
+        members in proptest::collection::vec(
+            (proptest::prop_oneof![
+                proptest::strategy::Just("managedFields".to_string()),
+                proptest::strategy::Just("name".to_string()),
+                "[a-zA-Z\\\\\"]{1,8}",
+            ], any_json()),
+            0..5,
+        ),
+        spec in any_json(),
+    ) {
+        let metadata: serde_json::Map<String, Value> = members
+            .into_iter()
+            .filter(|(key, _)| key != "resourceVersion")
+            .collect();
+        same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": metadata, "spec": spec}));
+    }
 }
