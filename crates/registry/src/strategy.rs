@@ -124,6 +124,10 @@ pub trait Strategy: Send + Sync + 'static {
         self.validate_update(new, old)
     }
 
+    /// Whether [`Strategy::allocate`] changes objects: a create that fails is then tried again
+    /// from the object as it came, not from the one that failed (which, for the rest, is it).
+    const ALLOCATES: bool = false;
+
     /// Allocations for a write (called before validation, as upstream's BeginCreate and
     /// BeginUpdate; nothing is reserved until the transaction). `old` is the stored object on
     /// update; a dry run only checks and fills placeholders. The default allocates nothing.
@@ -299,6 +303,8 @@ pub trait DynStrategy: Send + Sync + 'static {
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<(WriteExtras, FieldErrors), ApiError>;
+    /// See [`Strategy::ALLOCATES`].
+    fn allocates(&self) -> bool;
     /// See [`Strategy::grace_period`].
     fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64>;
     /// See [`Strategy::undeletable`].
@@ -543,6 +549,10 @@ impl<S: Strategy> DynStrategy for S {
         }
         always_present(object, Strategy::info(self).always_present);
         Ok((extras, errors))
+    }
+
+    fn allocates(&self) -> bool {
+        S::ALLOCATES
     }
 
     fn grace_period(&self, object: &Value, requested: Option<i64>) -> Option<i64> {

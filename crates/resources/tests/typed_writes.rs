@@ -2,7 +2,7 @@
 //! rules are handed the typed objects instead of decoding them from JSON, and must see what
 //! the JSON says (the metadata the registry gives the object, the stored object it replaces).
 
-use capstan_registry::{Registry, Subresource, WriteOptions};
+use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 
@@ -226,4 +226,54 @@ async fn a_typed_update_takes_the_slice_as_read_only_at_the_stored_revision() {
         .await
         .expect("updated");
     assert_eq!(updated["metadata"]["generation"], 42, "{updated}");
+}
+
+/// A generated name that is taken is generated again, and the object is written under the new
+/// one as it would have been under the first: the failed attempt's object is tried again
+/// (slices allocate nothing), not a copy made beforehand.
+#[tokio::test]
+async fn a_taken_generated_name_is_generated_again() {
+    let (_dir, slices) = slices().await;
+    let generated = |address: &str| {
+        let mut slice = slice(address);
+        slice["metadata"] = json!({"generateName": "web-",
+            "labels": {"kubernetes.io/service-name": "web"}});
+        slice
+    };
+    // The same seed: the second create's first name is the first create's.
+    fastrand::seed(7);
+    let first = slices
+        .create("ns", generated("10.0.0.1"), &controller())
+        .await
+        .expect("created");
+    fastrand::seed(7);
+    let second = slices
+        .create("ns", generated("10.0.0.2"), &controller())
+        .await
+        .expect("created under another name");
+    let name = |object: &serde_json::Value| object["metadata"]["name"].as_str().map(String::from);
+    let (first_name, second_name) = (name(&first).expect("named"), name(&second).expect("named"));
+    assert_ne!(first_name, second_name);
+    assert!(second_name.starts_with("web-"), "{second_name}");
+    assert_ne!(first["metadata"]["uid"], second["metadata"]["uid"]);
+    assert_eq!(second["metadata"]["generation"], 1);
+    assert_eq!(second["metadata"]["generateName"], "web-");
+    assert_eq!(second["endpoints"][0]["addresses"][0], "10.0.0.2");
+    let managed = second["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields");
+    assert_eq!(managed.len(), 1);
+    assert_eq!(managed[0]["manager"], "kube-controller-manager");
+    // What is stored is what the create answered.
+    let stored = slices
+        .get("ns", &second_name, ReadAt::Latest)
+        .await
+        .expect("stored");
+    assert_eq!(stored, second);
+    // The first is untouched.
+    let kept = slices
+        .get("ns", &first_name, ReadAt::Latest)
+        .await
+        .expect("stored");
+    assert_eq!(kept, first);
 }

@@ -100,6 +100,8 @@ impl Strategy for ServiceStrategy {
         validation::validate_status(new, old)
     }
 
+    const ALLOCATES: bool = true;
+
     async fn allocate(
         &self,
         storage: &dyn Storage,

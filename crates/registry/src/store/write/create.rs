@@ -67,9 +67,20 @@ impl Registry {
         let prefix = meta::meta_str(&object, "generateName").to_string();
         let generate = meta::name(&object).is_empty() && !prefix.is_empty();
         let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
+        // A kind that allocates is tried again from the object as it came (its allocations
+        // are made afresh); any other leaves the object as it was, a generated name aside, so
+        // a failed attempt's object is tried again itself: the object is not copied first.
+        let (original, mut again) = if self.strategy.allocates() {
+            (Some((object, view)), None)
+        } else {
+            (None, Some((object, view)))
+        };
         for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
-            let mut candidate = object.clone();
-            let mut candidate_view = view.clone();
+            let (mut candidate, mut candidate_view) = match (&original, again.take()) {
+                (Some((object, view)), _) => (object.clone(), view.clone()),
+                (None, Some(again)) => again,
+                (None, None) => break,
+            };
             if generate {
                 let name = generate_name(&prefix);
                 meta::set_meta_str(&mut candidate, "name", &name);
@@ -89,6 +100,26 @@ impl Registry {
                     options.dry_run,
                 )
                 .await?;
+            #[cfg(debug_assertions)]
+            if original.is_none() {
+                // What lets a failed attempt's object be tried again: admitting it once more
+                // (as a retry does, with a view of its own) changes nothing.
+                let mut again = candidate.clone();
+                let _ = self
+                    .strategy
+                    .admit(
+                        self.storage.as_ref(),
+                        (&mut again, &mut RulesView::default()),
+                        None,
+                        Subresource::Main,
+                        true,
+                    )
+                    .await;
+                debug_assert_eq!(
+                    again, candidate,
+                    "admitting an object of a kind that does not allocate is not idempotent"
+                );
+            }
             let mut errors = FieldErrors::new();
             self.validate_meta_create(&candidate, &mut errors);
             errors.extend(invalid);
@@ -115,10 +146,13 @@ impl Registry {
                 TxnOutcome::Committed { revision, .. } => return Ok(at(candidate, revision)),
                 TxnOutcome::Failed { current, .. } => {
                     let taken = current.first().is_some_and(Option::is_some);
-                    if !taken {
-                        continue; // an allocation raced another write: allocate again
-                    }
-                    if generate && attempt + 1 < attempts {
+                    let retry = !taken || (generate && attempt + 1 < attempts);
+                    if retry {
+                        // An allocation raced another write (allocate again), or the
+                        // generated name is taken (generate another).
+                        if original.is_none() {
+                            again = Some((candidate, RulesView::default()));
+                        }
                         continue;
                     }
                     if generate {
