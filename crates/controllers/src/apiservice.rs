@@ -155,11 +155,17 @@ impl AvailabilityController {
         }
     }
 
-    /// Every APIService's name and spec (what finding the backing Service needs; the status
-    /// and managedFields are not decoded: this runs on every Service and Endpoints change).
-    /// Each is decoded once per revision: the decoded ones are kept by key with the revision
-    /// they were read at.
+    /// Every APIService's name and spec (what finding the backing Service needs).
     fn all(&self) -> Vec<APIService> {
+        let mut all = Vec::new();
+        self.each(|apiservice| all.push(apiservice.clone()));
+        all
+    }
+
+    /// Runs `f` over every APIService's name and spec (the status and managedFields are not
+    /// decoded: this runs on every Service and EndpointSlice change). Each is decoded once per
+    /// revision: the decoded ones are kept by key with the revision they were read at.
+    fn each(&self, mut f: impl FnMut(&APIService)) {
         /// The part of an APIService read here.
         #[derive(serde::Deserialize)]
         struct Backing {
@@ -177,39 +183,44 @@ impl AvailabilityController {
             true
         });
         let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
-        let present: std::collections::HashSet<&Arc<str>> =
-            objects.iter().map(|o| &o.key).collect();
-        decoded.retain(|key, _| present.contains(key));
-        objects
-            .iter()
-            .filter_map(|object| {
-                if let Some((revision, apiservice)) = decoded.get(&object.key)
-                    && *revision == object.revision
-                {
-                    return apiservice.clone();
-                }
-                let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
-                    .ok()
-                    .map(|backing| APIService {
-                        metadata: ObjectMeta {
-                            name: backing.metadata.name,
-                            ..ObjectMeta::default()
-                        },
-                        spec: backing.spec,
-                        status: None,
-                    });
-                decoded.insert(object.key.clone(), (object.revision, apiservice.clone()));
-                apiservice
-            })
-            .collect()
+        for object in &objects {
+            if let Some((revision, apiservice)) = decoded.get(&object.key)
+                && *revision == object.revision
+            {
+                apiservice.iter().for_each(&mut f);
+                continue;
+            }
+            let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
+                .ok()
+                .map(|backing| APIService {
+                    metadata: ObjectMeta {
+                        name: backing.metadata.name,
+                        ..ObjectMeta::default()
+                    },
+                    spec: backing.spec,
+                    status: None,
+                });
+            apiservice.iter().for_each(&mut f);
+            decoded.insert(object.key.clone(), (object.revision, apiservice));
+        }
+        // Every present one is kept now: any more are deleted ones.
+        if decoded.len() > objects.len() {
+            let present: std::collections::HashSet<&Arc<str>> =
+                objects.iter().map(|o| &o.key).collect();
+            decoded.retain(|key, _| present.contains(key));
+        }
     }
 
     fn referencing(&self, namespace: &str, name: &str) -> Vec<String> {
-        self.all()
-            .iter()
-            .filter(|a| service_ref(a).is_some_and(|s| s.namespace == namespace && s.name == name))
-            .filter_map(|a| a.metadata.name.clone())
-            .collect()
+        let mut names = Vec::new();
+        self.each(|a| {
+            if service_ref(a).is_some_and(|s| s.namespace == namespace && s.name == name)
+                && let Some(name) = &a.metadata.name
+            {
+                names.push(name.clone());
+            }
+        });
+        names
     }
 
     async fn sync(&self, name: &str) -> Result<(), SyncError> {

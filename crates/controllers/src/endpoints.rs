@@ -45,7 +45,17 @@ pub struct EndpointsController {
     slice_triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
     /// Concurrent syncs: of Endpoints, and of EndpointSlices.
     workers: (usize, usize),
+    /// Services as [`EndpointsController::service`] decoded them, by key with the revision
+    /// they were read at: both controllers sync a changed Service, and a pod's change syncs
+    /// its Services again, from the same revision.
+    read: std::sync::Mutex<HashMap<Arc<str>, ReadService>>,
 }
+
+/// A decoded Service and the revision it was read at.
+type ReadService = (i64, Arc<Service>);
+
+/// At most this many decoded Services are kept (then one goes for each newly decoded).
+const KEPT_SERVICES: usize = 4096;
 
 /// How many Services are synced at once.
 const WORKERS: usize = 5;
@@ -428,7 +438,7 @@ impl Queues {
 /// What a sync found for its Service.
 enum Selection {
     /// The Service and the pods its selector matches.
-    Pods(Box<Service>, Vec<Arc<Pod>>),
+    Pods(Arc<Service>, Vec<Arc<Pod>>),
     /// A Service without a selector, or an ExternalName: nothing to keep.
     Skip,
     /// The Service is gone.
@@ -545,6 +555,7 @@ impl EndpointsController {
             index: std::sync::Mutex::new(Index::default()),
             slices: None,
             slice_triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            read: std::sync::Mutex::default(),
             workers: (WORKERS, WORKERS),
         }
     }
@@ -755,7 +766,7 @@ impl EndpointsController {
     /// The Service as the Service watch last showed it (upstream's controller reads its
     /// informer's cache the same way), with what a sync reads decoded: its labels, creation
     /// time and spec; `None` when it is gone.
-    fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, ApiError> {
+    fn service(&self, namespace: &str, name: &str) -> Result<Option<Arc<Service>>, ApiError> {
         #[derive(serde::Deserialize)]
         struct Read {
             metadata: ReadMeta,
@@ -774,9 +785,17 @@ impl EndpointsController {
         let Some(cached) = self.services.cache().get(&key) else {
             return Ok(None);
         };
+        {
+            let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((revision, service)) = read.get(&cached.key)
+                && *revision == cached.revision
+            {
+                return Ok(Some(service.clone()));
+            }
+        }
         let read: Read = serde_json::from_slice(&cached.lean_json())
             .map_err(|_| ApiError::internal(format!("undecodable object at {key}")))?;
-        Ok(Some(Service {
+        let service = Arc::new(Service {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(namespace.to_string()),
@@ -788,7 +807,15 @@ impl EndpointsController {
             },
             spec: read.spec,
             status: None,
-        }))
+        });
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        if read.len() >= KEPT_SERVICES
+            && let Some(any) = read.keys().next().cloned()
+        {
+            read.remove(&any);
+        }
+        read.insert(cached.key.clone(), (cached.revision, service.clone()));
+        Ok(Some(service))
     }
 
     /// What a sync works from: the Service and the pods its selector matches, as the watches
@@ -809,13 +836,13 @@ impl EndpointsController {
             return Ok(Selection::Skip);
         };
         let pods = self.index().members(key, selector);
-        Ok(Selection::Pods(Box::new(service), pods))
+        Ok(Selection::Pods(service, pods))
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {
         let key = (namespace.to_string(), name.to_string());
         let (service, pods) = match self.selected(&key)? {
-            Selection::Pods(service, pods) => (*service, pods),
+            Selection::Pods(service, pods) => (service, pods),
             Selection::Skip => return Ok(()),
             // The Service is gone: so are its Endpoints.
             Selection::Gone => {

@@ -163,6 +163,7 @@ pub struct Registry {
     storage: Arc<dyn Storage>,
     cache: Arc<WatchCache>,
     namespace_prefix: Option<String>,
+    lifecycles: namespace::Lifecycles,
     max_object_bytes: usize,
     counts: PageCounts,
 }
@@ -185,6 +186,7 @@ impl Registry {
             storage,
             cache,
             namespace_prefix,
+            lifecycles: Default::default(),
             max_object_bytes: MAX_OBJECT_BYTES,
             counts: PageCounts::default(),
         }

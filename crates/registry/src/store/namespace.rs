@@ -1,6 +1,34 @@
 //! The namespace lifecycle admission plugin, as the registry's creates apply it.
 
 use super::*;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Namespaces whose state [`Registry::check_namespace`] read: whether each is being
+/// terminated, with the revision it was read at. Every create reads its namespace, and a
+/// namespace seldom changes: it is decoded again only when its revision did.
+#[derive(Default)]
+pub(super) struct Lifecycles(Mutex<HashMap<Arc<str>, (capstan_storage::Revision, bool)>>);
+
+/// At most this many namespaces' states are kept per registry (then they are all forgotten).
+const KEPT_LIFECYCLES: usize = 1024;
+
+impl Lifecycles {
+    fn get(&self, key: &str, revision: capstan_storage::Revision) -> Option<bool> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get(key)
+            .filter(|(at, _)| *at == revision)
+            .map(|(_, t)| *t)
+    }
+
+    fn put(&self, key: &str, revision: capstan_storage::Revision, terminating: bool) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= KEPT_LIFECYCLES {
+            kept.clear();
+        }
+        kept.insert(key.into(), (revision, terminating));
+    }
+}
 
 impl Registry {
     /// The namespace lifecycle admission plugin: content is created only in a namespace that
@@ -24,33 +52,15 @@ impl Registry {
                 namespace,
             ));
         };
-        // Only the two fields read here are decoded (as values: a null or a value of another
-        // type is read as absent, as before); the rest is skipped unparsed.
-        #[derive(serde::Deserialize)]
-        struct Lifecycle {
-            metadata: Option<LifecycleMeta>,
-            status: Option<LifecycleStatus>,
-        }
-        #[derive(serde::Deserialize)]
-        struct LifecycleMeta {
-            #[serde(rename = "deletionTimestamp")]
-            deletion_timestamp: Option<Value>,
-        }
-        #[derive(serde::Deserialize)]
-        struct LifecycleStatus {
-            phase: Option<Value>,
-        }
-        let ns: Lifecycle = serde_json::from_slice(&kv.value)
-            .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
-        let deleting = ns
-            .metadata
-            .and_then(|m| m.deletion_timestamp)
-            .is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
-        let terminating = ns
-            .status
-            .and_then(|s| s.phase)
-            .is_some_and(|p| p.as_str() == Some("Terminating"));
-        if deleting || terminating {
+        let terminating = match self.lifecycles.get(&key, kv.mod_revision) {
+            Some(terminating) => terminating,
+            None => {
+                let terminating = terminating(&kv)?;
+                self.lifecycles.put(&key, kv.mod_revision, terminating);
+                terminating
+            }
+        };
+        if terminating {
             let gr = self.strategy.info().group_resource();
             return Err(ApiError::new(
                 403,
@@ -74,4 +84,35 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// Whether a stored namespace is being terminated (deleted, or in phase `Terminating`).
+fn terminating(kv: &capstan_storage::KeyValue) -> Result<bool, ApiError> {
+    // Only the two fields read here are decoded (as values: a null or a value of another
+    // type is read as absent, as before); the rest is skipped unparsed.
+    #[derive(serde::Deserialize)]
+    struct Lifecycle {
+        metadata: Option<LifecycleMeta>,
+        status: Option<LifecycleStatus>,
+    }
+    #[derive(serde::Deserialize)]
+    struct LifecycleMeta {
+        #[serde(rename = "deletionTimestamp")]
+        deletion_timestamp: Option<Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct LifecycleStatus {
+        phase: Option<Value>,
+    }
+    let ns: Lifecycle = serde_json::from_slice(&kv.value)
+        .map_err(|_| ApiError::internal(format!("undecodable object at {}", kv.key)))?;
+    let deleting = ns
+        .metadata
+        .and_then(|m| m.deletion_timestamp)
+        .is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
+    let terminating = ns
+        .status
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p.as_str() == Some("Terminating"));
+    Ok(deleting || terminating)
 }
