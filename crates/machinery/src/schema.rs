@@ -1,6 +1,7 @@
 //! The OpenAPI documents kube-apiserver 1.36 serves, and what the machinery reads from them:
 //! which fields a kind declares (for `fieldValidation`).
 
+use std::fmt::Write;
 use std::sync::LazyLock;
 
 use crate::definitions::Definitions;
@@ -127,34 +128,40 @@ fn follow_references(schema: &'static Value) -> (&'static Value, bool) {
     (current, false)
 }
 
-fn walk(schema: &'static Value, value: &Value, path: &str, out: &mut Vec<String>) {
+/// Walks `value` at `path` (one buffer for the whole walk: a child's step is pushed onto it
+/// and cut off again, so no path is built unless a field is reported).
+fn walk(schema: &'static Value, value: &Value, path: &mut String, out: &mut Vec<String>) {
     let schema = resolve(schema);
+    let at = path.len();
     match value {
         Value::Object(map) => {
-            if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
-                for (key, child) in map {
-                    let child_path = if path.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{path}.{key}")
-                    };
-                    match properties.get(key) {
-                        Some(child_schema) => walk(child_schema, child, &child_path, out),
-                        None => out.push(format!("unknown field {:?}", child_path)),
-                    }
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let values = schema.get("additionalProperties").filter(|v| v.is_object());
+            if properties.is_none() && values.is_none() {
+                return;
+            }
+            for (key, child) in map {
+                if at > 0 || properties.is_none() {
+                    path.push('.');
                 }
-            } else if let Some(values) =
-                schema.get("additionalProperties").filter(|v| v.is_object())
-            {
-                for (key, child) in map {
-                    walk(values, child, &format!("{path}.{key}"), out);
+                path.push_str(key);
+                match (properties, values) {
+                    (Some(properties), _) => match properties.get(key) {
+                        Some(child_schema) => walk(child_schema, child, path, out),
+                        None => out.push(format!("unknown field {:?}", path)),
+                    },
+                    (None, Some(values)) => walk(values, child, path, out),
+                    (None, None) => {}
                 }
+                path.truncate(at);
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
-                    walk(item_schema, item, &format!("{path}[{i}]"), out);
+                    let _ = write!(path, "[{i}]");
+                    walk(item_schema, item, path, out);
+                    path.truncate(at);
                 }
             }
         }
@@ -166,7 +173,7 @@ fn walk(schema: &'static Value, value: &Value, path: &str, out: &mut Vec<String>
 /// document order.
 pub fn unknown_fields(schema: &'static Value, object: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    walk(schema, object, "", &mut out);
+    walk(schema, object, &mut String::new(), &mut out);
     out
 }
 

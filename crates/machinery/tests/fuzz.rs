@@ -56,6 +56,22 @@ proptest! {
         let _ = capstan_machinery::strict::duplicate_fields(text.as_bytes());
     }
 
+    /// The one-pass body decoder decodes what serde_json decodes, and fails where it fails
+    /// with the same words.
+    #[test]
+    fn bodies_decode_as_serde_json_decodes_them(
+        text in "[{}\\[\\],:\"a-c0-9.e\\\\ -]{0,120}",
+        value in json_value(),
+    ) {
+        for text in [text.into_bytes(), serde_json::to_vec(&value).unwrap_or_default()] {
+            let ours = capstan_machinery::strict::from_slice_with_duplicates(&text)
+                .map(|(value, _)| value)
+                .map_err(|e| e.to_string());
+            let theirs = serde_json::from_slice::<Value>(&text).map_err(|e| e.to_string());
+            prop_assert_eq!(ours, theirs);
+        }
+    }
+
     #[test]
     fn yaml_bodies_never_panic(text in "[ -~\n]{0,200}") {
         let _ = yaml::from_slice(text.as_bytes());

@@ -19,7 +19,18 @@ pub(super) async fn decode_body(
         Some(body) => read_body(body).await?,
         None => Bytes::new(),
     };
+    let validation = field_validation(&call.query);
+    // Keys a JSON body repeats are found as it is decoded, when they will be reported.
+    let mut duplicates = Vec::new();
     let parsed: Result<Value, String> = match format {
+        BodyFormat::Json if validation != FieldValidation::Ignore => {
+            capstan_machinery::strict::from_slice_with_duplicates(&bytes)
+                .map(|(object, found)| {
+                    duplicates = found;
+                    object
+                })
+                .map_err(|e| format!("json parse error: {e}"))
+        }
         BodyFormat::Json => {
             serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}"))
         }
@@ -72,13 +83,10 @@ pub(super) async fn decode_body(
     }
     // Strict decoding's problems (keys a JSON or YAML body repeats, then fields the schema lacks),
     // looked for only when they will be reported.
-    let validation = field_validation(&call.query);
-    let mut problems = Vec::new();
+    let mut problems = duplicates;
     if validation != FieldValidation::Ignore {
-        match format {
-            BodyFormat::Json => problems = capstan_machinery::strict::duplicate_fields(&bytes),
-            BodyFormat::Yaml => problems.extend(capstan_machinery::yaml::duplicate_key(&bytes)),
-            _ => {}
+        if format == BodyFormat::Yaml {
+            problems.extend(capstan_machinery::yaml::duplicate_key(&bytes));
         }
         problems.extend(request.registry.strategy().unknown_fields(&object));
     }
