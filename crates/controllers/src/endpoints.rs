@@ -621,7 +621,7 @@ impl EndpointsController {
                     // Only the selector is decoded; the rest of the Service is skipped.
                     let selector = (kind != EventType::Deleted)
                         .then(|| {
-                            serde_json::from_slice::<SelectorOf>(&object.lean_json())
+                            serde_json::from_slice::<SelectorOf>(&object.body_json())
                                 .ok()
                                 .and_then(|s| s.spec?.selector)
                         })

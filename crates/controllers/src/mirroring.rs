@@ -262,7 +262,7 @@ impl MirroringController {
                 controller.services.clone(),
                 move |kind, object, _| {
                     let key = key_of(&object.selectable);
-                    let selector = kind != EventType::Deleted && has_selector(&object.lean_json());
+                    let selector = kind != EventType::Deleted && has_selector(&object.body_json());
                     let before = if kind == EventType::Deleted {
                         c.selectors().remove(&key)
                     } else {
@@ -350,7 +350,7 @@ impl MirroringController {
             .services
             .cache()
             .get(&self.services.strategy().info().key(namespace, name))?;
-        if has_selector(&service.lean_json()) {
+        if has_selector(&service.body_json()) {
             return None;
         }
         let cached = self

@@ -219,6 +219,20 @@ impl CachedObject {
         }
     }
 
+    /// The object's members other than `kind`, `apiVersion` and `metadata` (`spec`, `status`
+    /// and the like), as a JSON object, when stored bytes are held with `metadata` first (as
+    /// this process writes them): for partial decodes of those alone, which then need not
+    /// step over the metadata. Anything else is as held, with its metadata.
+    pub fn body_json(&self) -> std::borrow::Cow<'_, [u8]> {
+        match &self.json {
+            Json::Item(json) => std::borrow::Cow::Borrowed(json),
+            Json::Stored(stored) => match stored.after_metadata() {
+                Some(body) => std::borrow::Cow::Owned(body),
+                None => std::borrow::Cow::Borrowed(&stored.bytes),
+            },
+        }
+    }
+
     /// Decodes what a reader needs of the object's `metadata`, into a partial type such as one
     /// with a few of its fields. When the stored value is held, only its `metadata` member is
     /// read, not the rest of the object (a 50-endpoint EndpointSlice is 13 KB, its metadata a
