@@ -81,19 +81,24 @@ pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T
     let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
     let only_metadata = typed == untouched;
     *typed.metadata_mut() = metadata;
-    let slot = object.as_object_mut().and_then(|o| o.get_mut("metadata"));
-    match (only_metadata, slot, serde_json::to_value(typed.metadata())) {
-        (true, Some(slot), Ok(mut value)) => {
-            drop_empty_lists(&mut value);
-            let stored = std::mem::take(slot);
-            *slot = with_managed_fields_of(value, Some(stored));
-            false
-        }
-        _ => {
-            write_back(object, typed, untouched.metadata());
-            true
-        }
+    if only_metadata
+        && let Some(slot) = object.as_object_mut().and_then(|o| o.get_mut("metadata"))
+        && let Ok(mut value) = serde_json::to_value(typed.metadata())
+    {
+        drop_empty_lists(&mut value);
+        let stored = std::mem::take(slot);
+        *slot = with_managed_fields_of(value, Some(stored));
+        return false;
     }
+    if typed.metadata() == untouched.metadata() {
+        // The metadata is kept as the JSON has it: it is not encoded only to be dropped.
+        let metadata = std::mem::take(typed.metadata_mut());
+        write_back(object, typed, &ObjectMeta::default());
+        *typed.metadata_mut() = metadata;
+    } else {
+        write_back(object, typed, untouched.metadata());
+    }
+    true
 }
 
 /// `metadata` (as encoded from a typed object) with the managedFields of `stored`, if any.
