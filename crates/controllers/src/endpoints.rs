@@ -810,6 +810,7 @@ impl EndpointsController {
         });
         let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
         if read.len() >= KEPT_SERVICES
+            && !read.contains_key(&cached.key)
             && let Some(any) = read.keys().next().cloned()
         {
             read.remove(&any);

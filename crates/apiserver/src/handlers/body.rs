@@ -20,20 +20,17 @@ pub(super) async fn decode_body(
         None => Bytes::new(),
     };
     let validation = field_validation(&call.query);
-    // Keys a JSON body repeats are found as it is decoded, when they will be reported.
+    // Keys a JSON body repeats are found as it is decoded (reported unless ignored).
     let mut duplicates = Vec::new();
     let parsed: Result<Value, String> = match format {
-        BodyFormat::Json if validation != FieldValidation::Ignore => {
-            capstan_machinery::strict::from_slice_with_duplicates(&bytes)
-                .map(|(object, found)| {
+        BodyFormat::Json => capstan_machinery::strict::from_slice_with_duplicates(&bytes)
+            .map(|(object, found)| {
+                if validation != FieldValidation::Ignore {
                     duplicates = found;
-                    object
-                })
-                .map_err(|e| format!("json parse error: {e}"))
-        }
-        BodyFormat::Json => {
-            serde_json::from_slice(&bytes).map_err(|e| format!("json parse error: {e}"))
-        }
+                }
+                object
+            })
+            .map_err(|e| format!("json parse error: {e}")),
         BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
         BodyFormat::Protobuf => {
             capstan_machinery::protobuf::decode(&bytes, info.protobuf).map(|(_, _, object)| object)

@@ -120,7 +120,8 @@ impl Stored {
     /// Steps over the members of `metadata`, an object whose opening brace is at `start`:
     /// where it ends (after its closing brace), whether a member is `resourceVersion`, and the
     /// bytes to leave out for it without `managedFields` (the member and the comma before it,
-    /// or after it when it comes first). `None` when it is not an object.
+    /// or after it when it comes first). `None` when it is not an object, or repeats
+    /// `managedFields`.
     #[allow(clippy::type_complexity)]
     fn metadata_members(
         bytes: &[u8],
@@ -142,7 +143,11 @@ impl Stored {
             let member_end = scan.at;
             if named(key, "resourceVersion") {
                 resource_version = true;
-            } else if managed_fields.is_none() && named(key, "managedFields") {
+            } else if named(key, "managedFields") {
+                if managed_fields.is_some() {
+                    // Repeated (not something this process writes): decoded and re-encoded.
+                    return None;
+                }
                 managed_fields = Some(previous_end.unwrap_or(member_start)..member_end);
                 first = previous_end.is_none();
             }
@@ -162,6 +167,15 @@ impl Stored {
         }
         // `{}`
         Some((scan.at + 1, resource_version, managed_fields))
+    }
+
+    /// [`Stored::metadata_without_managed_fields`] as shared bytes (the stored bytes
+    /// themselves when there is no managedFields).
+    pub(super) fn metadata_bytes_without_managed_fields(&self) -> Bytes {
+        match &self.managed_fields {
+            Some(_) => Bytes::from(self.metadata_without_managed_fields().into_owned()),
+            None => self.bytes.slice(self.metadata_start..=self.metadata_end),
+        }
     }
 
     /// The `metadata` member's value without `managedFields`, braces included.

@@ -126,7 +126,7 @@ impl CachedObject {
         if let Some(stored) = located
             && !stored.has_resource_version
         {
-            let metadata = stored.metadata_without_managed_fields().into_owned();
+            let metadata = stored.metadata_bytes_without_managed_fields();
             let mut object = CachedObject {
                 selectable: Selectable::default(),
                 key: key.clone(),

@@ -48,6 +48,11 @@ fn metadata_without_version(object: &CachedObject) -> Value {
 /// [`CachedObject::lean_json`] decodes to the object without `metadata.managedFields` and
 /// `resourceVersion` (and without `kind` and `apiVersion`, which partial reads skip).
 fn assert_lean(object: &CachedObject, whole: &Value) {
+    if !object.holds_stored_bytes() {
+        // A re-encoded object is as held.
+        assert_eq!(&*object.lean_json(), object.raw_json());
+        return;
+    }
     let lean: Value = serde_json::from_slice(&object.lean_json()).expect("lean JSON decodes");
     let expected = without_managed_fields(whole);
     let strip = |value: &Value| {
@@ -345,6 +350,8 @@ fn stored_bytes_are_checked_while_their_parts_are_found() {
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"h" , "managedFields":[{}] }}"#,
         br#"{"kind":"Service","apiVersion":"v1","metadata":{ "managedFields":[] }}"#,
         br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"i","managed\u0046ields":[{}],"uid":"u"}}"#,
+        // Repeated (the last one is the one read).
+        br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"j","managedFields":[{"a":1}],"managed\u0046ields":[]}}"#,
     ] {
         let cached = decode(text).expect("valid JSON is cached");
         // (Repeated members aside: this process never writes those.)

@@ -105,7 +105,7 @@ impl Registry {
                 // What lets a failed attempt's object be tried again: admitting it once more
                 // (as a retry does, with a view of its own) changes nothing.
                 let mut again = candidate.clone();
-                let _ = self
+                let admitted = self
                     .strategy
                     .admit(
                         self.storage.as_ref(),
@@ -115,6 +115,7 @@ impl Registry {
                         true,
                     )
                     .await;
+                debug_assert!(admitted.is_ok(), "admitting the object again failed");
                 debug_assert_eq!(
                     again, candidate,
                     "admitting an object of a kind that does not allocate is not idempotent"
