@@ -54,8 +54,10 @@ pub struct EndpointsController {
 /// A decoded Service and the revision it was read at.
 type ReadService = (i64, Arc<Service>);
 
-/// At most this many decoded Services are kept (then one goes for each newly decoded).
-const KEPT_SERVICES: usize = 4096;
+/// At most this many decoded Services are kept (then one goes for each newly decoded): the
+/// two controllers' syncs of a change come within milliseconds of each other, and a few
+/// hundred decoded Services are well under a megabyte.
+const KEPT_SERVICES: usize = 256;
 
 /// How many Services are synced at once.
 const WORKERS: usize = 5;
