@@ -81,10 +81,14 @@ impl Stored {
         if bytes.get(start) != Some(&b'{') || end < start + 2 {
             return None;
         }
-        let (walked, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
-        if walked != end {
-            return None;
-        }
+        let stored = Self::walked(bytes, members, start)?;
+        (stored.metadata_end + 1 == end).then_some(stored)
+    }
+
+    /// The parts, `metadata`'s members walked from its opening brace at `start` (which finds
+    /// where it ends).
+    fn walked(bytes: Bytes, members: usize, start: usize) -> Option<Self> {
+        let (end, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
         Self::with_parts(
             bytes,
             members,
@@ -261,14 +265,7 @@ impl Stored {
             return None;
         }
         // One walk over metadata's members finds its end and what it holds.
-        let (end, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
-        Self::with_parts(
-            bytes,
-            members,
-            start..end,
-            has_resource_version,
-            managed_fields,
-        )
+        Self::walked(bytes, members, start)
     }
 }
 
