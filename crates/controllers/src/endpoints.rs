@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
+use capstan_registry::strategy::from_typed;
 use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
@@ -929,12 +930,8 @@ impl EndpointsController {
                     namespace: Some(namespace.to_string()),
                     ..ObjectMeta::default()
                 };
-                let created = desired.applied_to(&fresh);
-                match self
-                    .endpoints
-                    .create_typed(namespace, created, &options)
-                    .await
-                {
+                let created = from_typed(&desired.applied_to(&fresh));
+                match self.endpoints.create(namespace, created, &options).await {
                     // A namespace being deleted takes no new objects: dropped, not retried
                     // (any other refusal is retried).
                     Err(e) if !e.is_namespace_terminating() => Err(e.into()),

@@ -1339,11 +1339,8 @@ impl SliceWriter {
         if service.metadata.deletion_timestamp.is_none() {
             for mut slice in creates {
                 annotate(&mut slice);
-                match self
-                    .slices
-                    .create_typed(namespace, slice.clone(), &options)
-                    .await
-                {
+                let value = capstan_registry::strategy::from_typed(&slice);
+                match self.slices.create(namespace, value, &options).await {
                     Ok(created) => {
                         self.record(key, &created);
                         self.keep(namespace, slice, created);

@@ -284,7 +284,7 @@ async fn keep<T: Object>(
     {
         Err(e) if e.is_not_found() => {
             match registry
-                .create_typed(NAMESPACE, wanted.clone(), &options)
+                .create(NAMESPACE, from_typed(wanted), &options)
                 .await
             {
                 Err(e) if !e.is_conflict() => Err(failed("creating", e)),

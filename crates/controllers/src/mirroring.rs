@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
+use capstan_registry::strategy::from_typed;
 use capstan_registry::{Registry, Subresource, WriteOptions};
 use capstan_resources::endpointslice::{
     MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,
@@ -460,7 +461,11 @@ impl MirroringController {
         }
         if endpoints.metadata.deletion_timestamp.is_none() {
             for slice in kept_creates {
-                match self.slices.create_typed(&key.0, slice, &options()).await {
+                match self
+                    .slices
+                    .create(&key.0, from_typed(&slice), &options())
+                    .await
+                {
                     Ok(created) => self.own.record(key, &created),
                     // A namespace being deleted takes no new objects: the sync ends there,
                     // as upstream's (nothing updated or deleted either, nothing retried).

@@ -9,31 +9,7 @@ impl Registry {
     pub async fn create(
         &self,
         namespace: &str,
-        object: Value,
-        options: &WriteOptions,
-    ) -> Result<Value, ApiError> {
-        self.create_viewed(namespace, object, RulesView::default(), options)
-            .await
-    }
-
-    /// CREATE of a controller's typed object: [`Registry::create`] of its JSON, with the
-    /// kind's rules handed the object itself rather than decoding it from that JSON again.
-    pub async fn create_typed<T: crate::strategy::Object>(
-        &self,
-        namespace: &str,
-        object: T,
-        options: &WriteOptions,
-    ) -> Result<Value, ApiError> {
-        let json = crate::typed::from_typed(&object);
-        self.create_viewed(namespace, json, RulesView::of(object), options)
-            .await
-    }
-
-    async fn create_viewed(
-        &self,
-        namespace: &str,
         mut object: Value,
-        mut view: RulesView,
         options: &WriteOptions,
     ) -> Result<Value, ApiError> {
         let info = self.strategy.info();
@@ -57,9 +33,8 @@ impl Registry {
             }
         }
         // A body or a typed object is in its type's form already; an applied configuration
-        // is normalized by defaulting. The rules of this write share one decoded object (a
-        // typed create's own, its metadata as just settled).
-        view.refresh_meta(&object);
+        // is normalized by defaulting. The rules of this write share one decoded object.
+        let mut view = RulesView::default();
         if options.applied {
             self.strategy.default(&mut object);
         } else {
