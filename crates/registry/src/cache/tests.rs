@@ -430,17 +430,20 @@ fn selectable_answers_selectors_as_the_object_would() {
 /// Any JSON value, with strings that need escapes and keys like the scanner's landmarks.
 fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
     use proptest::prelude::*;
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        "[ -~\u{e9}\u{1F600}\\\\\"]{0,10}".prop_map(Value::from),
-    ];
-    leaf.prop_recursive(3, 24, 4, |inner| {
+    let text = "[ -~\u{e9}\u{1F600}\\\\\"]{0,10}".prop_map(Value::from);
+    // null, a boolean or a number, from one draw.
+    let scalar = (any::<i64>(), 0..3u8).prop_map(|(n, pick)| match pick {
+        0 => Value::Null,
+        1 => Value::Bool(n % 2 == 0),
+        _ => Value::from(n),
+    });
+    prop_oneof![text, scalar].prop_recursive(3, 24, 4, |inner| {
+        let member = ("[a-zF\"\\\\{}:,]{0,8}", inner.clone());
+        let object = proptest::collection::vec(member, 0..4)
+            .prop_map(|members| Value::Object(members.into_iter().collect()));
         prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            proptest::collection::vec(("[a-zF\"\\\\{}:,]{0,8}", inner), 0..4)
-                .prop_map(|members| Value::Object(members.into_iter().collect())),
+            proptest::collection::vec(inner, 0..4).prop_map(Value::from),
+            object
         ]
     })
 }
