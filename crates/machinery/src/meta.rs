@@ -158,15 +158,27 @@ pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: b
 /// of as the object has them (members a typed write kept as encoded text).
 pub fn typed_json_bytes_with<'r>(
     object: &Value,
-    (api_version, kind): (&str, &str),
+    type_meta: (&str, &str),
     stored: bool,
     raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
 ) -> Vec<u8> {
+    typed_json_bytes_marked(object, type_meta, stored, raw).0
+}
+
+/// [`typed_json_bytes_with`], and, in the stored form, where `metadata`'s closing brace is and
+/// whether `metadata` has members there: what putting `resourceVersion` back in takes.
+pub fn typed_json_bytes_marked<'r>(
+    object: &Value,
+    (api_version, kind): (&str, &str),
+    stored: bool,
+    raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
+) -> (Vec<u8>, Option<(usize, bool)>) {
     fn put(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
         // Strings and JSON values (string keys) always serialize.
         let _ = serde_json::to_writer(&mut *out, value);
     }
     let mut out = type_head(kind, api_version);
+    let mut mark = None;
     if let Value::Object(fields) = object {
         for (key, value) in members_in_order(fields) {
             out.push(b',');
@@ -188,6 +200,7 @@ pub fn typed_json_bytes_with<'r>(
                         out.push(b':');
                         put(&mut out, value);
                     }
+                    mark = Some((out.len(), !first));
                     out.push(b'}');
                 }
                 _ => match raw(key) {
@@ -198,6 +211,25 @@ pub fn typed_json_bytes_with<'r>(
         }
     }
     out.push(b'}');
+    (out, mark)
+}
+
+/// Stored JSON ([`typed_json_bytes_marked`]'s, with its mark) with `resourceVersion` put back
+/// in at the end of `metadata`: the bytes [`typed_json_bytes`] writes of the object once its
+/// `resourceVersion` is set last in its metadata.
+pub fn with_resource_version(
+    stored: &[u8],
+    (end, members): (usize, bool),
+    revision: i64,
+) -> Vec<u8> {
+    let member = format!(
+        "{}\"resourceVersion\":\"{revision}\"",
+        if members { "," } else { "" }
+    );
+    let mut out = Vec::with_capacity(stored.len() + member.len() + 1);
+    out.extend_from_slice(&stored[..end]);
+    out.extend_from_slice(member.as_bytes());
+    out.extend_from_slice(&stored[end..]);
     out
 }
 
@@ -205,6 +237,29 @@ pub fn typed_json_bytes_with<'r>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_stored_form_with_its_resource_version_put_back_is_the_served_form() {
+        for metadata in [
+            json!({"name": "a", "labels": {"x": "}"}, "managedFields": [{"f:a": {}}]}),
+            json!({}),
+            json!({"resourceVersion": "3"}),
+        ] {
+            let mut object = json!({"metadata": metadata, "spec": {"a": "{}"}});
+            let (stored, mark) =
+                typed_json_bytes_marked(&object, ("v1", "Service"), true, &|_| None);
+            let mark = mark.expect("metadata was written");
+            set_meta_str(&mut object, "resourceVersion", "42");
+            assert_eq!(
+                String::from_utf8_lossy(&with_resource_version(&stored, mark, 42)),
+                String::from_utf8_lossy(&typed_json_bytes(&object, "v1", "Service", false))
+            );
+        }
+        // No metadata map: nothing to mark.
+        let (_, mark) =
+            typed_json_bytes_marked(&json!({"spec": {}}), ("v1", "Service"), true, &|_| None);
+        assert_eq!(mark, None);
+    }
 
     #[test]
     fn typed_json_bytes_are_the_typed_value_serialized() {

@@ -14,20 +14,25 @@ pub(super) async fn create(
     let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
     let created = call
         .finish(body_len, async move {
-            registry.create(&namespace, object, &options).await
+            registry.create_answered(&namespace, object, &options).await
         })
         .await?;
-    warnings.extend(request.registry.strategy().create_warnings(&created));
-    Ok(with_warnings(
-        object_response(
+    warnings.extend(request.registry.strategy().create_warnings(&created.object));
+    // Compact JSON is the stored bytes with the resourceVersion in: not encoded again.
+    let response = match created.json {
+        Some(mut json) if encoding.negotiated.output == Output::Json && !encoding.pretty => {
+            json.push(b'\n');
+            response(StatusCode::CREATED, "application/json", full(json))
+        }
+        _ => object_response(
             StatusCode::CREATED,
             request.registry.strategy().as_ref(),
-            &created,
+            &created.object,
             encoding,
             &call.query,
         ),
-        &warnings,
-    ))
+    };
+    Ok(with_warnings(response, &warnings))
 }
 
 pub(super) async fn update(

@@ -168,7 +168,8 @@ impl Registry {
                     .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                     .then(Op::Put(
                         key.clone(),
-                        self.encode_bounded(&mut marked, &Default::default(), true)?,
+                        self.encode_bounded(&mut marked, &Default::default(), true)?
+                            .0,
                     ));
                 match self.storage.txn(txn).await.map_err(storage_error)? {
                     TxnOutcome::Committed { revision, .. } => {

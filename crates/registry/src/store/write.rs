@@ -7,6 +7,7 @@ use crate::detached::Detached;
 use crate::typed::RulesView;
 
 mod create;
+pub use create::Created;
 mod typed;
 
 /// What a write does when the object changed between its read and its transaction.
@@ -553,6 +554,7 @@ impl Registry {
                     options.applied,
                     extras,
                 )?
+                .0
             };
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => {
@@ -577,12 +579,13 @@ impl Registry {
 
 impl Registry {
     /// The stored form of an object, with the members kept as encoded JSON (`detached`).
-    fn encode_with(&self, object: &Value, detached: &Detached) -> Bytes {
+    fn encode_with(&self, object: &Value, detached: &Detached) -> Stored {
         let info = self.strategy.info();
         let api_version = info.api_version();
         let raw = |key: &str| detached.get(key);
-        let encoded = meta::typed_json_bytes_with(object, (&api_version, info.kind), true, &raw);
-        Bytes::from(encoded)
+        let (encoded, mark) =
+            meta::typed_json_bytes_marked(object, (&api_version, info.kind), true, &raw);
+        (Bytes::from(encoded), mark)
     }
 
     /// Encodes an object for storage within the size bound. As upstream, an object too large
@@ -593,9 +596,9 @@ impl Registry {
         object: &mut Value,
         detached: &Detached,
         applied: bool,
-    ) -> Result<Bytes, ApiError> {
+    ) -> Result<Stored, ApiError> {
         let encoded = self.encode_with(object, detached);
-        if encoded.len() <= self.max_object_bytes {
+        if encoded.0.len() <= self.max_object_bytes {
             return Ok(encoded);
         }
         if !applied
@@ -604,7 +607,7 @@ impl Registry {
                 .is_some()
         {
             let encoded = self.encode_with(object, detached);
-            if encoded.len() <= self.max_object_bytes {
+            if encoded.0.len() <= self.max_object_bytes {
                 return Ok(encoded);
             }
         }
@@ -634,16 +637,19 @@ impl Registry {
         (object, detached): (&mut Value, &Detached),
         applied: bool,
         extras: WriteExtras,
-    ) -> Result<Txn, ApiError> {
+    ) -> Result<(Txn, Stored), ApiError> {
         let encoded = self.encode_bounded(object, detached, applied)?;
         let mut txn = Txn::new()
             .when(guard)
-            .then(Op::Put(key.to_string(), encoded));
+            .then(Op::Put(key.to_string(), encoded.0.clone()));
         txn.compares.extend(extras.compares);
         txn.ops.extend(extras.ops);
-        Ok(txn)
+        Ok((txn, encoded))
     }
 }
+
+/// An object's stored JSON, and where its `metadata` ends ([`meta::typed_json_bytes_marked`]).
+pub(super) type Stored = (Bytes, Option<(usize, bool)>);
 
 /// `object` as written at `revision`.
 fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {

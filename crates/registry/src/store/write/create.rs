@@ -4,14 +4,38 @@
 use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+/// A created object, and the compact JSON a create answers with ([`meta::typed_json_bytes`] of
+/// it): its stored bytes with the `resourceVersion` put in, when it was stored (a dry run
+/// encodes nothing).
+pub struct Created {
+    /// The object as written, with its `resourceVersion`.
+    pub object: Value,
+    /// Its compact JSON, `kind` and `apiVersion` first.
+    pub json: Option<Vec<u8>>,
+}
+
 impl Registry {
     /// CREATE. `object` is the decoded body with the namespace already settled.
     pub async fn create(
         &self,
         namespace: &str,
-        mut object: Value,
+        object: Value,
         options: &WriteOptions,
     ) -> Result<Value, ApiError> {
+        Ok(self
+            .create_answered(namespace, object, options)
+            .await?
+            .object)
+    }
+
+    /// [`Registry::create`], with the JSON to answer with: a handler answering in compact
+    /// JSON sends the stored bytes, rather than encoding the object again.
+    pub async fn create_answered(
+        &self,
+        namespace: &str,
+        mut object: Value,
+        options: &WriteOptions,
+    ) -> Result<Created, ApiError> {
         let info = self.strategy.info();
         {
             let meta = meta::metadata_mut(&mut object);
@@ -133,10 +157,13 @@ impl Registry {
                     return Err(ApiError::already_exists(info.group_resource(), &name));
                 }
                 meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
-                return Ok(candidate);
+                return Ok(Created {
+                    object: candidate,
+                    json: None,
+                });
             }
             let absent = Compare::Absent(key.clone());
-            let txn = self.put(
+            let (txn, stored) = self.put(
                 absent,
                 &key,
                 (&mut candidate, &Default::default()),
@@ -144,7 +171,24 @@ impl Registry {
                 extras,
             )?;
             match self.storage.txn(txn).await.map_err(storage_error)? {
-                TxnOutcome::Committed { revision, .. } => return Ok(at(candidate, revision)),
+                TxnOutcome::Committed { revision, .. } => {
+                    let object = at(candidate, revision);
+                    let json = stored
+                        .1
+                        .map(|mark| meta::with_resource_version(&stored.0, mark, revision));
+                    #[cfg(debug_assertions)]
+                    if let Some(json) = &json {
+                        // The bytes encoding the object itself gives.
+                        let api_version = info.api_version();
+                        let encoded =
+                            meta::typed_json_bytes(&object, &api_version, info.kind, false);
+                        debug_assert_eq!(
+                            String::from_utf8_lossy(json),
+                            String::from_utf8_lossy(&encoded)
+                        );
+                    }
+                    return Ok(Created { object, json });
+                }
                 TxnOutcome::Failed { current, .. } => {
                     let taken = current.first().is_some_and(Option::is_some);
                     let retry = !taken || (generate && attempt + 1 < attempts);
