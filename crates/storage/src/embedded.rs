@@ -919,8 +919,11 @@ impl Writer {
                 let mut meta = wt.open_table(META).map_err(db_err)?;
                 meta.insert(META_REVISION, to_u64(batch.revision))
                     .map_err(db_err)?;
-                meta.insert(META_COMPACTED, to_u64(batch.compacted))
-                    .map_err(db_err)?;
+                // Stored already unless a compaction in this batch moved it.
+                if batch.compacted != compacted {
+                    meta.insert(META_COMPACTED, to_u64(batch.compacted))
+                        .map_err(db_err)?;
+                }
             }
             wt.commit().map_err(db_err)
         })();
