@@ -2,7 +2,6 @@
 //! APIService, from its Service, Endpoints and a discovery probe of its backend, reached
 //! exactly as the aggregation proxy reaches it (`capstan-aggregation`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use capstan_aggregation::{
     service_port_name, service_ref, tls_config,
 };
 use capstan_machinery::ApiError;
+use capstan_registry::cache::ByRevision;
 use capstan_registry::strategy::{from_typed, to_typed};
 use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
@@ -52,13 +52,13 @@ pub struct AvailabilityController {
     services: Arc<Registry>,
     slices: Arc<Registry>,
     client: Option<Arc<ProxyClient>>,
-    /// [`AvailabilityController::all`]'s APIServices by key, with the revision each was read at.
-    decoded: std::sync::Mutex<HashMap<Arc<str>, Decoded>>,
+    /// [`AvailabilityController::each`]'s APIServices as decoded (None: undecodable), by
+    /// revision.
+    decoded: ByRevision<Option<Arc<APIService>>>,
 }
 
-/// An APIService as [`AvailabilityController::all`] last decoded it, with the revision it was
-/// read at (None: undecodable).
-type Decoded = (i64, Option<APIService>);
+/// At most this many decoded APIServices are kept (a cluster has tens).
+const KEPT_APISERVICES: usize = 1024;
 
 /// The outcome of one check: status, reason, message.
 type Verdict = (&'static str, &'static str, String);
@@ -71,7 +71,7 @@ impl AvailabilityController {
             services,
             slices,
             client: None,
-            decoded: std::sync::Mutex::default(),
+            decoded: ByRevision::new(KEPT_APISERVICES),
         }
     }
 
@@ -182,32 +182,30 @@ impl AvailabilityController {
             objects.push(object.clone());
             true
         });
-        let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
         for object in &objects {
-            if let Some((revision, apiservice)) = decoded.get(&object.key)
-                && *revision == object.revision
-            {
-                apiservice.iter().for_each(&mut f);
-                continue;
+            let apiservice = match self.decoded.get(&object.key, object.revision) {
+                Some(apiservice) => apiservice,
+                None => {
+                    let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
+                        .ok()
+                        .map(|backing| {
+                            Arc::new(APIService {
+                                metadata: ObjectMeta {
+                                    name: backing.metadata.name,
+                                    ..ObjectMeta::default()
+                                },
+                                spec: backing.spec,
+                                status: None,
+                            })
+                        });
+                    self.decoded
+                        .put(object.key.clone(), object.revision, apiservice.clone());
+                    apiservice
+                }
+            };
+            if let Some(apiservice) = apiservice {
+                f(&apiservice);
             }
-            let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
-                .ok()
-                .map(|backing| APIService {
-                    metadata: ObjectMeta {
-                        name: backing.metadata.name,
-                        ..ObjectMeta::default()
-                    },
-                    spec: backing.spec,
-                    status: None,
-                });
-            apiservice.iter().for_each(&mut f);
-            decoded.insert(object.key.clone(), (object.revision, apiservice));
-        }
-        // Every present one is kept now: any more are deleted ones.
-        if decoded.len() > objects.len() {
-            let present: std::collections::HashSet<&Arc<str>> =
-                objects.iter().map(|o| &o.key).collect();
-            decoded.retain(|key, _| present.contains(key));
         }
     }
 

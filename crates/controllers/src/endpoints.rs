@@ -48,15 +48,12 @@ pub struct EndpointsController {
     /// Services as [`EndpointsController::service`] decoded them, by key with the revision
     /// they were read at: both controllers sync a changed Service, and a pod's change syncs
     /// its Services again, from the same revision.
-    read: std::sync::Mutex<HashMap<Arc<str>, ReadService>>,
+    read: capstan_registry::cache::ByRevision<Arc<Service>>,
 }
 
-/// A decoded Service and the revision it was read at.
-type ReadService = (i64, Arc<Service>);
-
-/// At most this many decoded Services are kept (then one goes for each newly decoded): the
-/// two controllers' syncs of a change come within milliseconds of each other, and a few
-/// hundred decoded Services are well under a megabyte.
+/// At most this many decoded Services are kept: the two controllers' syncs of a change come
+/// within milliseconds of each other, and a few hundred decoded Services are well under a
+/// megabyte.
 const KEPT_SERVICES: usize = 256;
 
 /// How many Services are synced at once.
@@ -557,7 +554,7 @@ impl EndpointsController {
             index: std::sync::Mutex::new(Index::default()),
             slices: None,
             slice_triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
-            read: std::sync::Mutex::default(),
+            read: capstan_registry::cache::ByRevision::new(KEPT_SERVICES),
             workers: (WORKERS, WORKERS),
         }
     }
@@ -787,13 +784,8 @@ impl EndpointsController {
         let Some(cached) = self.services.cache().get(&key) else {
             return Ok(None);
         };
-        {
-            let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((revision, service)) = read.get(&cached.key)
-                && *revision == cached.revision
-            {
-                return Ok(Some(service.clone()));
-            }
+        if let Some(service) = self.read.get(&cached.key, cached.revision) {
+            return Ok(Some(service));
         }
         let read: Read = serde_json::from_slice(&cached.lean_json())
             .map_err(|_| ApiError::internal(format!("undecodable object at {key}")))?;
@@ -810,14 +802,8 @@ impl EndpointsController {
             spec: read.spec,
             status: None,
         });
-        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
-        if read.len() >= KEPT_SERVICES
-            && !read.contains_key(&cached.key)
-            && let Some(any) = read.keys().next().cloned()
-        {
-            read.remove(&any);
-        }
-        read.insert(cached.key.clone(), (cached.revision, service.clone()));
+        self.read
+            .put(cached.key.clone(), cached.revision, service.clone());
         Ok(Some(service))
     }
 

@@ -222,15 +222,40 @@ pub fn with_resource_version(
     (end, members): (usize, bool),
     revision: i64,
 ) -> Vec<u8> {
-    let member = format!(
-        "{}\"resourceVersion\":\"{revision}\"",
-        if members { "," } else { "" }
-    );
-    let mut out = Vec::with_capacity(stored.len() + member.len() + 1);
+    let member = ResourceVersionMember::new(!members, revision);
+    let member = member.as_bytes();
+    let mut out = Vec::with_capacity(stored.len() + member.len());
     out.extend_from_slice(&stored[..end]);
-    out.extend_from_slice(member.as_bytes());
+    out.extend_from_slice(member);
     out.extend_from_slice(&stored[end..]);
     out
+}
+
+/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member; written
+/// without allocating (list bodies write one per item).
+pub struct ResourceVersionMember {
+    bytes: [u8; 48],
+    len: usize,
+}
+
+impl ResourceVersionMember {
+    /// The member for `metadata` at `revision` (with no comma before it when `metadata` has
+    /// no other member).
+    pub fn new(metadata_empty: bool, revision: i64) -> Self {
+        use std::io::Write;
+        let mut bytes = [0u8; 48];
+        let mut cursor = std::io::Cursor::new(&mut bytes[..]);
+        let comma = if metadata_empty { "" } else { "," };
+        // 48 bytes hold the longest i64: the write cannot fail.
+        let _ = write!(cursor, "{comma}\"resourceVersion\":\"{revision}\"");
+        let len = cursor.position() as usize;
+        Self { bytes, len }
+    }
+
+    /// Its JSON text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 #[cfg(test)]

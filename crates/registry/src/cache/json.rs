@@ -2,7 +2,6 @@
 //! finds their parts.
 
 use bytes::Bytes;
-use capstan_storage::Revision;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -88,49 +87,21 @@ impl Stored {
     /// The parts, `metadata`'s members walked from its opening brace at `start` (which finds
     /// where it ends).
     fn walked(bytes: Bytes, members: usize, start: usize) -> Option<Self> {
-        let (end, has_resource_version, managed_fields) = Self::metadata_members(&bytes, start)?;
-        Self::with_parts(
-            bytes,
-            members,
-            start..end,
-            has_resource_version,
-            managed_fields,
-        )
-    }
-
-    fn with_parts(
-        bytes: Bytes,
-        members: usize,
-        metadata: std::ops::Range<usize>,
-        has_resource_version: bool,
-        managed_fields: Option<std::ops::Range<usize>>,
-    ) -> Option<Self> {
-        let (start, end) = (metadata.start, metadata.end);
-        let metadata_end = end - 1;
-        let metadata_empty = bytes[start + 1..metadata_end]
-            .iter()
-            .all(u8::is_ascii_whitespace);
+        let walk = Self::metadata_members(&bytes, start)?;
         Some(Stored {
             members,
             metadata_start: start,
-            metadata_end,
-            metadata_empty,
-            has_resource_version,
-            managed_fields,
+            metadata_end: walk.end - 1,
+            metadata_empty: !walk.members,
+            has_resource_version: walk.resource_version,
+            managed_fields: walk.managed_fields,
             bytes,
         })
     }
 
-    /// Steps over the members of `metadata`, an object whose opening brace is at `start`:
-    /// where it ends (after its closing brace), whether a member is `resourceVersion`, and the
-    /// bytes to leave out for it without `managedFields` (the member and the comma before it,
-    /// or after it when it comes first). `None` when it is not an object, or repeats
-    /// `managedFields`.
-    #[allow(clippy::type_complexity)]
-    fn metadata_members(
-        bytes: &[u8],
-        start: usize,
-    ) -> Option<(usize, bool, Option<std::ops::Range<usize>>)> {
+    /// Steps over the members of `metadata`, an object whose opening brace is at `start`.
+    /// `None` when it is not an object, or repeats `managedFields`.
+    fn metadata_members(bytes: &[u8], start: usize) -> Option<MetadataWalk> {
         let mut scan = Scanner { bytes, at: start };
         scan.expect(b'{')?;
         let (mut resource_version, mut managed_fields) = (false, None);
@@ -158,7 +129,14 @@ impl Stored {
             scan.whitespace();
             match scan.next()? {
                 b',' => {}
-                b'}' => return Some((scan.at, resource_version, managed_fields)),
+                b'}' => {
+                    return Some(MetadataWalk {
+                        end: scan.at,
+                        members: true,
+                        resource_version,
+                        managed_fields,
+                    });
+                }
                 _ => return None,
             }
             if std::mem::take(&mut first) {
@@ -170,7 +148,12 @@ impl Stored {
             previous_end = Some(member_end);
         }
         // `{}`
-        Some((scan.at + 1, resource_version, managed_fields))
+        Some(MetadataWalk {
+            end: scan.at + 1,
+            members: false,
+            resource_version,
+            managed_fields,
+        })
     }
 
     /// [`Stored::metadata_without_managed_fields`] as shared bytes (the stored bytes
@@ -184,15 +167,22 @@ impl Stored {
 
     /// The `metadata` member's value without `managedFields`, braces included.
     pub(super) fn metadata_without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
-        let metadata = self.metadata_start..self.metadata_end + 1;
+        self.without_managed_fields_in(self.metadata_start..self.metadata_end + 1)
+    }
+
+    /// The bytes in `range` (which holds `metadata`'s) without `managedFields`.
+    fn without_managed_fields_in(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> std::borrow::Cow<'_, [u8]> {
         match &self.managed_fields {
             Some(cut) => {
-                let mut out = Vec::with_capacity(metadata.len() - cut.len());
-                out.extend_from_slice(&self.bytes[metadata.start..cut.start]);
-                out.extend_from_slice(&self.bytes[cut.end..metadata.end]);
+                let mut out = Vec::with_capacity(range.len() - cut.len());
+                out.extend_from_slice(&self.bytes[range.start..cut.start]);
+                out.extend_from_slice(&self.bytes[cut.end..range.end]);
                 std::borrow::Cow::Owned(out)
             }
-            None => std::borrow::Cow::Borrowed(&self.bytes[metadata]),
+            None => std::borrow::Cow::Borrowed(&self.bytes[range]),
         }
     }
 
@@ -219,15 +209,7 @@ impl Stored {
 
     /// The stored value without `metadata.managedFields`.
     pub(super) fn without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
-        match &self.managed_fields {
-            Some(cut) => {
-                let mut out = Vec::with_capacity(self.bytes.len() - cut.len());
-                out.extend_from_slice(&self.bytes[..cut.start]);
-                out.extend_from_slice(&self.bytes[cut.end..]);
-                std::borrow::Cow::Owned(out)
-            }
-            None => std::borrow::Cow::Borrowed(&self.bytes),
-        }
+        self.without_managed_fields_in(0..self.bytes.len())
     }
 
     /// [`Stored::locate`] of a value this process's registry encoded (`kind`, `apiVersion`
@@ -267,6 +249,19 @@ impl Stored {
         // One walk over metadata's members finds its end and what it holds.
         Self::walked(bytes, members, start)
     }
+}
+
+/// What a walk over `metadata`'s members found.
+struct MetadataWalk {
+    /// Where `metadata` ends (after its closing brace).
+    end: usize,
+    /// Whether it has any member.
+    members: bool,
+    /// Whether a member is `resourceVersion`.
+    resource_version: bool,
+    /// The bytes to leave out for it without `managedFields`: the member and the comma before
+    /// it, or after it when it comes first.
+    managed_fields: Option<std::ops::Range<usize>>,
 }
 
 /// What [`Stored::locate`] reads of a JSON object while checking all of it, when it has
@@ -421,28 +416,4 @@ pub(super) fn with_type(head: &[u8], item: &[u8]) -> Vec<u8> {
         out.push(b'}');
     }
     out
-}
-
-/// `"resourceVersion":"N"`, after a comma unless it is `metadata`'s only member; written
-/// without allocating (list bodies write one per item).
-pub(super) struct ResourceVersionMember {
-    pub(super) bytes: [u8; 48],
-    len: usize,
-}
-
-impl ResourceVersionMember {
-    pub(super) fn new(metadata_empty: bool, revision: Revision) -> Self {
-        use std::io::Write;
-        let mut bytes = [0u8; 48];
-        let mut cursor = std::io::Cursor::new(&mut bytes[..]);
-        let comma = if metadata_empty { "" } else { "," };
-        // 48 bytes hold the longest i64: the write cannot fail.
-        let _ = write!(cursor, "{comma}\"resourceVersion\":\"{revision}\"");
-        let len = cursor.position() as usize;
-        Self { bytes, len }
-    }
-
-    pub(super) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
 }

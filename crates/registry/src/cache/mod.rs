@@ -8,9 +8,11 @@ use std::time::Duration;
 use capstan_storage::{EventKind, KeyValue, RangeRequest, Revision, Storage, StorageError};
 use tokio::sync::{broadcast, watch};
 mod json;
+mod kept;
 mod object;
 mod selectable;
 
+pub use kept::ByRevision;
 pub use object::{CachedObject, Writer};
 pub use selectable::{Projection, Selectable, SelectableMeta};
 

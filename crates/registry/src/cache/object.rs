@@ -7,7 +7,9 @@ use capstan_machinery::meta;
 use capstan_storage::Revision;
 use serde_json::Value;
 
-use super::json::{Json, ResourceVersionMember, Stored, with_type};
+use capstan_machinery::meta::ResourceVersionMember;
+
+use super::json::{Json, Stored, with_type};
 use super::{EventType, Projection, Selectable};
 
 /// What a kind's projection reads of a stored object ([`DynStrategy::selectable`]: the name,
@@ -341,14 +343,11 @@ impl CachedObject {
                 with_type(&head, &item)
             }
             Json::Item(json) => with_type(&head, json),
-            Json::Stored(stored) => {
-                let rv = ResourceVersionMember::new(stored.metadata_empty, self.revision);
-                let mut out = Vec::with_capacity(stored.bytes.len() + rv.as_bytes().len());
-                out.extend_from_slice(&stored.bytes[..stored.metadata_end]);
-                out.extend_from_slice(rv.as_bytes());
-                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
-                out
-            }
+            Json::Stored(stored) => meta::with_resource_version(
+                &stored.bytes,
+                (stored.metadata_end, !stored.metadata_empty),
+                self.revision,
+            ),
         }
     }
 

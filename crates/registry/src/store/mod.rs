@@ -164,7 +164,8 @@ pub struct Registry {
     storage: Arc<dyn Storage>,
     cache: Arc<WatchCache>,
     namespace_prefix: Option<String>,
-    lifecycles: namespace::Lifecycles,
+    /// Whether each namespace read is being terminated, by its revision.
+    lifecycles: crate::cache::ByRevision<bool>,
     max_object_bytes: usize,
     counts: PageCounts,
 }
@@ -187,7 +188,7 @@ impl Registry {
             storage,
             cache,
             namespace_prefix,
-            lifecycles: Default::default(),
+            lifecycles: crate::cache::ByRevision::new(namespace::KEPT_LIFECYCLES),
             max_object_bytes: MAX_OBJECT_BYTES,
             counts: PageCounts::default(),
         }

@@ -1,34 +1,10 @@
 //! The namespace lifecycle admission plugin, as the registry's creates apply it.
 
 use super::*;
-use std::collections::HashMap;
-use std::sync::Mutex;
 
-/// Namespaces whose state [`Registry::check_namespace`] read: whether each is being
-/// terminated, with the revision it was read at. Every create reads its namespace, and a
-/// namespace seldom changes: it is decoded again only when its revision did.
-#[derive(Default)]
-pub(super) struct Lifecycles(Mutex<HashMap<Arc<str>, (capstan_storage::Revision, bool)>>);
-
-/// At most this many namespaces' states are kept per registry (then they are all forgotten).
-const KEPT_LIFECYCLES: usize = 1024;
-
-impl Lifecycles {
-    fn get(&self, key: &str, revision: capstan_storage::Revision) -> Option<bool> {
-        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        kept.get(key)
-            .filter(|(at, _)| *at == revision)
-            .map(|(_, t)| *t)
-    }
-
-    fn put(&self, key: &str, revision: capstan_storage::Revision, terminating: bool) {
-        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.len() >= KEPT_LIFECYCLES {
-            kept.clear();
-        }
-        kept.insert(key.into(), (revision, terminating));
-    }
-}
+/// At most this many namespaces' lifecycle verdicts are kept per registry
+/// ([`Registry::check_namespace`]: every create reads its namespace, which seldom changes).
+pub(super) const KEPT_LIFECYCLES: usize = 1024;
 
 impl Registry {
     /// The namespace lifecycle admission plugin: content is created only in a namespace that
@@ -56,7 +32,7 @@ impl Registry {
             Some(terminating) => terminating,
             None => {
                 let terminating = terminating(&kv)?;
-                self.lifecycles.put(&key, kv.mod_revision, terminating);
+                self.lifecycles.put(key, kv.mod_revision, terminating);
                 terminating
             }
         };

@@ -579,7 +579,7 @@ impl Registry {
 
 impl Registry {
     /// The stored form of an object, with the members kept as encoded JSON (`detached`).
-    fn encode_with(&self, object: &Value, detached: &Detached) -> Stored {
+    fn encode_with(&self, object: &Value, detached: &Detached) -> Encoded {
         let info = self.strategy.info();
         let api_version = info.api_version();
         let raw = |key: &str| detached.get(key);
@@ -596,7 +596,7 @@ impl Registry {
         object: &mut Value,
         detached: &Detached,
         applied: bool,
-    ) -> Result<Stored, ApiError> {
+    ) -> Result<Encoded, ApiError> {
         let encoded = self.encode_with(object, detached);
         if encoded.0.len() <= self.max_object_bytes {
             return Ok(encoded);
@@ -637,7 +637,7 @@ impl Registry {
         (object, detached): (&mut Value, &Detached),
         applied: bool,
         extras: WriteExtras,
-    ) -> Result<(Txn, Stored), ApiError> {
+    ) -> Result<(Txn, Encoded), ApiError> {
         let encoded = self.encode_bounded(object, detached, applied)?;
         let mut txn = Txn::new()
             .when(guard)
@@ -649,7 +649,7 @@ impl Registry {
 }
 
 /// An object's stored JSON, and where its `metadata` ends ([`meta::typed_json_bytes_marked`]).
-pub(super) type Stored = (Bytes, Option<(usize, bool)>);
+pub(super) type Encoded = (Bytes, Option<(usize, bool)>);
 
 /// `object` as written at `revision`.
 fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {

@@ -163,7 +163,7 @@ impl Registry {
                 });
             }
             let absent = Compare::Absent(key.clone());
-            let (txn, stored) = self.put(
+            let (txn, encoded) = self.put(
                 absent,
                 &key,
                 (&mut candidate, &Default::default()),
@@ -173,9 +173,9 @@ impl Registry {
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => {
                     let object = at(candidate, revision);
-                    let json = stored
+                    let json = encoded
                         .1
-                        .map(|mark| meta::with_resource_version(&stored.0, mark, revision));
+                        .map(|mark| meta::with_resource_version(&encoded.0, mark, revision));
                     #[cfg(debug_assertions)]
                     if let Some(json) = &json {
                         // The bytes encoding the object itself gives.
