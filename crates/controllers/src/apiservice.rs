@@ -182,24 +182,26 @@ impl AvailabilityController {
             objects.push(object.clone());
             true
         });
+        let decode = |json: &[u8]| {
+            let backing: Backing = serde_json::from_slice(json).ok()?;
+            let metadata = ObjectMeta {
+                name: backing.metadata.name,
+                ..ObjectMeta::default()
+            };
+            let (spec, status) = (backing.spec, None);
+            Some(Arc::new(APIService {
+                metadata,
+                spec,
+                status,
+            }))
+        };
         for object in &objects {
             let apiservice = match self.decoded.get(&object.key, object.revision) {
                 Some(apiservice) => apiservice,
                 None => {
-                    let apiservice = serde_json::from_slice::<Backing>(&object.lean_json())
-                        .ok()
-                        .map(|backing| {
-                            Arc::new(APIService {
-                                metadata: ObjectMeta {
-                                    name: backing.metadata.name,
-                                    ..ObjectMeta::default()
-                                },
-                                spec: backing.spec,
-                                status: None,
-                            })
-                        });
-                    self.decoded
-                        .put(object.key.clone(), object.revision, apiservice.clone());
+                    let apiservice = decode(&object.lean_json());
+                    let (key, revision) = (object.key.clone(), object.revision);
+                    self.decoded.put(key, revision, apiservice.clone());
                     apiservice
                 }
             };
