@@ -272,3 +272,29 @@ async fn alc_22_two_hundred_concurrent_creates_get_distinct_dynamic_addresses() 
         assert!(ips.insert(ip), "{ip} handed out twice");
     }
 }
+
+/// A LoadBalancer Service that asks for a health check node port gets its other node ports
+/// elsewhere: with two ports in the range, the one it did not ask for (a random pick could
+/// take the asked-for one, and the create then failed).
+#[tokio::test]
+async fn a_requested_health_check_port_is_not_handed_to_the_services_own_ports() {
+    let server = Server::start_with(&["--service-node-port-range", "31100-31101"]);
+    let client = server.client().await;
+    for round in 0..8 {
+        let body = json!({"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer",
+            "externalTrafficPolicy": "Local", "healthCheckNodePort": 31100,
+            "selector": {"app": "lb"}, "ports": [{"port": 80}]}});
+        let (code, created, _) = raw(
+            &client,
+            "POST",
+            SERVICES,
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(code, 201, "round {round}: {created}");
+        assert_eq!(created["spec"]["healthCheckNodePort"], 31100);
+        assert_eq!(created["spec"]["ports"][0]["nodePort"], 31101);
+        assert_eq!(delete_all_but_kubernetes(&client).await, 200);
+    }
+}

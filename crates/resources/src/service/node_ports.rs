@@ -53,6 +53,10 @@ async fn assign_node_ports(
         _ => return Ok(Vec::new()),
     };
     let mut used: Vec<i32> = Vec::new();
+    // A health check node port the Service asks for is not handed out to one of its ports.
+    let health_check = spec
+        .health_check_node_port
+        .filter(|p| *p > 0 && super::spec::needs_health_check(spec));
     let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();
     for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
         let requested = port.node_port.unwrap_or(0);
@@ -66,7 +70,8 @@ async fn assign_node_ports(
             let value = match by_port.get(&port.port) {
                 Some(shared) => *shared,
                 None => {
-                    let fresh = fresh_port(picker, &used).await?;
+                    let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
+                    let fresh = fresh_port(picker, &avoided).await?;
                     used.push(fresh);
                     by_port.insert(port.port, fresh);
                     fresh
