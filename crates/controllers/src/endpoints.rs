@@ -1,9 +1,11 @@
 //! The endpoints controller, on typed Services, Pods and Endpoints:
 //! the registry's JSON is decoded at the edge (the watch events, the reads and the write).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
@@ -37,12 +39,12 @@ pub struct EndpointsController {
     services: Arc<Registry>,
     pods: Arc<Registry>,
     endpoints: Arc<Registry>,
-    triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+    triggers: std::sync::Mutex<HashMap<Key, TriggerState>>,
     index: std::sync::Mutex<Index>,
     /// The EndpointSlice controller's part of each sync (when slices are served).
     slices: Option<Arc<crate::endpointslice::SliceWriter>>,
     /// Its trigger times, tracked apart (each controller's first sync counts from creation).
-    slice_triggers: std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+    slice_triggers: std::sync::Mutex<HashMap<Key, TriggerState>>,
     /// Concurrent syncs: of Endpoints, and of EndpointSlices.
     workers: (usize, usize),
     /// Services as [`EndpointsController::service`] decoded them, by key with the revision
@@ -408,7 +410,7 @@ pub fn pod_view_of_json(json: &[u8]) -> Option<Pod> {
 #[derive(Default)]
 struct TriggerState {
     /// Pod UID → its Ready condition's last transition (pods without one are left out).
-    pods: std::collections::HashMap<String, Time>,
+    pods: HashMap<String, Time>,
     service: Option<Time>,
 }
 
@@ -550,10 +552,10 @@ impl EndpointsController {
             services,
             pods,
             endpoints,
-            triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            triggers: std::sync::Mutex::new(HashMap::new()),
             index: std::sync::Mutex::new(Index::default()),
             slices: None,
-            slice_triggers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            slice_triggers: std::sync::Mutex::new(HashMap::new()),
             read: capstan_registry::cache::ByRevision::new(KEPT_SERVICES),
             workers: (WORKERS, WORKERS),
         }
@@ -730,7 +732,7 @@ impl EndpointsController {
     /// earliest of the pod (Ready transition) and Service times that are newer than last seen;
     /// `""` for none.
     fn trigger_time(
-        triggers: &std::sync::Mutex<std::collections::HashMap<Key, TriggerState>>,
+        triggers: &std::sync::Mutex<HashMap<Key, TriggerState>>,
         key: &Key,
         service: &Service,
         pods: &[Arc<Pod>],
@@ -739,7 +741,7 @@ impl EndpointsController {
         let mut triggers = triggers.lock().unwrap_or_else(|e| e.into_inner());
         let first = !triggers.contains_key(key);
         let state = triggers.entry(key.clone()).or_default();
-        let mut pod_times = std::collections::HashMap::with_capacity(pods.len());
+        let mut pod_times = HashMap::with_capacity(pods.len());
         let mut earliest: Option<&Time> = None;
         for pod in pods {
             let Some(time) = ready_condition(pod).and_then(|c| c.last_transition_time.as_ref())

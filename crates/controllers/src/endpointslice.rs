@@ -11,7 +11,9 @@
 //! - A placeholder slice (no ports, no endpoints) when an address type has nothing else.
 //! - A create paired with a delete of the same address type becomes an update of that slice.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use capstan_registry::typed::from_json_without_managed_fields;
@@ -694,7 +696,9 @@ mod tests {
     }
 
     fn zones() -> HashMap<String, Option<String>> {
-        [("n1".to_string(), Some("zone-a".to_string()))].into()
+        [("n1".to_string(), Some("zone-a".to_string()))]
+            .into_iter()
+            .collect()
     }
 
     /// How many creates, updates and deletes a plan has.
@@ -955,7 +959,7 @@ mod tests {
     fn a_pod_on_an_unknown_node_is_left_out_and_reported() {
         let service = service();
         let pods = vec![pod(1, true)];
-        let zones = HashMap::from([("n2".to_owned(), None)]);
+        let zones = HashMap::from_iter([("n2".to_owned(), None)]);
         let inputs = inputs_of(&service, &pods, &zones);
         let plan = reconcile(&inputs, Vec::new());
         assert_eq!(plan.missing_nodes, ["n1"]);

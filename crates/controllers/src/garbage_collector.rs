@@ -16,7 +16,7 @@
 //! the latest revision, so an owner created just before its dependent is never taken for
 //! absent.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet, HashSetExt};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
@@ -629,7 +629,7 @@ mod tests {
         assert_eq!(work, vec![Work::Dependent(dependent.clone())]);
         // A relist that no longer shows the owner takes it for deleted: its dependents come up.
         collector.observe(EventType::Added, dependent.clone(), &meta("d1", &["o2"]));
-        let listed = HashSet::from([dependent.clone()]);
+        let listed = HashSet::from_iter([dependent.clone()]);
         assert!(collector.forget_unlisted(1, &listed).is_empty());
         let work = collector.forget_unlisted(0, &listed);
         assert_eq!(work, vec![Work::Dependent(dependent)]);

@@ -26,6 +26,7 @@ pub mod smp;
 pub mod status;
 pub mod strict;
 pub mod table;
+pub mod uid;
 pub mod validation;
 pub mod yaml;
 

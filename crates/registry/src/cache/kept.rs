@@ -1,7 +1,8 @@
 //! Values derived from cached objects, kept with the revision each was derived at.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use foldhash::HashMap;
 
 use capstan_storage::Revision;
 

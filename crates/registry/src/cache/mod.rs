@@ -1,7 +1,9 @@
 //! The watch cache: every kind's objects and recent changes, in memory, fed by one storage
 //! watch over the whole key space. Lists and watches are served from here.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use foldhash::{HashMap, HashMapExt};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 

@@ -17,7 +17,9 @@
 //! - The fields the subresource resets (status for the main resource; spec and more for
 //!   `/status`) are never recorded for that write, and system metadata (name, uid, …) never.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use capstan_machinery::meta;
 use capstan_machinery::schema::{Shape, shape};
