@@ -64,14 +64,48 @@ struct ServiceSelector {
 
 #[derive(serde::Deserialize)]
 struct SelectorSpec {
-    selector: Option<Labels>,
+    #[serde(default)]
+    selector: NonEmpty,
 }
 
+/// Whether a JSON object has any member, read without keeping any (`null` has none).
+#[derive(Default)]
+struct NonEmpty(bool);
+
+impl<'de> serde::Deserialize<'de> for NonEmpty {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = NonEmpty;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map or null")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<NonEmpty, A::Error> {
+                use serde::de::IgnoredAny;
+                let mut any = false;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                    any = true;
+                }
+                Ok(NonEmpty(any))
+            }
+        }
+        deserializer.deserialize_any(Members)
+    }
+}
+
+/// Whether a Service's JSON (its members after metadata will do) has a non-empty selector;
+/// read without decoding the selector.
 fn has_selector(json: &[u8]) -> bool {
     serde_json::from_slice::<ServiceSelector>(json)
         .ok()
-        .and_then(|s| s.spec?.selector)
-        .is_some_and(|s| !s.is_empty())
+        .and_then(|s| s.spec)
+        .is_some_and(|spec| spec.selector.0)
 }
 
 /// `shouldMirror`: not marked to be skipped, and not a leader-election record.
@@ -346,6 +380,11 @@ impl MirroringController {
     /// The Endpoints to mirror for a Service, if it should be mirrored.
     fn source(&self, key: &Key) -> Option<Endpoints> {
         let (namespace, name) = key;
+        // A Service the Service watch last saw with a selector is not mirrored (were its
+        // selector gone since, that event syncs it again); else the cache tells.
+        if self.selectors().get(key) == Some(&true) {
+            return None;
+        }
         let service = self
             .services
             .cache()
@@ -499,6 +538,22 @@ impl MirroringController {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_selector_counts_when_it_selects_something() {
+        let with =
+            |spec: serde_json::Value| has_selector(json!({"spec": spec}).to_string().as_bytes());
+        assert!(with(
+            json!({"ports": [{"port": 80}], "selector": {"app": "web"}})
+        ));
+        assert!(!with(json!({"selector": {}})));
+        assert!(!with(json!({"selector": null})));
+        assert!(!with(json!({"ports": [{"port": 80}]})));
+        assert!(!with(json!({"selector": "app=web"})));
+        assert!(!has_selector(b"{}"));
+        assert!(!has_selector(b"{\"spec\": null}"));
+        assert!(!has_selector(b"not json"));
+    }
 
     #[test]
     fn subsets_become_one_slice_per_family_and_port_set() {
