@@ -102,7 +102,25 @@ pub fn shift_rfc3339(time: &str, seconds: i64) -> Option<String> {
 
 /// Formats a timestamp as `2006-01-02T15:04:05Z`.
 pub fn format_timestamp(at: jiff::Timestamp) -> String {
-    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    let format = |at: jiff::Timestamp| at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    if at.as_second() < 0 || at.subsec_nanosecond() < 0 {
+        // Before 1970 a second and its text do not line up as below (jiff's seconds count
+        // toward zero); nothing writes such times now.
+        return format(at);
+    }
+    // Every write stamps the second it happens at (creationTimestamp, managedFields' time),
+    // so each thread keeps its last second's text rather than format it again.
+    thread_local! {
+        static LAST: std::cell::RefCell<(i64, String)> =
+            const { std::cell::RefCell::new((-1, String::new())) };
+    }
+    LAST.with_borrow_mut(|(second, text)| {
+        if *second != at.as_second() {
+            *text = format(at);
+            *second = at.as_second();
+        }
+        text.clone()
+    })
 }
 
 /// Sets `kind` and `apiVersion` first in the object, then `metadata`, as kube-apiserver's
@@ -262,6 +280,21 @@ impl ResourceVersionMember {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn timestamps_format_to_the_second_whichever_came_before() {
+        let at = |text: &str| text.parse::<jiff::Timestamp>().expect("a timestamp");
+        for (time, text) in [
+            ("2026-11-28T19:45:00.250Z", "2026-11-28T19:45:00Z"),
+            ("2026-11-28T19:45:00.900Z", "2026-11-28T19:45:00Z"),
+            ("2026-11-28T19:45:01Z", "2026-11-28T19:45:01Z"),
+            ("2026-11-28T19:45:00Z", "2026-11-28T19:45:00Z"),
+            ("1969-12-31T23:59:59.500Z", "1969-12-31T23:59:59Z"),
+            ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00Z"),
+        ] {
+            assert_eq!(format_timestamp(at(time)), text, "{time}");
+        }
+    }
 
     #[test]
     fn the_stored_form_with_its_resource_version_put_back_is_the_served_form() {
