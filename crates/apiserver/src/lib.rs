@@ -145,7 +145,7 @@ impl ApiServer {
             }
         };
         let headers = response.headers_mut();
-        if let Ok(id) = HeaderValue::from_str(&capstan_machinery::uid::new_v4().to_string()) {
+        if let Ok(id) = HeaderValue::from_str(&capstan_machinery::uid::new_v4_string()) {
             headers.insert("audit-id", id);
         }
         response

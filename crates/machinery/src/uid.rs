@@ -21,6 +21,12 @@ thread_local! {
     static RANDOM: RefCell<Pool> = const { RefCell::new(Pool { bytes: [0; POOL], used: POOL }) };
 }
 
+/// A random (version 4) UUID in its usual text form (`Display` would cost ten times as much).
+pub fn new_v4_string() -> String {
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    new_v4().hyphenated().encode_lower(&mut text).to_string()
+}
+
 /// A random (version 4) UUID.
 pub fn new_v4() -> uuid::Uuid {
     let bytes = RANDOM.with(|pool| {
@@ -59,5 +65,10 @@ mod tests {
             assert_eq!(uid.get_variant(), uuid::Variant::RFC4122);
             assert!(seen.insert(uid), "a UUID came twice: {uid}");
         }
+        let text = new_v4_string();
+        assert_eq!(
+            uuid::Uuid::parse_str(&text).map(|u| u.to_string()),
+            Ok(text)
+        );
     }
 }

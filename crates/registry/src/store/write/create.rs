@@ -72,7 +72,7 @@ impl Registry {
                 &crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main),
             );
         }
-        let uid = capstan_machinery::uid::new_v4().to_string();
+        let uid = capstan_machinery::uid::new_v4_string();
         let created = meta::now_second();
         meta::set_meta_str(&mut object, "uid", &uid);
         meta::set_meta_str(
