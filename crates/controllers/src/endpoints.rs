@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use foldhash::{HashMap, HashMapExt};
+use capstan_machinery::hash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use capstan_registry::typed::from_json_without_managed_fields;

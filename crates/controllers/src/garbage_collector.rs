@@ -16,7 +16,7 @@
 //! the latest revision, so an owner created just before its dependent is never taken for
 //! absent.
 
-use foldhash::{HashMap, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashSet, HashSetExt};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;

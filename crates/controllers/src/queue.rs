@@ -1,6 +1,6 @@
 //! The work queue controllers share, with client-go's guarantees.
 
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;

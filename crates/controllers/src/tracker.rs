@@ -7,7 +7,7 @@
 //! would miss a slice it had just created and create its endpoints a second time. Each key's
 //! last write is remembered here, and a sync first waits until the watch has filed it.
 
-use foldhash::{HashMap, HashMapExt};
+use capstan_machinery::hash::{HashMap, HashMapExt};
 use std::hash::Hash;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! protobuf message tables): each document is parsed the first time a kind asks for it and
 //! kept for the life of the process, so lookups hand out `&'static` references.
 
-use foldhash::{HashMap, HashMapExt};
+use crate::hash::{HashMap, HashMapExt};
 use std::sync::RwLock;
 
 /// A table of definitions of type `V`, by name, from the documents loaded so far. The first

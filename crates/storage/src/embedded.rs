@@ -32,9 +32,7 @@
 //! point and the previous value of later changes need nothing else. The chunks need not be
 //! durable on their own: a lost one is redone after a restart.
 
-use std::collections::BTreeMap;
-
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, mpsc as std_mpsc};

@@ -170,8 +170,7 @@ impl Txn {
 
     /// Refuses a transaction that writes one key twice, as etcd does.
     pub fn validate(&self) -> Result<()> {
-        let mut seen =
-            foldhash::HashSet::with_capacity_and_hasher(self.ops.len(), Default::default());
+        let mut seen = std::collections::HashSet::with_capacity(self.ops.len());
         match self.ops.iter().find(|op| !seen.insert(op.key())) {
             Some(dup) => Err(StorageError::InvalidTxn(format!(
                 "duplicate key given in txn request: {}",

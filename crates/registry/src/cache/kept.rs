@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use foldhash::HashMap;
+use capstan_machinery::hash::HashMap;
 
 use capstan_storage::Revision;
 

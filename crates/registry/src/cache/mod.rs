@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use foldhash::{HashMap, HashMapExt};
+use capstan_machinery::hash::{HashMap, HashMapExt};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 

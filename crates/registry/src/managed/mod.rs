@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use capstan_machinery::meta;
 use capstan_machinery::schema::{Shape, shape};
