@@ -114,13 +114,16 @@ pub fn format_timestamp(at: jiff::Timestamp) -> String {
         static LAST: std::cell::RefCell<(i64, String)> =
             const { std::cell::RefCell::new((-1, String::new())) };
     }
-    LAST.with_borrow_mut(|(second, text)| {
+    LAST.try_with(|last| {
+        let (second, text) = &mut *last.borrow_mut();
         if *second != at.as_second() {
             *text = format(at);
             *second = at.as_second();
         }
         text.clone()
     })
+    // A thread tearing down its locals formats afresh.
+    .unwrap_or_else(|_| format(at))
 }
 
 /// Sets `kind` and `apiVersion` first in the object, then `metadata`, as kube-apiserver's

@@ -29,7 +29,8 @@ pub fn new_v4_string() -> String {
 
 /// A random (version 4) UUID.
 pub fn new_v4() -> uuid::Uuid {
-    let bytes = RANDOM.with(|pool| {
+    // A thread tearing down its locals has no pool: it asks the kernel directly.
+    let bytes = RANDOM.try_with(|pool| {
         let mut pool = pool.borrow_mut();
         if pool.used + 16 > POOL {
             if getrandom::fill(&mut pool.bytes).is_err() {
@@ -46,7 +47,7 @@ pub fn new_v4() -> uuid::Uuid {
         pool.used += 16;
         Some(out)
     });
-    match bytes {
+    match bytes.ok().flatten() {
         Some(bytes) => uuid::Builder::from_random_bytes(bytes).into_uuid(),
         None => uuid::Uuid::new_v4(),
     }
