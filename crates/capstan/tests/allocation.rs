@@ -13,6 +13,11 @@ const SERVICES: &str = "/api/v1/namespaces/default/services";
 
 async fn create(client: &kube::Client, name: &str, kind: &str) -> (u16, Value) {
     let body = json!({"metadata": {"name": name}, "spec": {"type": kind, "selector": {"app": name}, "ports": [{"port": 80}]}});
+    post(client, &body).await
+}
+
+/// POSTs a Service as JSON; the status code and the answer.
+async fn post(client: &kube::Client, body: &Value) -> (u16, Value) {
     let (code, value, _) = raw(
         client,
         "POST",
@@ -192,14 +197,7 @@ async fn the_startup_repair_check_fixes_a_damaged_allocation_table() {
     let mut server = Server::start();
     let client = server.client().await;
     let body = json!({"metadata": {"name": "a"}, "spec": {"clusterIP": "10.96.200.200", "ports": [{"port": 80}]}});
-    let (code, _, _) = raw(
-        &client,
-        "POST",
-        SERVICES,
-        Some("application/json"),
-        body.to_string().into_bytes(),
-    )
-    .await;
+    let (code, _) = post(&client, &body).await;
     assert_eq!(code, 201);
     assert_eq!(server.stop(), Some(0));
     {
@@ -216,14 +214,7 @@ async fn the_startup_repair_check_fixes_a_damaged_allocation_table() {
     server.launch();
     let client = server.client().await;
     let taken = json!({"metadata": {"name": "b"}, "spec": {"clusterIP": "10.96.200.200", "ports": [{"port": 80}]}});
-    let (code, body, _) = raw(
-        &client,
-        "POST",
-        SERVICES,
-        Some("application/json"),
-        taken.to_string().into_bytes(),
-    )
-    .await;
+    let (code, body) = post(&client, &taken).await;
     assert_eq!(code, 422, "a's address was recorded again: {body}");
     assert!(
         body["message"]
@@ -232,14 +223,7 @@ async fn the_startup_repair_check_fixes_a_damaged_allocation_table() {
             .contains("provided IP is already allocated")
     );
     let leaked = json!({"metadata": {"name": "c"}, "spec": {"clusterIP": "10.96.200.201", "ports": [{"port": 80}]}});
-    let (code, body, _) = raw(
-        &client,
-        "POST",
-        SERVICES,
-        Some("application/json"),
-        leaked.to_string().into_bytes(),
-    )
-    .await;
+    let (code, body) = post(&client, &leaked).await;
     assert_eq!(code, 201, "the leaked address was released: {body}");
 }
 
@@ -284,14 +268,7 @@ async fn a_requested_health_check_port_is_not_handed_to_the_services_own_ports()
         let body = json!({"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer",
             "externalTrafficPolicy": "Local", "healthCheckNodePort": 31100,
             "selector": {"app": "lb"}, "ports": [{"port": 80}]}});
-        let (code, created, _) = raw(
-            &client,
-            "POST",
-            SERVICES,
-            Some("application/json"),
-            body.to_string().into_bytes(),
-        )
-        .await;
+        let (code, created) = post(&client, &body).await;
         assert_eq!(code, 201, "round {round}: {created}");
         assert_eq!(created["spec"]["healthCheckNodePort"], 31100);
         assert_eq!(created["spec"]["ports"][0]["nodePort"], 31101);

@@ -450,6 +450,55 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
     );
 }
 
+/// Whether a Service's Endpoints are mirrored follows its selector, both ways: none while it
+/// has one, a mirrored slice once it is dropped and the Endpoints are written by hand, and
+/// the mirrored slice gone again once a selector comes back.
+#[test]
+fn a_services_selector_decides_whether_its_endpoints_are_mirrored() {
+    let server = Server::start();
+    let mirrored = "endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io,kubernetes.io/service-name=ext";
+    let mirrored_slices = ["get", "endpointslices", "-l", mirrored, "-o", "name"];
+    let file = server.apply_file(
+        "ext.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {selector: {app: ext}, ports: [{port: 5432}]}\n",
+    );
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    // The endpoints controller's own (empty) Endpoints are not mirrored.
+    wait_for(
+        &server,
+        "ext's Endpoints",
+        &["get", "endpoints", "ext", "-o", "name"],
+        |out| out.trim() == "endpoints/ext",
+    );
+    server.ok(&[
+        "patch",
+        "service",
+        "ext",
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/spec/selector"}]"#,
+    ]);
+    let file = server.apply_file(
+        "ext-endpoints.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets: [{addresses: [{ip: 192.0.2.40}], ports: [{port: 5432}]}]\n",
+    );
+    server.ok(&["apply", "-f", common::path_str(&file)]);
+    wait_for(&server, "the mirrored slice", &mirrored_slices, |out| {
+        out.starts_with("endpointslice.discovery.k8s.io/ext-")
+    });
+    server.ok(&[
+        "patch",
+        "service",
+        "ext",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"selector": {"app": "ext"}}}"#,
+    ]);
+    wait_for(&server, "no mirrored slice", &mirrored_slices, |out| {
+        out.trim().is_empty()
+    });
+}
+
 /// A restart writes nothing: the controllers start their syncs only once their indexes hold
 /// what exists (upstream's cache sync). Before, a sync that ran ahead of the slice or pod
 /// replay created slices again and deleted them, or wrote Endpoints without their pods.
