@@ -73,30 +73,108 @@ pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta)
 /// Writes back what a rule changed, `untouched` being what it was given: nothing when it
 /// changed nothing, only `metadata` when nothing else changed (a generation bump), else as
 /// [`write_back`]. The same result as `write_back`, without encoding what did not change.
-/// Returns whether the members were written back whole.
-pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &T) -> bool {
+/// Returns whether the members were written back whole. `untouched` is left as it was (its
+/// metadata is set aside while the rest is compared).
+pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &mut T) -> bool {
     if typed == untouched {
         return false;
     }
-    let metadata = std::mem::replace(typed.metadata_mut(), untouched.metadata().clone());
+    // The rest compared with both metadata set aside (not copied).
+    let metadata = std::mem::take(typed.metadata_mut());
+    let before = std::mem::take(untouched.metadata_mut());
     let only_metadata = typed == untouched;
     *typed.metadata_mut() = metadata;
+    *untouched.metadata_mut() = before;
+    let in_place = typed.metadata().managed_fields == untouched.metadata().managed_fields;
     if only_metadata
-        && let Some(slot) = object.as_object_mut().and_then(|o| o.get_mut("metadata"))
-        && let Ok(mut value) = serde_json::to_value(typed.metadata())
+        && in_place
+        && write_meta_changes(object, typed.metadata(), untouched.metadata())
     {
-        drop_empty_lists(&mut value);
-        let stored = std::mem::take(slot);
-        *slot = with_managed_fields_of(value, Some(stored));
         return false;
     }
-    if typed.metadata() == untouched.metadata() {
-        // The metadata is kept as the JSON has it: it is not encoded only to be dropped.
-        let metadata = std::mem::take(typed.metadata_mut());
-        write_back(object, typed, &ObjectMeta::default());
-        *typed.metadata_mut() = metadata;
-    } else {
+    // The metadata is kept as the JSON has it, and changed there member by member: it is not
+    // encoded whole only to be dropped.
+    let metadata = std::mem::take(typed.metadata_mut());
+    write_back(object, typed, &ObjectMeta::default());
+    *typed.metadata_mut() = metadata;
+    if typed.metadata() != untouched.metadata()
+        && !(in_place && write_meta_changes(object, typed.metadata(), untouched.metadata()))
+    {
         write_back(object, typed, untouched.metadata());
+    }
+    true
+}
+
+/// Writes into `object`'s `metadata` the members of `typed` that differ from `untouched`
+/// (what the JSON holds): what [`write_back`] would write, `metadata` encoded from `typed`
+/// around the stored managedFields, without encoding the members that did not change. The
+/// members come out in the order encoding gives (their names' order, which is the type's),
+/// managedFields last. False, with `object` as it was, when there is no metadata to write
+/// into or a member does not encode.
+fn write_meta_changes(object: &mut Value, typed: &ObjectMeta, untouched: &ObjectMeta) -> bool {
+    let Some(Value::Object(metadata)) = object.as_object_mut().and_then(|o| o.get_mut("metadata"))
+    else {
+        return false;
+    };
+    // Every member by name, so that a member the type gains is not missed.
+    let ObjectMeta {
+        annotations,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields: _,
+        name,
+        namespace,
+        owner_references,
+        resource_version,
+        self_link,
+        uid,
+    } = typed;
+    let mut changes: Vec<(&str, Value)> = Vec::new();
+    macro_rules! changed {
+        ($($field:ident => $name:literal),* $(,)?) => {$(
+            if *$field != untouched.$field {
+                match serde_json::to_value($field) {
+                    Ok(value) => changes.push(($name, value)),
+                    Err(_) => return false,
+                }
+            }
+        )*};
+    }
+    changed!(
+        annotations => "annotations",
+        creation_timestamp => "creationTimestamp",
+        deletion_grace_period_seconds => "deletionGracePeriodSeconds",
+        deletion_timestamp => "deletionTimestamp",
+        finalizers => "finalizers",
+        generate_name => "generateName",
+        generation => "generation",
+        labels => "labels",
+        name => "name",
+        namespace => "namespace",
+        owner_references => "ownerReferences",
+        resource_version => "resourceVersion",
+        self_link => "selfLink",
+        uid => "uid",
+    );
+    for (name, mut value) in changes {
+        drop_empty_lists(&mut value);
+        if value.is_null() || value.as_array().is_some_and(Vec::is_empty) {
+            metadata.shift_remove(name);
+        } else {
+            metadata.insert(name.to_string(), value);
+        }
+    }
+    // As encoding leaves them: no null or empty list, names in order, managedFields last.
+    metadata.retain(|_, v| !v.is_null() && !v.as_array().is_some_and(Vec::is_empty));
+    let managed = metadata.shift_remove("managedFields");
+    metadata.sort_keys();
+    if let Some(managed) = managed {
+        metadata.insert("managedFields".to_string(), managed);
     }
     true
 }
@@ -286,7 +364,7 @@ impl RulesView {
         if let Some(held) = self.held::<T>()
             && held.current != held.synced
         {
-            let whole = write_changes(object, &mut held.current, &held.synced);
+            let whole = write_changes(object, &mut held.current, &mut held.synced);
             held.synced = held.current.clone();
             if whole {
                 self.detached.clear();
@@ -300,7 +378,7 @@ impl RulesView {
     pub fn finish<T: Object>(&mut self, object: &mut Value) {
         if let Some(held) = self.held::<T>()
             && held.current != held.synced
-            && write_changes(object, &mut held.current, &held.synced)
+            && write_changes(object, &mut held.current, &mut held.synced)
         {
             self.detached.clear();
         }

@@ -98,7 +98,7 @@ fn both_ways(object: &Value, rule: impl Fn(&mut Service)) -> (Value, Value) {
     let mut full = object.clone();
     write_back(&mut full, &changed, untouched.metadata());
     let mut partial = object.clone();
-    write_changes(&mut partial, &mut changed.clone(), &untouched);
+    write_changes(&mut partial, &mut changed.clone(), &mut untouched.clone());
     (full, partial)
 }
 
@@ -106,7 +106,7 @@ fn both_ways(object: &Value, rule: impl Fn(&mut Service)) -> (Value, Value) {
 fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
     let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
     object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
-    let rules: [fn(&mut Service); 4] = [
+    let rules: [fn(&mut Service); 10] = [
         |_| {},
         |s| s.metadata.generation = Some(2),
         |s| s.spec.get_or_insert_default().session_affinity = Some("None".into()),
@@ -114,13 +114,48 @@ fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
             s.metadata.generation = Some(3);
             s.spec.get_or_insert_default().ports = None;
         },
+        // Members the metadata gains, loses, or keeps empty (an empty list is left out).
+        |s| {
+            s.metadata.labels = None;
+            s.metadata.finalizers = Some(vec![]);
+            s.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        },
+        |s| s.metadata.finalizers = Some(vec!["example.com/f".into()]),
+        |s| {
+            s.metadata.owner_references = Some(vec![Default::default()]);
+            s.metadata.deletion_grace_period_seconds = Some(0);
+            s.metadata.deletion_timestamp =
+                serde_json::from_value(json!("2026-01-01T00:00:00Z")).ok();
+        },
+        |s| {
+            s.metadata.uid = None;
+            s.metadata.name = Some("renamed".into());
+            s.metadata.self_link = Some(String::new());
+        },
+        |s| {
+            s.metadata.labels.get_or_insert_default().clear();
+            s.spec = None;
+        },
+        // A managedFields a rule sets is kept as write_back keeps it.
+        |s| s.metadata.managed_fields = Some(vec![Default::default()]),
     ];
-    for rule in rules {
-        let (full, partial) = both_ways(&object, rule);
-        assert_eq!(
-            serde_json::to_string(&full).ok(),
-            serde_json::to_string(&partial).ok()
-        );
+    // Stored metadata in another order than encoding's: both put it in encoding's.
+    let mut shuffled = object.clone();
+    let metadata = shuffled["metadata"].as_object_mut().expect("metadata");
+    let name = metadata.shift_remove("name").expect("name");
+    metadata.insert("name".into(), name);
+    // Stored metadata with members encoding leaves out: both leave them out.
+    let mut unencoded = object.clone();
+    unencoded["metadata"]["finalizers"] = json!([]);
+    unencoded["metadata"]["annotations"] = Value::Null;
+    for object in [&object, &shuffled, &unencoded] {
+        for rule in rules {
+            let (full, partial) = both_ways(object, rule);
+            assert_eq!(
+                serde_json::to_string(&full).ok(),
+                serde_json::to_string(&partial).ok()
+            );
+        }
     }
     let (_, generation) = both_ways(&object, |s| s.metadata.generation = Some(2));
     assert_eq!(generation["metadata"]["generation"], 2);
