@@ -94,14 +94,24 @@ impl Registry {
         // A kind that allocates is tried again from the object as it came (its allocations
         // are made afresh); any other leaves the object as it was, a generated name aside, so
         // a failed attempt's object is tried again itself: the object is not copied first.
-        let (original, mut again) = if self.strategy.allocates() {
-            (Some((object, view)), None)
+        // The copy an allocating kind's attempt starts from leaves out the managedFields just
+        // recorded (most of the object, and no rule touches them): each attempt's object
+        // takes them, and hands them on to the next should it fail.
+        let (original, mut again, mut managed) = if self.strategy.allocates() {
+            let managed = ManagedFields::take(&mut object);
+            (Some((object, view)), None, managed)
         } else {
-            (None, Some((object, view)))
+            (None, Some((object, view)), None)
         };
         for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
             let (mut candidate, mut candidate_view) = match (&original, again.take()) {
-                (Some((object, view)), _) => (object.clone(), view.clone()),
+                (Some((object, view)), _) => {
+                    let mut candidate = object.clone();
+                    if let Some(managed) = managed.take() {
+                        managed.put(&mut candidate);
+                    }
+                    (candidate, view.clone())
+                }
                 (None, Some(again)) => again,
                 (None, None) => break,
             };
@@ -197,6 +207,8 @@ impl Registry {
                         // generated name is taken (generate another).
                         if original.is_none() {
                             again = Some((candidate, RulesView::default()));
+                        } else {
+                            managed = ManagedFields::take(&mut candidate);
                         }
                         continue;
                     }
@@ -227,5 +239,58 @@ impl Registry {
                 info.group_resource()
             ),
         ))
+    }
+}
+
+/// An object's `metadata.managedFields`, taken out of it, and where in its metadata they were.
+struct ManagedFields(usize, Value);
+
+impl ManagedFields {
+    fn take(object: &mut Value) -> Option<Self> {
+        let metadata = object.get_mut("metadata")?.as_object_mut()?;
+        let at = metadata.keys().position(|k| k == "managedFields")?;
+        Some(Self(at, metadata.shift_remove("managedFields")?))
+    }
+
+    /// Puts them back where they were.
+    fn put(self, object: &mut Value) {
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            let at = self.0.min(metadata.len());
+            metadata.shift_insert(at, "managedFields".to_string(), self.1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ManagedFields;
+    use serde_json::json;
+
+    #[test]
+    fn managed_fields_set_aside_go_back_where_they_were() {
+        let entries = json!([{"manager": "m", "fieldsV1": {"f:spec": {}}}]);
+        for at in 0..3 {
+            let mut metadata = serde_json::Map::new();
+            for (i, name) in ["name", "namespace"].into_iter().enumerate() {
+                if i == at {
+                    metadata.insert("managedFields".into(), entries.clone());
+                }
+                metadata.insert(name.into(), json!(name));
+            }
+            if at == 2 {
+                metadata.insert("managedFields".into(), entries.clone());
+            }
+            let object = json!({"metadata": metadata, "spec": {"type": "ClusterIP"}});
+            let mut taken = object.clone();
+            let managed = ManagedFields::take(&mut taken).expect("has managedFields");
+            assert_eq!(taken["metadata"].get("managedFields"), None);
+            let mut copy = taken.clone();
+            managed.put(&mut copy);
+            assert_eq!(copy.to_string(), object.to_string(), "at {at}");
+        }
+        // None to take: nothing changes.
+        let mut bare = json!({"metadata": {"name": "a"}});
+        assert!(ManagedFields::take(&mut bare).is_none());
+        assert_eq!(bare, json!({"metadata": {"name": "a"}}));
     }
 }
