@@ -190,38 +190,98 @@ pub fn typed_json_bytes_with<'r>(
 /// whether `metadata` has members there: what putting `resourceVersion` back in takes.
 pub fn typed_json_bytes_marked<'r>(
     object: &Value,
-    (api_version, kind): (&str, &str),
+    type_meta: (&str, &str),
     stored: bool,
     raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
 ) -> (Vec<u8>, Option<(usize, bool)>) {
+    let (out, layout) = typed_json_bytes_laid_out(object, type_meta, stored, raw);
+    (out, layout.map(|l| l.mark()))
+}
+
+/// Where the parts of an object's stored JSON are, as [`typed_json_bytes_laid_out`] wrote
+/// them: what a reader of the bytes would otherwise find by scanning them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredLayout {
+    /// Where the members after `kind` and `apiVersion` start (`metadata` first).
+    pub members: usize,
+    /// Where `metadata`'s opening brace is.
+    pub metadata_start: usize,
+    /// Where `metadata`'s closing brace is.
+    pub metadata_end: usize,
+    /// Whether `metadata` has no member.
+    pub metadata_empty: bool,
+    /// The bytes holding `metadata.managedFields` with one comma beside it (the one before
+    /// it, or when it comes first the one after it), when it has them: without these bytes
+    /// the JSON is the object's without managedFields.
+    pub managed_fields: Option<std::ops::Range<usize>>,
+}
+
+impl StoredLayout {
+    /// What [`with_resource_version`] takes: `metadata`'s closing brace, and whether it has
+    /// members there.
+    pub fn mark(&self) -> (usize, bool) {
+        (self.metadata_end, !self.metadata_empty)
+    }
+}
+
+/// [`typed_json_bytes_with`], and, in the stored form of an object with a `metadata` object,
+/// where its parts are ([`StoredLayout`]).
+pub fn typed_json_bytes_laid_out<'r>(
+    object: &Value,
+    (api_version, kind): (&str, &str),
+    stored: bool,
+    raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
+) -> (Vec<u8>, Option<StoredLayout>) {
     fn put(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
         // Strings and JSON values (string keys) always serialize.
         let _ = serde_json::to_writer(&mut *out, value);
     }
     let mut out = type_head(kind, api_version);
-    let mut mark = None;
+    let mut layout = None;
     if let Value::Object(fields) = object {
+        let members = out.len() + 1;
         for (key, value) in members_in_order(fields) {
             out.push(b',');
             put(&mut out, key);
             out.push(b':');
             match value {
                 Value::Object(metadata) if stored && key == "metadata" => {
+                    let metadata_start = out.len();
                     out.push(b'{');
                     let mut first = true;
+                    let mut managed_fields: Option<std::ops::Range<usize>> = None;
+                    // Whether managedFields came first: its cut then runs to the next member.
+                    let mut managed_first = false;
                     for (key, value) in metadata {
                         if key == "resourceVersion" {
                             continue;
                         }
+                        // The comma before this member (where it starts, for the first).
+                        let comma = out.len();
                         if !first {
                             out.push(b',');
                         }
-                        first = false;
+                        if std::mem::take(&mut managed_first)
+                            && let Some(cut) = managed_fields.as_mut()
+                        {
+                            cut.end = out.len();
+                        }
                         put(&mut out, key);
                         out.push(b':');
                         put(&mut out, value);
+                        if key == "managedFields" {
+                            managed_fields = Some(comma..out.len());
+                            managed_first = first;
+                        }
+                        first = false;
                     }
-                    mark = Some((out.len(), !first));
+                    layout = Some(StoredLayout {
+                        members,
+                        metadata_start,
+                        metadata_end: out.len(),
+                        metadata_empty: first,
+                        managed_fields,
+                    });
                     out.push(b'}');
                 }
                 _ => match raw(key) {
@@ -232,7 +292,7 @@ pub fn typed_json_bytes_marked<'r>(
         }
     }
     out.push(b'}');
-    (out, mark)
+    (out, layout)
 }
 
 /// Stored JSON ([`typed_json_bytes_marked`]'s, with its mark) with `resourceVersion` put back

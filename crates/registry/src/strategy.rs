@@ -185,13 +185,16 @@ pub trait Strategy: Send + Sync + 'static {
         None
     }
 
-    /// The object [`Strategy::field_value`] reads, decoded from the object's JSON (without
-    /// managedFields) for the watch cache: the whole object by default. A kind whose
-    /// selectable fields are a small part of its objects decodes only that part (and
-    /// `metadata`'s name, namespace and labels); its tests check that every selectable field
-    /// reads the same from it as from the whole object.
-    fn selectable_object(&self, json: &[u8]) -> Option<Self::Object> {
-        serde_json::from_slice(json).ok()
+    /// The object [`Strategy::field_value`] reads, decoded for the watch cache from the
+    /// object's JSON (without managedFields) or the object: the whole object by default. A
+    /// kind whose selectable fields are a small part of its objects decodes only that part
+    /// (and `metadata`'s name, namespace and labels); its tests check that every selectable
+    /// field reads the same from it as from the whole object, both ways.
+    fn selectable_object(&self, from: crate::cache::SelectableFrom<'_>) -> Option<Self::Object> {
+        match from {
+            crate::cache::SelectableFrom::Object(object) => for_rules(object).ok(),
+            json => json.decode(),
+        }
     }
 
     /// The 400 message for an unsupported field selector field.
@@ -584,7 +587,7 @@ impl<S: Strategy> DynStrategy for S {
         let typed: Option<S::Object> = if fields.is_empty() {
             None
         } else {
-            for_rules(object).ok()
+            Strategy::selectable_object(self, crate::cache::SelectableFrom::Object(object))
         };
         crate::cache::Selectable::new(
             object,
@@ -613,7 +616,8 @@ impl<S: Strategy> DynStrategy for S {
                 [],
             ));
         }
-        let typed = Strategy::selectable_object(self, &whole())?;
+        let typed =
+            Strategy::selectable_object(self, crate::cache::SelectableFrom::Json(&whole()))?;
         let m = typed.metadata();
         Some(crate::cache::Selectable::from_parts(
             m.name.as_deref().unwrap_or_default(),

@@ -111,18 +111,21 @@ pub(crate) fn assert_selects_as_whole<S: capstan_registry::Strategy>(
     for object in objects {
         let json = serde_json::to_vec(&object).expect("json");
         let whole: S::Object = serde_json::from_slice(&json).expect("the whole object");
-        let read = strategy.selectable_object(&json).expect("read");
-        let (m, w) = (read.metadata(), whole.metadata());
-        assert_eq!(
-            (&m.name, &m.namespace, &m.labels),
-            (&w.name, &w.namespace, &w.labels)
-        );
-        for field in strategy.selectable_fields() {
+        use capstan_registry::cache::SelectableFrom;
+        for from in [SelectableFrom::Json(&json), SelectableFrom::Object(&object)] {
+            let read = strategy.selectable_object(from).expect("read");
+            let (m, w) = (read.metadata(), whole.metadata());
             assert_eq!(
-                strategy.field_value(&read, field),
-                strategy.field_value(&whole, field),
-                "{field}"
+                (&m.name, &m.namespace, &m.labels),
+                (&w.name, &w.namespace, &w.labels)
             );
+            for field in strategy.selectable_fields() {
+                assert_eq!(
+                    strategy.field_value(&read, field),
+                    strategy.field_value(&whole, field),
+                    "{field}"
+                );
+            }
         }
     }
 }

@@ -639,11 +639,13 @@ impl Snapshot {
                     kind: EventKind::Put,
                     kv,
                     prev,
+                    hint: None,
                 },
                 None => Event {
                     kind: EventKind::Delete,
                     kv: deleted_kv(key, revision),
                     prev,
+                    hint: None,
                 },
             });
         }
@@ -1045,7 +1047,7 @@ fn apply_txn(
     let mut previous = Vec::with_capacity(txn.ops.len());
     let mut events = Vec::with_capacity(txn.ops.len());
     let mut op_index = 0u32;
-    for op in &txn.ops {
+    for (at, op) in txn.ops.iter().enumerate() {
         let (prev, last_change) = batch.state(index, op.key());
         let value = match op {
             Op::Put(_, value) => Some(value.clone()),
@@ -1078,11 +1080,13 @@ fn apply_txn(
                 kind: EventKind::Put,
                 kv: kv.clone(),
                 prev: prev.clone(),
+                hint: txn.hint_of(at).cloned(),
             },
             None => Event {
                 kind: EventKind::Delete,
                 kv: deleted_kv(key.clone(), revision),
                 prev: prev.clone(),
+                hint: None,
             },
         };
         let slot = batch.overlay.entry(key).or_default();

@@ -575,6 +575,7 @@ fn convert(store: &EtcdStore, event: &etcd::Event) -> Result<Event> {
             kind: EventKind::Put,
             kv: store.to_kv(kv)?,
             prev,
+            hint: None,
         },
         etcd::EventType::Delete => {
             let mut deleted = store.to_kv(kv)?;
@@ -585,6 +586,7 @@ fn convert(store: &EtcdStore, event: &etcd::Event) -> Result<Event> {
                 kind: EventKind::Delete,
                 kv: deleted,
                 prev,
+                hint: None,
             }
         }
     })

@@ -140,6 +140,43 @@ impl Op {
     }
 }
 
+/// What the writer of a value already knows of it, attached to its [`Op::Put`] with
+/// [`Txn::hint`]: a watch of the same engine in the same process receives it with the
+/// write's [`Event`], so it need not work out again from the bytes what their writer knew
+/// (the registry's watch cache: where an object's metadata lies, what its selectors read).
+/// Opaque to this crate, and never stored. An engine whose events come from elsewhere (etcd)
+/// delivers none, nor do events read back from a store's history: a reader always has the
+/// bytes.
+#[derive(Clone)]
+pub struct Hint(Arc<dyn std::any::Any + Send + Sync>);
+
+impl Hint {
+    /// A hint holding `value`.
+    pub fn new(value: impl std::any::Any + Send + Sync) -> Self {
+        Hint(Arc::new(value))
+    }
+
+    /// What it holds, when that is a `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for Hint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Hint")
+    }
+}
+
+/// A hint is not part of what was written: transactions and events compare without theirs.
+impl PartialEq for Hint {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Hint {}
+
 /// An all-or-nothing transaction: when every compare holds, every op is applied at one new
 /// revision; otherwise nothing changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -148,6 +185,8 @@ pub struct Txn {
     pub compares: Vec<Compare>,
     /// Mutations applied, in order, when they do.
     pub ops: Vec<Op>,
+    /// [`Hint`]s for the ops, by their index in `ops`.
+    pub hints: Vec<(usize, Hint)>,
 }
 
 impl Txn {
@@ -166,6 +205,22 @@ impl Txn {
     pub fn then(mut self, op: Op) -> Self {
         self.ops.push(op);
         self
+    }
+
+    /// Attaches `hint` to the last mutation added (a put's event carries it).
+    pub fn hint(mut self, hint: Hint) -> Self {
+        if let Some(last) = self.ops.len().checked_sub(1) {
+            self.hints.push((last, hint));
+        }
+        self
+    }
+
+    /// The hint attached to the op at `index`.
+    pub fn hint_of(&self, index: usize) -> Option<&Hint> {
+        self.hints
+            .iter()
+            .find(|(at, _)| *at == index)
+            .map(|(_, hint)| hint)
     }
 
     /// Refuses a transaction that writes one key twice, as etcd does.
@@ -237,6 +292,8 @@ pub struct Event {
     pub kv: KeyValue,
     /// The key's value just before the change, when it existed.
     pub prev: Option<KeyValue>,
+    /// The [`Hint`] its writer attached, when this process wrote it through this engine.
+    pub hint: Option<Hint>,
 }
 
 impl Event {

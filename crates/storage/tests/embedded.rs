@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capstan_storage::{
-    Compactor, EmbeddedOptions, EmbeddedStore, Op, RangeRequest, Storage, StorageError, Txn,
+    Compactor, EmbeddedOptions, EmbeddedStore, Hint, Op, RangeRequest, Storage, StorageError, Txn,
 };
 
 fn put(key: &str, value: &str) -> Txn {
@@ -49,6 +49,49 @@ async fn wait_for(mut done: impl FnMut() -> bool) {
             "condition not reached within 10s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A put's hint reaches the watch with the write's event, and only that put's; a write
+/// without one, and a delete, carry none. Hints are never stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writes_hint_comes_with_its_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).unwrap();
+    let mut watch = store.watch("/h/", 0).await.unwrap();
+    let txn = Txn::new()
+        .then(Op::Put("/h/a".into(), Bytes::from_static(b"1")))
+        .hint(Hint::new(7u32))
+        .then(Op::Put("/h/b".into(), Bytes::from_static(b"2")))
+        .then(Op::Put("/h/c".into(), Bytes::from_static(b"3")))
+        .hint(Hint::new("c"));
+    assert!(store.txn(txn).await.unwrap().succeeded());
+    store.txn(put("/h/a", "4")).await.unwrap();
+    store
+        .txn(
+            Txn::new()
+                .then(Op::Delete("/h/b".into()))
+                .hint(Hint::new(1u8)),
+        )
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while events.len() < 5 {
+        let next = tokio::time::timeout(Duration::from_secs(10), watch.next_event()).await;
+        events.push(next.unwrap().unwrap().unwrap());
+    }
+    let hint = |i: usize| events[i].hint.as_ref();
+    assert_eq!(hint(0).and_then(|h| h.get::<u32>()), Some(&7));
+    assert!(hint(1).is_none());
+    assert_eq!(hint(2).and_then(|h| h.get::<&str>()), Some(&"c"));
+    assert!(hint(2).and_then(|h| h.get::<u32>()).is_none());
+    assert!(hint(3).is_none() && hint(4).is_none());
+    // Read back from the store's history, the same changes come without them.
+    let mut replay = store.watch("/h/", 0).await.unwrap();
+    for _ in 0..5 {
+        let next = tokio::time::timeout(Duration::from_secs(10), replay.next_event()).await;
+        let event = next.unwrap().unwrap().unwrap();
+        assert!(event.hint.is_none(), "{event:?}");
     }
 }
 

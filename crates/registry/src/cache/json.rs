@@ -19,7 +19,7 @@ pub(super) enum Json {
 /// A stored value (`{"kind":…,"apiVersion":…,…,"metadata":{…},…}`, no `resourceVersion`) and
 /// where its parts are, so it is served without re-encoding: a list item skips `kind` and
 /// `apiVersion`, and `resourceVersion` goes in at the end of `metadata`.
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) struct Stored {
     pub(super) bytes: Bytes,
     /// Where the members after `kind` and `apiVersion` start.
@@ -210,6 +210,30 @@ impl Stored {
     /// The stored value without `metadata.managedFields`.
     pub(super) fn without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
         self.without_managed_fields_in(0..self.bytes.len())
+    }
+
+    /// The parts of a value this process's registry encoded, as its encoder laid them out
+    /// (nothing is scanned); `None` when the layout does not fit the bytes.
+    pub(super) fn laid_out(
+        bytes: Bytes,
+        layout: &capstan_machinery::meta::StoredLayout,
+    ) -> Option<Self> {
+        let fits = bytes.get(layout.metadata_start) == Some(&b'{')
+            && bytes.get(layout.metadata_end) == Some(&b'}')
+            && layout.members < layout.metadata_start
+            && bytes.last() == Some(&b'}')
+            && layout.managed_fields.as_ref().is_none_or(|cut| {
+                layout.metadata_start < cut.start && cut.end <= layout.metadata_end
+            });
+        fits.then(|| Stored {
+            members: layout.members,
+            metadata_start: layout.metadata_start,
+            metadata_end: layout.metadata_end,
+            metadata_empty: layout.metadata_empty,
+            has_resource_version: false,
+            managed_fields: layout.managed_fields.clone(),
+            bytes,
+        })
     }
 
     /// [`Stored::locate`] of a value this process's registry encoded (`kind`, `apiVersion`

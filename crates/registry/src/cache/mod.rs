@@ -15,8 +15,8 @@ mod object;
 mod selectable;
 
 pub use kept::ByRevision;
-pub use object::{CachedObject, Writer};
-pub use selectable::{Projection, Selectable, SelectableMeta};
+pub use object::{CachedObject, Writer, Written};
+pub use selectable::{Projection, Selectable, SelectableFrom, SelectableMeta};
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,17 +339,24 @@ impl WatchCache {
         };
     }
 
-    fn apply(&self, kind: EventKind, kv: &KeyValue, prev: Option<&KeyValue>) {
+    fn apply(
+        &self,
+        kind: EventKind,
+        kv: &KeyValue,
+        prev: Option<&KeyValue>,
+        hint: Option<&capstan_storage::Hint>,
+    ) {
         let revision = kv.mod_revision;
         // Decoded before the lock is taken: readers (lists, the controllers' reads) do not
         // wait for the scan of a large object.
         let decoded = match kind {
-            EventKind::Put => CachedObject::decode_written(
+            EventKind::Put => CachedObject::decode_hinted(
                 self.writer,
                 kv.key.clone(),
                 &kv.value,
                 revision,
                 &self.project,
+                hint,
             ),
             EventKind::Delete => None,
         };
@@ -613,7 +620,7 @@ impl CacheSet {
                         }
                     };
                     if let Some(i) = index {
-                        self.caches[i].apply(event.kind, &event.kv, event.prev.as_ref());
+                        self.caches[i].apply(event.kind, &event.kv, event.prev.as_ref(), event.hint.as_ref());
                     }
                     self.global.send_replace(revision);
                 }

@@ -56,6 +56,20 @@ impl Projected {
     }
 }
 
+/// What the registry knows of an object it writes, attached to the write ([`Hint`]) so that
+/// the watch cache does not scan the stored bytes for their layout, nor decode what selectors
+/// read: the encoder's [`StoredLayout`] and the object's [`Selectable`].
+///
+/// [`Hint`]: capstan_storage::Hint
+/// [`StoredLayout`]: capstan_machinery::meta::StoredLayout
+#[derive(Debug)]
+pub struct Written {
+    /// Where the stored bytes' parts are.
+    pub layout: capstan_machinery::meta::StoredLayout,
+    /// What selectors read of the object.
+    pub selectable: Selectable,
+}
+
 /// One object as the cache holds it: serialized once, plus what selectors read.
 pub struct CachedObject {
     /// Its storage key.
@@ -112,6 +126,44 @@ impl CachedObject {
         revision: Revision,
         project: &Projection,
     ) -> Option<Self> {
+        Self::decode_hinted(writer, key, value, revision, project, None)
+    }
+
+    /// [`CachedObject::decode_written`] of a value whose writer said what it knew of it
+    /// ([`Written`], the hint of a write of this process): neither scanned nor decoded.
+    pub fn decode_hinted(
+        writer: Writer,
+        key: Arc<str>,
+        value: &Bytes,
+        revision: Revision,
+        project: &Projection,
+        hint: Option<&capstan_storage::Hint>,
+    ) -> Option<Self> {
+        if let Some(written) = hint.and_then(|h| h.get::<Written>())
+            && let Some(stored) = Stored::laid_out(value.clone(), &written.layout)
+        {
+            let object = CachedObject {
+                selectable: written.selectable.clone(),
+                key: key.clone(),
+                revision,
+                json: Json::Stored(stored),
+                lines: Default::default(),
+            };
+            #[cfg(debug_assertions)]
+            {
+                // What reading the bytes finds.
+                let read = Self::decode_hinted(writer, key, value, revision, project, None);
+                let read = read.as_ref();
+                debug_assert_eq!(read.map(|o| &o.selectable), Some(&object.selectable));
+                match (read.map(|o| &o.json), &object.json) {
+                    (Some(Json::Stored(read)), Json::Stored(hinted)) => {
+                        debug_assert_eq!(read, hinted)
+                    }
+                    _ => debug_assert!(false, "the hinted layout is not the one read"),
+                }
+            }
+            return Some(object);
+        }
         // The stored bytes are kept when they have Capstan's shape; the projection reads their
         // metadata alone, or (a kind with selectable fields in `spec` or `status`) the object
         // without managedFields, straight into the kind's type.

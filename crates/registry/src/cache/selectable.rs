@@ -30,6 +30,27 @@ impl SelectableMeta {
     }
 }
 
+/// What [`crate::Strategy::selectable_object`] reads an object from: its JSON (without
+/// managedFields; the watch cache's reading of stored bytes), or the object itself (a write's,
+/// which tells the watch cache what it wrote).
+#[derive(Clone, Copy)]
+pub enum SelectableFrom<'a> {
+    /// The object's JSON.
+    Json(&'a [u8]),
+    /// The object.
+    Object(&'a Value),
+}
+
+impl SelectableFrom<'_> {
+    /// Decodes a partial type from it (members it does not name are skipped).
+    pub fn decode<T: serde::de::DeserializeOwned>(self) -> Option<T> {
+        match self {
+            SelectableFrom::Json(json) => serde_json::from_slice(json).ok(),
+            SelectableFrom::Object(object) => T::deserialize(object).ok(),
+        }
+    }
+}
+
 /// A kind's [`Selectable`] of an object, from the object or from its JSON.
 #[derive(Clone)]
 pub struct Projection {

@@ -187,14 +187,14 @@ fn a_scan_at_an_earlier_revision_undoes_the_later_changes() {
         version: 1,
     };
     for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
-        cache.apply(EventKind::Put, &kv(name, "1", i as i64 + 1), None);
+        cache.apply(EventKind::Put, &kv(name, "1", i as i64 + 1), None, None);
     }
     // After revision 4: b changes twice, c goes, e comes, a changes.
-    cache.apply(EventKind::Put, &kv("b", "2", 5), None);
-    cache.apply(EventKind::Put, &kv("b", "3", 6), None);
-    cache.apply(EventKind::Delete, &kv("c", "", 7), None);
-    cache.apply(EventKind::Put, &kv("e", "1", 8), None);
-    cache.apply(EventKind::Put, &kv("a", "2", 9), None);
+    cache.apply(EventKind::Put, &kv("b", "2", 5), None, None);
+    cache.apply(EventKind::Put, &kv("b", "3", 6), None, None);
+    cache.apply(EventKind::Delete, &kv("c", "", 7), None, None);
+    cache.apply(EventKind::Put, &kv("e", "1", 8), None, None);
+    cache.apply(EventKind::Put, &kv("a", "2", 9), None, None);
     let seen = |start: Option<&str>, revision: i64| {
         let mut out = Vec::new();
         let reached = cache.scan_at("/k/", start, revision, |o| {
@@ -243,7 +243,7 @@ fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
             mod_revision: revision,
             version: revision,
         };
-        cache.apply(EventKind::Put, &kv, None);
+        cache.apply(EventKind::Put, &kv, None, None);
     }
     let state = cache.read();
     // 100 changes of ~100 KiB each would be 10 MiB (twice that with their watch lines).
@@ -448,6 +448,18 @@ fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
     })
 }
 
+/// Members of a metadata object: managedFields, resourceVersion and name among others, with
+/// any values.
+fn metadata_members() -> impl proptest::strategy::Strategy<Value = Vec<(String, Value)>> {
+    let key = proptest::prop_oneof![
+        proptest::strategy::Just("managedFields".to_string()),
+        proptest::strategy::Just("resourceVersion".to_string()),
+        proptest::strategy::Just("name".to_string()),
+        "[a-zA-Z\\\\\"]{1,8}",
+    ];
+    proptest::collection::vec((key, any_json()), 0..6)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
@@ -455,14 +467,7 @@ proptest::proptest! {
     /// what the cache serves and what partial readers decode agree with a full decode.
     #[test]
     fn any_stored_object_is_read_as_a_full_decode_reads_it(
-        members in proptest::collection::vec(
-            (proptest::prop_oneof![
-                proptest::strategy::Just("managedFields".to_string()),
-                proptest::strategy::Just("name".to_string()),
-                "[a-zA-Z\\\\\"]{1,8}",
-            ], any_json()),
-            0..5,
-        ),
+        members in metadata_members(),
         spec in any_json(),
     ) {
         let metadata: serde_json::Map<String, Value> = members
@@ -471,4 +476,75 @@ proptest::proptest! {
             .collect();
         same_as_reencoded(&json!({"kind": "Service", "apiVersion": "v1", "metadata": metadata, "spec": spec}));
     }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Where the encoder says the stored JSON's parts are is where a scan of the bytes finds
+    /// them, with managedFields anywhere in metadata or nowhere, and `resourceVersion` (which
+    /// the stored form leaves out) anywhere: what a write's hint tells the cache is what
+    /// reading the bytes would.
+    #[test]
+    fn the_encoders_layout_is_where_a_scan_finds_the_parts(
+        members in metadata_members(),
+        spec in any_json(),
+    ) {
+        let metadata: serde_json::Map<String, Value> = members.into_iter().collect();
+        let object = json!({"metadata": metadata, "spec": spec});
+        let (bytes, layout) =
+            meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
+        let bytes = Bytes::from(bytes);
+        let layout = layout.expect("a metadata object is laid out");
+        let scanned = super::json::Stored::locate_own(bytes.clone()).expect("scans");
+        let told = super::json::Stored::laid_out(bytes.clone(), &layout).expect("fits");
+        proptest::prop_assert_eq!(told, scanned);
+        proptest::prop_assert_eq!(
+            meta::typed_json_bytes_marked(&object, ("v1", "Service"), true, &|_| None).1,
+            Some(layout.mark())
+        );
+    }
+}
+
+/// A write's hint gives the object the cache would have read from the bytes; a hint that
+/// does not fit the bytes is not taken.
+#[test]
+fn a_hinted_write_is_cached_as_the_read_one_is() {
+    let object = json!({"metadata": {"name": "a", "namespace": "n", "labels": {"k": "v"},
+        "managedFields": [{"manager": "m"}]}, "spec": {"type": "ClusterIP"}});
+    let (bytes, layout) =
+        meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
+    let bytes = Bytes::from(bytes);
+    let layout = layout.expect("laid out");
+    let written = |layout| {
+        capstan_storage::Hint::new(super::Written {
+            layout,
+            selectable: Selectable::new(&object, []),
+        })
+    };
+    let decode = |hint: Option<&capstan_storage::Hint>| {
+        CachedObject::decode_hinted(
+            super::Writer::ThisProcess,
+            "/k".into(),
+            &bytes,
+            9,
+            &projection(),
+            hint,
+        )
+        .expect("decodes")
+    };
+    let (read, hinted) = (decode(None), decode(Some(&written(layout.clone()))));
+    assert_eq!(hinted.selectable, read.selectable);
+    assert_eq!(hinted.object(), read.object());
+    assert!(hinted.holds_stored_bytes());
+    // A layout off by one is refused (and the bytes read instead).
+    let mut off = layout;
+    off.metadata_start += 1;
+    assert!(super::json::Stored::laid_out(bytes.clone(), &off).is_none());
+    assert_eq!(decode(Some(&written(off))).object(), read.object());
+    // A hint of another kind is no hint.
+    assert_eq!(
+        decode(Some(&capstan_storage::Hint::new(7u8))).object(),
+        read.object()
+    );
 }

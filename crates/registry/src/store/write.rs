@@ -583,9 +583,9 @@ impl Registry {
         let info = self.strategy.info();
         let api_version = info.api_version();
         let raw = |key: &str| detached.get(key);
-        let (encoded, mark) =
-            meta::typed_json_bytes_marked(object, (&api_version, info.kind), true, &raw);
-        (Bytes::from(encoded), mark)
+        let (encoded, layout) =
+            meta::typed_json_bytes_laid_out(object, (&api_version, info.kind), true, &raw);
+        (Bytes::from(encoded), layout)
     }
 
     /// Encodes an object for storage within the size bound. As upstream, an object too large
@@ -642,14 +642,22 @@ impl Registry {
         let mut txn = Txn::new()
             .when(guard)
             .then(Op::Put(key.to_string(), encoded.0.clone()));
+        // The watch cache takes what is known here with the write's event, rather than
+        // scanning and decoding the bytes again.
+        if let Some(layout) = &encoded.1 {
+            txn = txn.hint(capstan_storage::Hint::new(crate::cache::Written {
+                layout: layout.clone(),
+                selectable: self.strategy.selectable(object),
+            }));
+        }
         txn.compares.extend(extras.compares);
         txn.ops.extend(extras.ops);
         Ok((txn, encoded))
     }
 }
 
-/// An object's stored JSON, and where its `metadata` ends ([`meta::typed_json_bytes_marked`]).
-pub(super) type Encoded = (Bytes, Option<(usize, bool)>);
+/// An object's stored JSON, and where its parts are ([`meta::typed_json_bytes_laid_out`]).
+pub(super) type Encoded = (Bytes, Option<meta::StoredLayout>);
 
 /// `object` as written at `revision`.
 fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {

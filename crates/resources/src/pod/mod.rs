@@ -327,7 +327,7 @@ impl Strategy for PodStrategy {
 
     /// Only what [`PodStrategy::field_value`] reads: the watch cache decodes every pod it is
     /// given, and a pod's containers, volumes and conditions are most of it.
-    fn selectable_object(&self, json: &[u8]) -> Option<Pod> {
+    fn selectable_object(&self, from: capstan_registry::cache::SelectableFrom<'_>) -> Option<Pod> {
         use k8s_openapi::api::core::v1::PodSpec;
         #[derive(serde::Deserialize)]
         struct Read {
@@ -352,7 +352,7 @@ impl Strategy for PodStrategy {
             pod_ip: Option<String>,
             nominated_node_name: Option<String>,
         }
-        let read: Read = serde_json::from_slice(json).ok()?;
+        let read: Read = from.decode()?;
         Some(Pod {
             metadata: read.metadata.unwrap_or_default().into_object_meta(),
             spec: read.spec.map(|s| PodSpec {

@@ -142,7 +142,10 @@ impl Strategy for ServiceStrategy {
 
     /// Only what [`ServiceStrategy::field_value`] reads: the watch cache decodes every Service
     /// written, and its ports, selector and the rest of its spec are most of it.
-    fn selectable_object(&self, json: &[u8]) -> Option<Service> {
+    fn selectable_object(
+        &self,
+        from: capstan_registry::cache::SelectableFrom<'_>,
+    ) -> Option<Service> {
         use k8s_openapi::api::core::v1::ServiceSpec;
         #[derive(serde::Deserialize)]
         struct Read {
@@ -156,7 +159,7 @@ impl Strategy for ServiceStrategy {
             #[serde(rename = "type")]
             type_: Option<String>,
         }
-        let read: Read = serde_json::from_slice(json).ok()?;
+        let read: Read = from.decode()?;
         Some(Service {
             metadata: read.metadata.unwrap_or_default().into_object_meta(),
             spec: read.spec.map(|s| ServiceSpec {

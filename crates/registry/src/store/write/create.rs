@@ -183,9 +183,9 @@ impl Registry {
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => {
                     let object = at(candidate, revision);
-                    let json = encoded
-                        .1
-                        .map(|mark| meta::with_resource_version(&encoded.0, mark, revision));
+                    let json = encoded.1.map(|layout| {
+                        meta::with_resource_version(&encoded.0, layout.mark(), revision)
+                    });
                     #[cfg(debug_assertions)]
                     if let Some(json) = &json {
                         // The bytes encoding the object itself gives.
