@@ -9,7 +9,6 @@ use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::{CachedObject, EventType, Selectable};
-use capstan_registry::strategy::from_typed;
 use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
@@ -918,8 +917,12 @@ impl EndpointsController {
                     namespace: Some(namespace.to_string()),
                     ..ObjectMeta::default()
                 };
-                let created = from_typed(&desired.applied_to(&fresh));
-                match self.endpoints.create(namespace, created, &options).await {
+                let created = desired.applied_to(&fresh);
+                match self
+                    .endpoints
+                    .create_typed(namespace, &created, &options)
+                    .await
+                {
                     // A namespace being deleted takes no new objects: dropped, not retried
                     // (any other refusal is retried).
                     Err(e) if !e.is_namespace_terminating() => Err(e.into()),

@@ -1343,8 +1343,7 @@ impl SliceWriter {
         if service.metadata.deletion_timestamp.is_none() {
             for mut slice in creates {
                 annotate(&mut slice);
-                let value = capstan_registry::strategy::from_typed(&slice);
-                match self.slices.create(namespace, value, &options).await {
+                match self.slices.create_typed(namespace, &slice, &options).await {
                     Ok(created) => {
                         self.record(key, &created);
                         self.keep(namespace, slice, created);

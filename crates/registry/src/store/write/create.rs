@@ -33,7 +33,20 @@ impl Registry {
     pub async fn create_answered(
         &self,
         namespace: &str,
+        object: Value,
+        options: &WriteOptions,
+    ) -> Result<Created, ApiError> {
+        self.create_viewed(namespace, object, RulesView::default(), options)
+            .await
+    }
+
+    /// [`Registry::create_answered`], the rules taking the object from `view` when it holds
+    /// one (a typed create's) rather than decoding it from the JSON.
+    pub(super) async fn create_viewed(
+        &self,
+        namespace: &str,
         mut object: Value,
+        mut view: RulesView,
         options: &WriteOptions,
     ) -> Result<Created, ApiError> {
         let info = self.strategy.info();
@@ -58,7 +71,6 @@ impl Registry {
         }
         // A body or a typed object is in its type's form already; an applied configuration
         // is normalized by defaulting. The rules of this write share one decoded object.
-        let mut view = RulesView::default();
         if options.applied {
             self.strategy.default(&mut object);
         } else {

@@ -14,6 +14,30 @@ use crate::strategy::Object;
 use crate::typed::{RulesView, from_typed};
 
 impl Registry {
+    /// [`Registry::create`] of a typed object: the rules take it as it is (without what a
+    /// create drops of the metadata it is given, in the namespace it is made in) rather than
+    /// decoding it again from the JSON made of it.
+    pub async fn create_typed<T: Object>(
+        &self,
+        namespace: &str,
+        new: &T,
+        options: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut typed = new.clone();
+        let m = typed.metadata_mut();
+        (m.uid, m.creation_timestamp, m.deletion_timestamp) = (None, None, None);
+        (m.deletion_grace_period_seconds, m.self_link) = (None, None);
+        (m.resource_version, m.generation) = (None, None);
+        m.namespace = self
+            .strategy
+            .info()
+            .namespaced
+            .then(|| namespace.to_string());
+        let json = from_typed(&typed);
+        let created = self.create_viewed(namespace, json, RulesView::of(typed), options);
+        Ok(created.await?.object)
+    }
+
     /// [`Registry::update`] of a typed object (pinned to its `resourceVersion` when it has one).
     pub async fn update_typed<T: Object>(
         &self,
