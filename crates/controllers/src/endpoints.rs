@@ -445,17 +445,6 @@ enum Selection {
     Gone,
 }
 
-/// The part of a Service the index keeps.
-#[derive(serde::Deserialize)]
-struct SelectorOf {
-    spec: Option<SelectorSpec>,
-}
-
-#[derive(serde::Deserialize)]
-struct SelectorSpec {
-    selector: Option<Labels>,
-}
-
 /// A sync that did not complete (it is retried with back-off).
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -618,13 +607,11 @@ impl EndpointsController {
             services_synced = follow(
                 controller.services.clone(),
                 move |kind, object, _| {
-                    // Only the selector is decoded; the rest of the Service is skipped.
+                    // Only the selector is decoded, found without reading the rest.
                     let selector = (kind != EventType::Deleted)
-                        .then(|| {
-                            serde_json::from_slice::<SelectorOf>(&object.body_json())
-                                .ok()
-                                .and_then(|s| s.spec?.selector)
-                        })
+                        .then(|| object.member(&["spec", "selector"]))
+                        .flatten()
+                        .and_then(|s| serde_json::from_slice::<Option<Labels>>(s).ok())
                         .flatten()
                         .filter(|m| !m.is_empty());
                     let key = key_of(&object.selectable);

@@ -56,18 +56,6 @@ pub struct MirroringController {
     own: crate::tracker::OwnWrites<Key>,
 }
 
-/// The part of a Service the controller reads.
-#[derive(serde::Deserialize)]
-struct ServiceSelector {
-    spec: Option<SelectorSpec>,
-}
-
-#[derive(serde::Deserialize)]
-struct SelectorSpec {
-    #[serde(default)]
-    selector: NonEmpty,
-}
-
 /// Whether a JSON object has any member, read without keeping any (`null` has none).
 #[derive(Default)]
 struct NonEmpty(bool);
@@ -99,14 +87,14 @@ impl<'de> serde::Deserialize<'de> for NonEmpty {
     }
 }
 
-/// Whether a Service's JSON (its members after metadata will do) has a non-empty selector;
-/// read without decoding the selector.
-fn has_selector(json: &[u8]) -> bool {
-    serde_json::from_slice::<ServiceSelector>(json)
-        .ok()
-        .and_then(|s| s.spec)
-        .is_some_and(|spec| spec.selector.0)
+/// Whether a Service's `spec.selector` (its raw JSON, when it has one) has a member; read
+/// without decoding the selector.
+fn has_selector(selector: Option<&[u8]>) -> bool {
+    selector.is_some_and(|s| serde_json::from_slice::<NonEmpty>(s).is_ok_and(|n| n.0))
 }
+
+/// Where [`has_selector`] reads a Service.
+const SELECTOR: &[&str] = &["spec", "selector"];
 
 /// `shouldMirror`: not marked to be skipped, and not a leader-election record.
 fn should_mirror(endpoints: &Endpoints) -> bool {
@@ -296,7 +284,8 @@ impl MirroringController {
                 controller.services.clone(),
                 move |kind, object, _| {
                     let key = key_of(&object.selectable);
-                    let selector = kind != EventType::Deleted && has_selector(&object.body_json());
+                    let selector =
+                        kind != EventType::Deleted && has_selector(object.member(SELECTOR));
                     let before = if kind == EventType::Deleted {
                         c.selectors().remove(&key)
                     } else {
@@ -389,7 +378,7 @@ impl MirroringController {
             .services
             .cache()
             .get(&self.services.strategy().info().key(namespace, name))?;
-        if has_selector(&service.body_json()) {
+        if has_selector(service.member(SELECTOR)) {
             return None;
         }
         let cached = self
@@ -541,8 +530,8 @@ mod tests {
 
     #[test]
     fn a_selector_counts_when_it_selects_something() {
-        let with =
-            |spec: serde_json::Value| has_selector(json!({"spec": spec}).to_string().as_bytes());
+        let of = |json: &[u8]| has_selector(capstan_registry::cache::member(json, SELECTOR));
+        let with = |spec: serde_json::Value| of(json!({"spec": spec}).to_string().as_bytes());
         assert!(with(
             json!({"ports": [{"port": 80}], "selector": {"app": "web"}})
         ));
@@ -550,9 +539,10 @@ mod tests {
         assert!(!with(json!({"selector": null})));
         assert!(!with(json!({"ports": [{"port": 80}]})));
         assert!(!with(json!({"selector": "app=web"})));
-        assert!(!has_selector(b"{}"));
-        assert!(!has_selector(b"{\"spec\": null}"));
-        assert!(!has_selector(b"not json"));
+        assert!(!of(b"{}"));
+        assert!(!of(b"{\"spec\": null}"));
+        assert!(!of(b"not json"));
+        assert!(of(b"{\"status\": {}, \"spec\": {\"a\": [1, {\"selector\": {}}], \"selector\": {\"x\": \"y\"}}}"));
     }
 
     #[test]

@@ -346,7 +346,67 @@ struct Scanner<'a> {
     at: usize,
 }
 
+/// The raw JSON of the member at `path` (`["spec", "selector"]`) of the JSON object `json`
+/// (valid JSON, as stored values are): the first such member, its value not decoded. `None`
+/// when a step is missing or not an object.
+pub fn member<'a>(json: &'a [u8], path: &[&str]) -> Option<&'a [u8]> {
+    Scanner { bytes: json, at: 0 }.find(path)
+}
+
+impl Stored {
+    /// [`member`] of the stored value, not stepping over `metadata` to find a member after
+    /// it (one of `metadata`'s own is not found).
+    pub(super) fn member(&self, path: &[&str]) -> Option<&[u8]> {
+        let after_metadata = self.bytes[self.members..].starts_with(b"\"metadata\"");
+        let at = if after_metadata {
+            self.metadata_end + 1
+        } else {
+            0
+        };
+        Scanner {
+            bytes: &self.bytes,
+            at,
+        }
+        .find(path)
+    }
+}
+
 impl<'a> Scanner<'a> {
+    /// The raw value of the member at `path` of the object the scan is in: at its opening
+    /// brace, or just after one of its members.
+    fn find(mut self, path: &[&str]) -> Option<&'a [u8]> {
+        let (first, rest) = path.split_first()?;
+        self.whitespace();
+        if !matches!(self.next()?, b'{' | b',') {
+            return None;
+        }
+        loop {
+            self.whitespace();
+            if self.bytes.get(self.at) == Some(&b'}') {
+                return None;
+            }
+            let key = self.string()?;
+            self.whitespace();
+            self.expect(b':')?;
+            self.whitespace();
+            let start = self.at;
+            self.value()?;
+            if named(key, first) {
+                let value = &self.bytes[start..self.at];
+                return match rest {
+                    [] => Some(value),
+                    _ => Scanner {
+                        bytes: value,
+                        at: 0,
+                    }
+                    .find(rest),
+                };
+            }
+            self.whitespace();
+            self.expect(b',')?;
+        }
+    }
+
     fn next(&mut self) -> Option<u8> {
         let byte = *self.bytes.get(self.at)?;
         self.at += 1;

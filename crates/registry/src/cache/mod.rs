@@ -14,6 +14,7 @@ mod kept;
 mod object;
 mod selectable;
 
+pub use json::member;
 pub use kept::ByRevision;
 pub use object::{CachedObject, Writer, Written};
 pub use selectable::{Projection, Selectable, SelectableFrom, SelectableMeta};

@@ -287,6 +287,16 @@ impl CachedObject {
         }
     }
 
+    /// The raw JSON of the object's member at `path` (`["spec", "selector"]`), found without
+    /// decoding anything and, when the stored bytes are held, without stepping over
+    /// `metadata` (a member of `metadata` is not found there); `None` when it is absent.
+    pub fn member(&self, path: &[&str]) -> Option<&[u8]> {
+        match &self.json {
+            Json::Item(json) => super::json::member(json, path),
+            Json::Stored(stored) => stored.member(path),
+        }
+    }
+
     /// Decodes what a reader needs of the object's `metadata`, into a partial type such as one
     /// with a few of its fields. When the stored value is held, only its `metadata` member is
     /// read, not the rest of the object (a 50-endpoint EndpointSlice is 13 KB, its metadata a

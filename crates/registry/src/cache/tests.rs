@@ -548,3 +548,34 @@ fn a_hinted_write_is_cached_as_the_read_one_is() {
         read.object()
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// A member found in the bytes is the one a full decode has at that path, for the JSON
+    /// itself and for a cached object holding it (stored bytes or re-encoded); a member of
+    /// `metadata` is not looked for in a cached object.
+    #[test]
+    fn a_member_found_in_the_bytes_is_the_decoded_one(
+        members in metadata_members(),
+        spec in any_json(),
+        step in proptest::prop_oneof![
+            proptest::strategy::Just("selector".to_string()),
+            "[a-zF\"\\\\{}:,]{0,3}",
+        ],
+    ) {
+        let metadata: serde_json::Map<String, Value> = members.into_iter().collect();
+        let object = json!({"kind": "Service", "apiVersion": "v1", "metadata": metadata,
+            "spec": spec, "status": {"spec": 1}});
+        let bytes = Bytes::from(serde_json::to_vec(&object).expect("encodes"));
+        let decoded = object["spec"].get(&step).map(Value::to_string);
+        let found = |raw: Option<&[u8]>| {
+            raw.map(|r| serde_json::from_slice::<Value>(r).expect("valid").to_string())
+        };
+        let path = ["spec", step.as_str()];
+        proptest::prop_assert_eq!(found(super::member(&bytes, &path)), decoded.clone());
+        let cached = CachedObject::decode("/k".into(), &bytes, 3, &projection()).expect("decodes");
+        proptest::prop_assert_eq!(found(cached.member(&path)), decoded);
+        proptest::prop_assert_eq!(cached.member(&["metadata"]).is_some(), !cached.holds_stored_bytes());
+    }
+}
