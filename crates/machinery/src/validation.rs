@@ -90,8 +90,29 @@ fn name_part_ok(text: &str) -> bool {
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
 }
 
+/// Whether `text` is a qualified name ([`qualified_name`] finds nothing wrong), checked
+/// without building anything.
+fn is_qualified_name(text: &str) -> bool {
+    let (prefix, name) = match text.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, text),
+    };
+    !name.contains('/')
+        && prefix.is_none_or(|p| p.len() <= 253 && is_dns1123_subdomain(p))
+        && name.len() <= 63
+        && name_part_ok(name)
+}
+
 /// Qualified name: `[prefix/]name` (label keys, annotation keys, finalizers).
 pub fn qualified_name(text: &str) -> Vec<String> {
+    if is_qualified_name(text) {
+        return Vec::new();
+    }
+    qualified_name_problems(text)
+}
+
+/// What is wrong with `text` as a qualified name, each problem in upstream's words.
+fn qualified_name_problems(text: &str) -> Vec<String> {
     let parts: Vec<&str> = text.split('/').collect();
     let (prefix, name) = match parts.as_slice() {
         [name] => (None, *name),
@@ -171,7 +192,12 @@ pub fn validate_annotations(annotations: &Map<String, Value>, path: &str) -> Fie
     let mut errors = FieldErrors::new();
     let mut total = 0usize;
     for (key, value) in annotations {
-        for message in qualified_name(&key.to_lowercase()) {
+        // Judged in lower case (most keys are already).
+        let lower = match key.is_ascii() && !key.bytes().any(|b| b.is_ascii_uppercase()) {
+            true => std::borrow::Cow::Borrowed(key.as_str()),
+            false => std::borrow::Cow::Owned(key.to_lowercase()),
+        };
+        for message in qualified_name(&lower) {
             errors.push(FieldError::invalid(path, &json!(key), message));
         }
         total += key.len() + value.as_str().map_or(0, str::len);
@@ -205,7 +231,7 @@ pub fn validate_object_meta_update(meta: &Map<String, Value>) -> FieldErrors {
     // Upstream's ValidateOwnerReferences, then ValidateFinalizers: both report at the list's
     // path, without an index.
     if let Some(owners) = meta.get("ownerReferences").and_then(Value::as_array) {
-        let mut first_controller: Option<String> = None;
+        let mut first_controller: Option<(&str, &str)> = None;
         for owner in owners {
             let text = |field: &str| crate::meta::text(owner.get(field));
             let version = text("apiVersion").rsplit('/').next().unwrap_or_default();
@@ -226,13 +252,14 @@ pub fn validate_object_meta_update(meta: &Map<String, Value>) -> FieldErrors {
                 }
             }
             if owner.get("controller").and_then(Value::as_bool) == Some(true) {
-                let this = format!("{}/{}", text("kind"), text("name"));
-                match &first_controller {
-                    Some(first) => errors.push(FieldError::invalid(
+                let this = (text("kind"), text("name"));
+                match first_controller {
+                    Some((kind, name)) => errors.push(FieldError::invalid(
                         "metadata.ownerReferences",
                         &Value::Array(owners.clone()),
                         format!(
-                            "Only one reference can have Controller set to true. Found \"true\" in references for {first} and {this}"
+                            "Only one reference can have Controller set to true. Found \"true\" in references for {kind}/{name} and {}/{}",
+                            this.0, this.1
                         ),
                     )),
                     None => first_controller = Some(this),
@@ -309,6 +336,32 @@ mod tests {
                 "must not contain dots"
             ]
         );
+    }
+
+    #[test]
+    fn the_quick_check_of_a_qualified_name_finds_what_the_full_one_does() {
+        use proptest::prelude::*;
+        let mut runner = proptest::test_runner::TestRunner::default();
+        let text = "[a-zA-Z0-9./_-]{0,4}(/[a-z0-9.-]{0,3})?(/[a-zA-Z0-9._-]{0,3})?";
+        let long = (0usize..2, 60usize..70, 250usize..256).prop_map(|(slash, name, prefix)| {
+            let name = "n".repeat(name);
+            if slash == 0 {
+                name
+            } else {
+                format!("{}/{name}", "p".repeat(prefix))
+            }
+        });
+        runner
+            .run(&prop_oneof![text.prop_map(String::from), long], |t| {
+                prop_assert_eq!(
+                    is_qualified_name(&t),
+                    qualified_name_problems(&t).is_empty(),
+                    "{:?}",
+                    t
+                );
+                Ok(())
+            })
+            .expect("agree");
     }
 
     #[test]
