@@ -210,6 +210,8 @@ pub struct StoredLayout {
     pub metadata_end: usize,
     /// Whether `metadata` has no member.
     pub metadata_empty: bool,
+    /// The length of the whole JSON.
+    pub len: usize,
     /// The bytes holding `metadata.managedFields` with one comma beside it (the one before
     /// it, or when it comes first the one after it), when it has them: without these bytes
     /// the JSON is the object's without managedFields.
@@ -280,6 +282,7 @@ pub fn typed_json_bytes_laid_out<'r>(
                         metadata_start,
                         metadata_end: out.len(),
                         metadata_empty: first,
+                        len: 0,
                         managed_fields,
                     });
                     out.push(b'}');
@@ -292,6 +295,9 @@ pub fn typed_json_bytes_laid_out<'r>(
         }
     }
     out.push(b'}');
+    if let Some(layout) = layout.as_mut() {
+        layout.len = out.len();
+    }
     (out, layout)
 }
 

@@ -112,6 +112,13 @@ pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &m
 /// managedFields last. False, with `object` as it was, when there is no metadata to write
 /// into or a member does not encode.
 fn write_meta_changes(object: &mut Value, typed: &ObjectMeta, untouched: &ObjectMeta) -> bool {
+    // What encoding the metadata whole gives (debug builds check it is what this writes).
+    #[cfg(debug_assertions)]
+    let whole = object.get("metadata").cloned().map(|stored| {
+        let mut encoded = serde_json::to_value(typed).unwrap_or_default();
+        drop_empty_lists(&mut encoded);
+        with_managed_fields_of(encoded, Some(stored)).to_string()
+    });
     let Some(Value::Object(metadata)) = object.as_object_mut().and_then(|o| o.get_mut("metadata"))
     else {
         return false;
@@ -176,6 +183,12 @@ fn write_meta_changes(object: &mut Value, typed: &ObjectMeta, untouched: &Object
     if let Some(managed) = managed {
         metadata.insert("managedFields".to_string(), managed);
     }
+    #[cfg(debug_assertions)]
+    debug_assert_eq!(
+        Some(Value::Object(metadata.clone()).to_string()),
+        whole,
+        "the metadata's changes written in place"
+    );
     true
 }
 

@@ -1292,6 +1292,10 @@ impl Storage for EmbeddedStore {
     fn exclusive(&self) -> bool {
         true
     }
+
+    fn delivers_hints(&self) -> bool {
+        true
+    }
 }
 
 /// Brings a new watcher up to date from history, then hands it to the hub.

@@ -400,6 +400,12 @@ pub trait Storage: Send + Sync + 'static {
     fn exclusive(&self) -> bool {
         false
     }
+
+    /// Whether the store's watches deliver the [`Hint`]s of this process's writes with their
+    /// events (so a writer need not work one out when none would).
+    fn delivers_hints(&self) -> bool {
+        false
+    }
 }
 
 /// The first key after every key that starts with `prefix` (etcd's `range_end` for a prefix),

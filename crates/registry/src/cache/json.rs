@@ -218,7 +218,8 @@ impl Stored {
         bytes: Bytes,
         layout: &capstan_machinery::meta::StoredLayout,
     ) -> Option<Self> {
-        let fits = bytes.get(layout.metadata_start) == Some(&b'{')
+        let fits = bytes.len() == layout.len
+            && bytes.get(layout.metadata_start) == Some(&b'{')
             && bytes.get(layout.metadata_end) == Some(&b'}')
             && layout.members < layout.metadata_start
             && bytes.last() == Some(&b'}')
@@ -347,15 +348,16 @@ struct Scanner<'a> {
 }
 
 /// The raw JSON of the member at `path` (`["spec", "selector"]`) of the JSON object `json`
-/// (valid JSON, as stored values are): the first such member, its value not decoded. `None`
-/// when a step is missing or not an object.
+/// (valid JSON, as stored values are): the first such member (a decoder would take the last
+/// of a repeated key; Capstan never writes one), its value not decoded. `None` when a step is
+/// missing or not an object.
 pub fn member<'a>(json: &'a [u8], path: &[&str]) -> Option<&'a [u8]> {
     Scanner { bytes: json, at: 0 }.find(path)
 }
 
 impl Stored {
     /// [`member`] of the stored value, not stepping over `metadata` to find a member after
-    /// it (one of `metadata`'s own is not found).
+    /// it (`metadata` itself, and `kind` and `apiVersion` before it, are not found).
     pub(super) fn member(&self, path: &[&str]) -> Option<&[u8]> {
         let after_metadata = self.bytes[self.members..].starts_with(b"\"metadata\"");
         let at = if after_metadata {

@@ -537,7 +537,10 @@ fn a_hinted_write_is_cached_as_the_read_one_is() {
     assert_eq!(hinted.selectable, read.selectable);
     assert_eq!(hinted.object(), read.object());
     assert!(hinted.holds_stored_bytes());
-    // A layout off by one is refused (and the bytes read instead).
+    // A layout of other bytes, or off by one, is refused (and the bytes read instead).
+    let mut other = layout.clone();
+    other.len += 1;
+    assert!(super::json::Stored::laid_out(bytes.clone(), &other).is_none());
     let mut off = layout;
     off.metadata_start += 1;
     assert!(super::json::Stored::laid_out(bytes.clone(), &off).is_none());

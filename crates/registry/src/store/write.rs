@@ -643,8 +643,13 @@ impl Registry {
             .when(guard)
             .then(Op::Put(key.to_string(), encoded.0.clone()));
         // The watch cache takes what is known here with the write's event, rather than
-        // scanning and decoding the bytes again.
-        if let Some(layout) = &encoded.1 {
+        // scanning and decoding the bytes again (when the store delivers it, and what
+        // selectors read is in the object here: a typed update's detached lists are only in
+        // the bytes).
+        if let Some(layout) = &encoded.1
+            && (detached.is_empty() || self.strategy.selectable_fields().is_empty())
+            && self.storage.delivers_hints()
+        {
             txn = txn.hint(capstan_storage::Hint::new(crate::cache::Written {
                 layout: layout.clone(),
                 selectable: self.strategy.selectable(object),

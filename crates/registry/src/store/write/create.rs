@@ -73,6 +73,7 @@ impl Registry {
         // is normalized by defaulting. The rules of this write share one decoded object.
         if options.applied {
             self.strategy.default(&mut object);
+            view.forget();
         } else {
             self.strategy.default_normal(&mut object, &mut view);
         }

@@ -16,7 +16,9 @@ use crate::typed::{RulesView, from_typed};
 impl Registry {
     /// [`Registry::create`] of a typed object: the rules take it as it is (without what a
     /// create drops of the metadata it is given, in the namespace it is made in) rather than
-    /// decoding it again from the JSON made of it.
+    /// decoding it again from the JSON made of it. So it must be in the form that JSON
+    /// decodes to, as a controller's objects are: where its kind's rules tell an empty list
+    /// from an absent one, none empty (the JSON leaves them out), and times in whole seconds.
     pub async fn create_typed<T: Object>(
         &self,
         namespace: &str,
