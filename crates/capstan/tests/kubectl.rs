@@ -190,6 +190,47 @@ fn selectors_filter_lists() {
     assert!(everywhere.contains("service/kubernetes") && everywhere.contains("service/db"));
 }
 
+/// Lists and watches select by what a Service is after each write: its labels and its
+/// selectable fields as written, created, changed and changed back.
+#[test]
+fn selectors_follow_each_write() {
+    let server = Server::start();
+    server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
+    let names = |selector: &[&str]| {
+        let mut args = vec!["get", "svc", "-o", "name"];
+        args.extend_from_slice(selector);
+        server.ok(&args).trim().to_string()
+    };
+    let node_ports = ["--field-selector", "spec.type=NodePort"];
+    let cluster_ips = ["--field-selector", "spec.type=ClusterIP,metadata.name=db"];
+    assert_eq!(names(&node_ports), "");
+    assert_eq!(names(&cluster_ips), "service/db");
+    server.ok(&[
+        "patch",
+        "svc",
+        "db",
+        "-p",
+        r#"{"spec":{"type":"NodePort"}}"#,
+    ]);
+    assert_eq!(names(&node_ports), "service/db");
+    assert_eq!(names(&cluster_ips), "");
+    server.ok(&["label", "svc", "db", "tier=data"]);
+    assert_eq!(names(&["-l", "tier=data"]), "service/db");
+    server.ok(&["label", "svc", "db", "tier=cache", "--overwrite"]);
+    assert_eq!(names(&["-l", "tier=data"]), "");
+    assert_eq!(
+        names(&["-l", "tier=cache", "--field-selector", "spec.type=NodePort"]),
+        "service/db"
+    );
+    let ip = server.ok(&["get", "svc", "db", "-o", "jsonpath={.spec.clusterIP}"]);
+    let by_ip = format!("spec.clusterIP={}", ip.trim());
+    assert_eq!(names(&["--field-selector", &by_ip]), "service/db");
+    server.ok(&["patch", "svc", "db", "--type=json", "-p",
+        r#"[{"op":"replace","path":"/spec/type","value":"ClusterIP"},{"op":"remove","path":"/spec/ports/0/nodePort"}]"#]);
+    assert_eq!(names(&node_ports), "");
+    assert_eq!(names(&cluster_ips), "service/db");
+}
+
 #[test]
 fn chunked_lists_return_everything_from_one_snapshot() {
     let server = Server::start();
