@@ -183,19 +183,7 @@ pub fn typed_json_bytes_with<'r>(
     stored: bool,
     raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
 ) -> Vec<u8> {
-    typed_json_bytes_marked(object, type_meta, stored, raw).0
-}
-
-/// [`typed_json_bytes_with`], and, in the stored form, where `metadata`'s closing brace is and
-/// whether `metadata` has members there: what putting `resourceVersion` back in takes.
-pub fn typed_json_bytes_marked<'r>(
-    object: &Value,
-    type_meta: (&str, &str),
-    stored: bool,
-    raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
-) -> (Vec<u8>, Option<(usize, bool)>) {
-    let (out, layout) = typed_json_bytes_laid_out(object, type_meta, stored, raw);
-    (out, layout.map(|l| l.mark()))
+    typed_json_bytes_laid_out(object, type_meta, stored, raw).0
 }
 
 /// Where the parts of an object's stored JSON are, as [`typed_json_bytes_laid_out`] wrote
@@ -301,7 +289,7 @@ pub fn typed_json_bytes_laid_out<'r>(
     (out, layout)
 }
 
-/// Stored JSON ([`typed_json_bytes_marked`]'s, with its mark) with `resourceVersion` put back
+/// Stored JSON ([`typed_json_bytes_laid_out`]'s, with its layout's mark) with `resourceVersion` put back
 /// in at the end of `metadata`: the bytes [`typed_json_bytes`] writes of the object once its
 /// `resourceVersion` is set last in its metadata.
 pub fn with_resource_version(
@@ -373,9 +361,9 @@ mod tests {
             json!({"resourceVersion": "3"}),
         ] {
             let mut object = json!({"metadata": metadata, "spec": {"a": "{}"}});
-            let (stored, mark) =
-                typed_json_bytes_marked(&object, ("v1", "Service"), true, &|_| None);
-            let mark = mark.expect("metadata was written");
+            let (stored, layout) =
+                typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
+            let mark = layout.expect("metadata was written").mark();
             set_meta_str(&mut object, "resourceVersion", "42");
             assert_eq!(
                 String::from_utf8_lossy(&with_resource_version(&stored, mark, 42)),
@@ -383,9 +371,9 @@ mod tests {
             );
         }
         // No metadata map: nothing to mark.
-        let (_, mark) =
-            typed_json_bytes_marked(&json!({"spec": {}}), ("v1", "Service"), true, &|_| None);
-        assert_eq!(mark, None);
+        let (_, layout) =
+            typed_json_bytes_laid_out(&json!({"spec": {}}), ("v1", "Service"), true, &|_| None);
+        assert_eq!(layout, None);
     }
 
     #[test]

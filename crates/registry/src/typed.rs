@@ -85,23 +85,20 @@ pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &m
     let only_metadata = typed == untouched;
     *typed.metadata_mut() = metadata;
     *untouched.metadata_mut() = before;
-    let in_place = typed.metadata().managed_fields == untouched.metadata().managed_fields;
-    if only_metadata
-        && in_place
-        && write_meta_changes(object, typed.metadata(), untouched.metadata())
-    {
-        return false;
+    if !only_metadata {
+        // The metadata is kept as the JSON has it (changed there below, member by member): it
+        // is not encoded whole only to be dropped.
+        let metadata = std::mem::take(typed.metadata_mut());
+        write_back(object, typed, &ObjectMeta::default());
+        *typed.metadata_mut() = metadata;
     }
-    // The metadata is kept as the JSON has it, and changed there member by member: it is not
-    // encoded whole only to be dropped.
-    let metadata = std::mem::take(typed.metadata_mut());
-    write_back(object, typed, &ObjectMeta::default());
-    *typed.metadata_mut() = metadata;
-    if typed.metadata() != untouched.metadata()
-        && !(in_place && write_meta_changes(object, typed.metadata(), untouched.metadata()))
+    let (new, old) = (typed.metadata(), untouched.metadata());
+    if new == old
+        || (new.managed_fields == old.managed_fields && write_meta_changes(object, new, old))
     {
-        write_back(object, typed, untouched.metadata());
+        return !only_metadata;
     }
+    write_back(object, typed, old);
     true
 }
 

@@ -186,27 +186,6 @@ impl Stored {
         }
     }
 
-    /// The members after `metadata`, as a JSON object of their own, when `metadata` is the
-    /// first member after `kind` and `apiVersion`.
-    pub(super) fn after_metadata(&self) -> Option<Vec<u8>> {
-        if !self.bytes[self.members..].starts_with(b"\"metadata\"") {
-            return None;
-        }
-        let mut scan = Scanner {
-            bytes: &self.bytes,
-            at: self.metadata_end + 1,
-        };
-        scan.whitespace();
-        if self.bytes.get(scan.at) == Some(&b',') {
-            scan.at += 1;
-        }
-        let rest = &self.bytes[scan.at..];
-        let mut out = Vec::with_capacity(rest.len() + 1);
-        out.push(b'{');
-        out.extend_from_slice(rest);
-        Some(out)
-    }
-
     /// The stored value without `metadata.managedFields`.
     pub(super) fn without_managed_fields(&self) -> std::borrow::Cow<'_, [u8]> {
         self.without_managed_fields_in(0..self.bytes.len())

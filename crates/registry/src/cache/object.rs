@@ -273,20 +273,6 @@ impl CachedObject {
         }
     }
 
-    /// The object's members other than `kind`, `apiVersion` and `metadata` (`spec`, `status`
-    /// and the like), as a JSON object, when stored bytes are held with `metadata` first (as
-    /// this process writes them): for partial decodes of those alone, which then need not
-    /// step over the metadata. Anything else is as held, with its metadata.
-    pub fn body_json(&self) -> std::borrow::Cow<'_, [u8]> {
-        match &self.json {
-            Json::Item(json) => std::borrow::Cow::Borrowed(json),
-            Json::Stored(stored) => match stored.after_metadata() {
-                Some(body) => std::borrow::Cow::Owned(body),
-                None => std::borrow::Cow::Borrowed(&stored.bytes),
-            },
-        }
-    }
-
     /// The raw JSON of the object's member at `path` (`["spec", "selector"]`), found without
     /// decoding anything and, when the stored bytes are held, without stepping over
     /// `metadata` (a member of `metadata` is not found there); `None` when it is absent.

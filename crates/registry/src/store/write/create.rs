@@ -69,6 +69,13 @@ impl Registry {
                 meta.shift_remove("namespace");
             }
         }
+        // A typed create's view takes the same edit.
+        view.edit_meta(|m| {
+            (m.uid, m.creation_timestamp, m.deletion_timestamp) = (None, None, None);
+            (m.deletion_grace_period_seconds, m.self_link) = (None, None);
+            (m.resource_version, m.generation) = (None, None);
+            m.namespace = info.namespaced.then(|| namespace.to_string());
+        });
         // A body or a typed object is in its type's form already; an applied configuration
         // is normalized by defaulting. The rules of this write share one decoded object.
         if options.applied {

@@ -25,18 +25,8 @@ impl Registry {
         new: &T,
         options: &WriteOptions,
     ) -> Result<Value, ApiError> {
-        let mut typed = new.clone();
-        let m = typed.metadata_mut();
-        (m.uid, m.creation_timestamp, m.deletion_timestamp) = (None, None, None);
-        (m.deletion_grace_period_seconds, m.self_link) = (None, None);
-        (m.resource_version, m.generation) = (None, None);
-        m.namespace = self
-            .strategy
-            .info()
-            .namespaced
-            .then(|| namespace.to_string());
-        let json = from_typed(&typed);
-        let created = self.create_viewed(namespace, json, RulesView::of(typed), options);
+        let view = RulesView::of(new.clone());
+        let created = self.create_viewed(namespace, from_typed(new), view, options);
         Ok(created.await?.object)
     }
 
