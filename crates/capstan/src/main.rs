@@ -56,6 +56,10 @@ struct ServeArgs {
     /// Which storage engine to use.
     #[arg(long, value_enum, default_value_t = StorageKind::Embedded)]
     storage: StorageKind,
+    /// Embedded store: how long a group commit waits for more writes when the last one took
+    /// four or more (a lone writer never waits). 0 disables it.
+    #[arg(long, default_value = "300us", value_parser = parse_duration)]
+    storage_commit_delay: Duration,
     /// etcd client URLs, comma separated (with --storage etcd).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_servers: Vec<String>,
@@ -246,7 +250,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {
     match args.storage {
         StorageKind::Embedded => {
-            let store = EmbeddedStore::open(EmbeddedOptions::new(&args.data_dir))
+            let mut options = EmbeddedOptions::new(&args.data_dir);
+            options.commit_delay = args.storage_commit_delay;
+            let store = EmbeddedStore::open(options)
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
             Ok(Arc::new(store))
         }
