@@ -188,14 +188,18 @@ async fn compaction_clean_up_keeps_up_under_a_constant_write_load() {
     }
 }
 
+fn open_with_commit_delay(dir: &std::path::Path, delay: Duration) -> EmbeddedStore {
+    let mut options = EmbeddedOptions::new(dir);
+    options.commit_delay = delay;
+    EmbeddedStore::open(options).unwrap()
+}
+
 /// A lone writer, one write at a time, never waits for company: with a commit delay of a
 /// minute, each of its writes is committed at once, alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_writer_never_waits_for_the_commit_delay() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = EmbeddedOptions::new(dir.path());
-    options.commit_delay = Duration::from_secs(60);
-    let store = EmbeddedStore::open(options).unwrap();
+    let store = open_with_commit_delay(dir.path(), Duration::from_secs(60));
     let before = store.stats().commits;
     let writes = async {
         for i in 0..50 {
@@ -215,9 +219,7 @@ async fn a_lone_writer_never_waits_for_the_commit_delay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_writers_share_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = EmbeddedOptions::new(dir.path());
-    options.commit_delay = Duration::from_millis(50);
-    let store = EmbeddedStore::open(options).unwrap();
+    let store = open_with_commit_delay(dir.path(), Duration::from_millis(50));
     let before = store.stats().commits;
     let mut writers = Vec::new();
     for w in 0..16 {
