@@ -199,8 +199,11 @@ struct Stream<IO> {
     held: bytes::BytesMut,
     /// Whether the connection's task has yielded once since bytes were first held.
     yielded: bool,
+    /// Whether bytes were handed to `io` since it was last flushed: TLS takes them and
+    /// answers that they are written, keeping what the socket would not take until flushed.
+    unflushed: bool,
     /// Why writing out held bytes failed: every later write fails the same way.
-    failed: Option<std::io::ErrorKind>,
+    failed: Option<(std::io::ErrorKind, String)>,
 }
 
 impl<IO: tokio::io::AsyncWrite + Unpin> Stream<IO> {
@@ -209,28 +212,45 @@ impl<IO: tokio::io::AsyncWrite + Unpin> Stream<IO> {
     /// budgeted it would queue behind the very stream tasks it serves).
     fn write_out(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
         use bytes::Buf;
-        let Self { io, held, .. } = self;
+        let Self {
+            io,
+            held,
+            unflushed,
+            ..
+        } = self;
         let done = ready!(unbudgeted(cx, |cx| {
             while !held.is_empty() {
                 match ready!(std::pin::Pin::new(&mut *io).poll_write(cx, held)) {
                     Ok(0) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
-                    Ok(n) => held.advance(n),
+                    Ok(n) => {
+                        held.advance(n);
+                        *unflushed = true;
+                    }
                     Err(error) => return Poll::Ready(Err(error)),
                 }
             }
-            std::pin::Pin::new(&mut *io).poll_flush(cx)
+            if *unflushed {
+                ready!(std::pin::Pin::new(&mut *io).poll_flush(cx))?;
+                *unflushed = false;
+            }
+            Poll::Ready(Ok(()))
         }));
         if let Err(error) = &done {
-            self.failed = Some(error.kind());
+            self.failed = Some((error.kind(), error.to_string()));
             self.held.clear();
         }
         self.yielded = false;
         Poll::Ready(done)
     }
 
+    /// Whether there is anything to write out or flush.
+    fn pending(&self) -> bool {
+        !self.held.is_empty() || self.unflushed
+    }
+
     fn check(&self) -> std::io::Result<()> {
-        match self.failed {
-            Some(kind) => Err(kind.into()),
+        match &self.failed {
+            Some((kind, why)) => Err(std::io::Error::new(*kind, why.clone())),
             None => Ok(()),
         }
     }
@@ -259,10 +279,11 @@ fn write_held<IO: tokio::io::AsyncWrite + Unpin>(
         return Poll::Pending;
     }
     let mut stream = stream.lock().unwrap_or_else(|e| e.into_inner());
-    if stream.held.is_empty() || stream.failed.is_some() {
+    if !stream.pending() || stream.failed.is_some() {
         return Poll::Pending;
     }
-    if !stream.yielded {
+    // (What TLS still holds is flushed at once: nothing more joins it.)
+    if !stream.held.is_empty() && !stream.yielded {
         stream.yielded = true;
         cx.waker().wake_by_ref();
         return Poll::Pending;
@@ -294,6 +315,7 @@ impl<IO> Writes<IO> {
             io,
             held: bytes::BytesMut::new(),
             yielded: false,
+            unflushed: false,
             failed: None,
         }));
         let writes = Writes {
@@ -334,9 +356,12 @@ impl<IO: tokio::io::AsyncWrite + Unpin> Writes<IO> {
         }
         if len >= HELD_BYTES {
             let io = &mut stream.io;
-            return unbudgeted(cx, |cx| {
+            let written = ready!(unbudgeted(cx, |cx| {
                 std::pin::Pin::new(&mut *io).poll_write_vectored(cx, bufs)
-            });
+            }))?;
+            // Flushed by the connection's task after this poll.
+            stream.unflushed = true;
+            return Poll::Ready(Ok(written));
         }
         for buf in bufs {
             stream.held.extend_from_slice(buf);
@@ -389,7 +414,7 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Writes<IO> {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<std::io::Result<()>> {
         let mut stream = self.lock();
-        if !stream.held.is_empty() {
+        if stream.pending() {
             ready!(stream.write_out(cx))?;
         }
         std::pin::Pin::new(&mut stream.io).poll_shutdown(cx)
@@ -602,6 +627,75 @@ mod tests {
         let mut rest = Vec::new();
         peer.read_to_end(&mut rest).await.expect("read to the end");
         assert_eq!(rest, b"last");
+    }
+
+    /// A TLS stream as tokio-rustls is: it takes every byte, and sends what it holds only
+    /// when flushed; its first `refused` flushes find the socket full.
+    #[derive(Default)]
+    struct Tls {
+        buffered: Vec<u8>,
+        sent: Vec<u8>,
+        refused: usize,
+    }
+
+    impl tokio::io::AsyncWrite for Tls {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.buffered.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.refused > 0 {
+                self.refused -= 1;
+                return Poll::Pending;
+            }
+            let buffered = std::mem::take(&mut self.buffered);
+            self.sent.extend(buffered);
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Bytes TLS took but could not yet send are flushed on the task's next poll, though
+    /// nothing is held any more (and hyper's own flushes do not reach TLS); large writes that
+    /// went straight through are flushed likewise.
+    #[tokio::test]
+    async fn what_tls_still_holds_is_flushed_on_the_next_poll() {
+        let tls = Tls {
+            refused: 1,
+            ..Tls::default()
+        };
+        let (mut writes, stream) = Writes::new(tls, true);
+        let mut cx = Context::from_waker(Waker::noop());
+        writes.write_all(b"frame").await.expect("held");
+        writes.flush().await.expect("flushed");
+        assert!(write_held(&stream, true, &mut cx).is_pending()); // yields
+        assert!(write_held(&stream, true, &mut cx).is_pending()); // the socket is full
+        assert_eq!(stream.lock().expect("not poisoned").io.sent, b"");
+        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert_eq!(stream.lock().expect("not poisoned").io.sent, b"frame");
+        let large = vec![b'x'; HELD_BYTES];
+        writes.write_all(&large).await.expect("written");
+        writes.flush().await.expect("flushed");
+        assert_eq!(stream.lock().expect("not poisoned").io.sent.len(), 5);
+        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert_eq!(
+            stream.lock().expect("not poisoned").io.sent.len(),
+            5 + HELD_BYTES
+        );
     }
 
     /// HTTP/1.1 writes go straight through, and the connection's task has nothing to do.

@@ -67,8 +67,9 @@ const META_CLEANED: &str = "cleaned";
 /// Most requests one group commit takes.
 const MAX_BATCH: usize = 4096;
 /// The fewest requests the last group commit took for the next one to wait
-/// [`EmbeddedOptions::commit_delay`] for more: writers this many at once are busy enough that
-/// others are on their way (PostgreSQL's `commit_siblings`, which gates its `commit_delay`).
+/// [`EmbeddedOptions::commit_delay`] for more, when its first request came within that delay
+/// of the last commit: writers this many at once are busy enough that others are on their way
+/// (PostgreSQL's `commit_siblings`, which gates its `commit_delay`).
 const COMMIT_SIBLINGS: usize = 4;
 /// Most revisions one compaction clean-up chunk processes.
 const CLEANUP_CHUNK: u64 = 4096;
@@ -93,7 +94,8 @@ pub struct EmbeddedOptions {
     /// the in-memory index), so the cache only serves historical reads and watch catch-up.
     pub cache_bytes: usize,
     /// How long a group commit waits for more requests before it writes, when the last one
-    /// took [`COMMIT_SIBLINGS`] or more (zero: never). Under concurrent writes a commit's
+    /// took [`COMMIT_SIBLINGS`] or more and ended at most this long before (zero: never).
+    /// Under concurrent writes a commit's
     /// fixed cost (redb's commit and the `fdatasync` behind it) is most of a write's, so
     /// fewer, larger commits spend less CPU per write; a lone writer never waits.
     pub commit_delay: std::time::Duration,
@@ -336,6 +338,7 @@ impl EmbeddedStore {
             cache_bytes: options.cache_bytes,
             commit_delay: options.commit_delay,
             last_batch: 0,
+            last_commit: std::time::Instant::now(),
             index: index.clone(),
             hub: hub.clone(),
             cleanup_pending: true,
@@ -692,14 +695,26 @@ struct Writer {
     path: PathBuf,
     cache_bytes: usize,
     commit_delay: std::time::Duration,
-    /// How many requests the last group commit took.
+    /// How many requests the last group commit took, and when it ended.
     last_batch: usize,
+    last_commit: std::time::Instant,
     index: Arc<RwLock<Index>>,
     hub: Arc<Hub>,
     cleanup_pending: bool,
     batches_since_cleanup: u32,
     /// Why the last write failed and when recovery was last tried, while the store is broken.
     broken: Option<(String, std::time::Instant)>,
+}
+
+/// Whether writers are busy enough for a group commit to wait `delay` for more: the last
+/// commit took [`COMMIT_SIBLINGS`] or more requests and ended at most `delay` before this
+/// one's first request came (a write after a pause is a lone writer's, whatever came before).
+fn writers_busy(
+    last_batch: usize,
+    since_last_commit: std::time::Duration,
+    delay: std::time::Duration,
+) -> bool {
+    !delay.is_zero() && last_batch >= COMMIT_SIBLINGS && since_last_commit <= delay
 }
 
 /// What one request of a batch produced; answered (and published) only after the commit.
@@ -776,9 +791,12 @@ impl Writer {
                 self.recover();
             }
             let Some(first) = first else { continue };
-            if self.last_batch >= COMMIT_SIBLINGS
-                && !self.commit_delay.is_zero()
-                && self.broken.is_none()
+            if self.broken.is_none()
+                && writers_busy(
+                    self.last_batch,
+                    self.last_commit.elapsed(),
+                    self.commit_delay,
+                )
             {
                 thread::sleep(self.commit_delay);
             }
@@ -795,6 +813,7 @@ impl Writer {
             }
             self.last_batch = batch.len();
             self.commit_batch(batch);
+            self.last_commit = std::time::Instant::now();
             // Under a constant write load the queue is never empty: clean up a chunk every so
             // many batches anyway.
             if self.cleanup_pending {
@@ -814,6 +833,7 @@ impl Writer {
         let why = describe(error);
         self.health.set(Some(why.clone()));
         self.broken = Some((why, std::time::Instant::now()));
+        self.last_batch = 0;
         self.db = None;
         self.slot.set(None);
     }
@@ -849,8 +869,11 @@ impl Writer {
                 }
                 through = reached;
             }
-            let index = load(&db)?;
-            *self.index.write().unwrap_or_else(PoisonError::into_inner) = index;
+            let mut index = load(&db)?;
+            let mut current = self.index.write().unwrap_or_else(PoisonError::into_inner);
+            index.commits = current.commits;
+            *current = index;
+            drop(current);
             if on_disk != in_memory {
                 tracing::warn!(
                     on_disk,
@@ -1380,5 +1403,25 @@ impl CatchUp {
                 Registration::Behind => continue,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMMIT_SIBLINGS, writers_busy};
+    use std::time::Duration;
+
+    #[test]
+    fn a_group_commit_waits_only_right_after_a_busy_one() {
+        let delay = Duration::from_micros(300);
+        let soon = Duration::from_micros(10);
+        assert!(writers_busy(COMMIT_SIBLINGS, soon, delay));
+        assert!(writers_busy(100, delay, delay));
+        // Too few writers last time.
+        assert!(!writers_busy(COMMIT_SIBLINGS - 1, soon, delay));
+        // A write after a pause, whatever came before.
+        assert!(!writers_busy(100, Duration::from_millis(5), delay));
+        // Never, with no delay.
+        assert!(!writers_busy(100, Duration::ZERO, Duration::ZERO));
     }
 }
