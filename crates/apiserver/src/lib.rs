@@ -10,6 +10,7 @@ pub mod compression;
 pub mod connection;
 pub mod discovery;
 pub mod handlers;
+mod held;
 pub mod limits;
 pub mod openapi;
 pub mod pki;
