@@ -93,10 +93,9 @@ pub async fn serve(
                         return;
                     }
                 };
-            // An HTTP/2 connection's task writes the frames of every stream on it; were its
-            // writes held to tokio's cooperative budget it would queue behind the very stream
-            // tasks it serves (1,000 watches on one connection waited 100+ ms per event). Its
-            // reads stay budgeted, so a client flooding it cannot hold a worker.
+            // An HTTP/2 connection's writes are held and written out together, outside tokio's
+            // cooperative budget (`crate::held`); its reads stay budgeted, so a client flooding
+            // it cannot hold a worker.
             let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
             let (tls, stream) = Writes::new(tls, http2);
             let activity = Arc::new(Activity::new());
@@ -140,7 +139,7 @@ pub async fn serve(
                         }
                         break;
                     }
-                    error = std::future::poll_fn(|cx| write_held(&stream, http2, cx)) => {
+                    error = std::future::poll_fn(|cx| write_held(&stream, cx)) => {
                         tracing::debug!(%peer, %error, "writing to the connection failed");
                         break;
                     }

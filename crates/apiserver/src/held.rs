@@ -91,15 +91,12 @@ fn unbudgeted<T>(
 /// Writes out what an HTTP/2 connection held back, after the connection's poll: not on the
 /// poll that first held bytes (the task yields once instead, so that the stream tasks woken
 /// with it add their frames: one write for an event sent to 1,000 watches on one
-/// connection, not 1,000), but on the next. Pending unless writing fails.
+/// connection, not 1,000), but on the next. Pending unless writing fails (and always for an
+/// HTTP/1.1 connection, which holds nothing).
 pub(crate) fn write_held<IO: tokio::io::AsyncWrite + Unpin>(
     stream: &std::sync::Mutex<Stream<IO>>,
-    http2: bool,
     cx: &mut std::task::Context<'_>,
 ) -> Poll<std::io::Error> {
-    if !http2 {
-        return Poll::Pending;
-    }
     let mut stream = stream.lock().unwrap_or_else(|e| e.into_inner());
     if !stream.pending() || stream.failed.is_some() {
         return Poll::Pending;
@@ -278,12 +275,12 @@ mod tests {
         }
         assert_eq!(available(&mut peer).await, b"");
         // The poll that finds bytes held yields instead of writing them out.
-        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
         assert_eq!(available(&mut peer).await, b"");
-        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
         assert_eq!(available(&mut peer).await, b"first second third");
         // Nothing held: nothing to do, no yield.
-        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
         assert!(!stream.lock().expect("not poisoned").yielded);
     }
 
@@ -373,16 +370,16 @@ mod tests {
         let mut cx = Context::from_waker(Waker::noop());
         writes.write_all(b"frame").await.expect("held");
         writes.flush().await.expect("flushed");
-        assert!(write_held(&stream, true, &mut cx).is_pending()); // yields
-        assert!(write_held(&stream, true, &mut cx).is_pending()); // the socket is full
+        assert!(write_held(&stream, &mut cx).is_pending()); // yields
+        assert!(write_held(&stream, &mut cx).is_pending()); // the socket is full
         assert_eq!(stream.lock().expect("not poisoned").io.sent, b"");
-        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
         assert_eq!(stream.lock().expect("not poisoned").io.sent, b"frame");
         let large = vec![b'x'; HELD_BYTES];
         writes.write_all(&large).await.expect("written");
         writes.flush().await.expect("flushed");
         assert_eq!(stream.lock().expect("not poisoned").io.sent.len(), 5);
-        assert!(write_held(&stream, true, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
         assert_eq!(
             stream.lock().expect("not poisoned").io.sent.len(),
             5 + HELD_BYTES
@@ -400,6 +397,6 @@ mod tests {
         writes.flush().await.expect("flushed");
         assert_eq!(available(&mut peer).await, b"HTTP/1.1 200 OK\r\n");
         let mut cx = Context::from_waker(Waker::noop());
-        assert!(write_held(&stream, false, &mut cx).is_pending());
+        assert!(write_held(&stream, &mut cx).is_pending());
     }
 }

@@ -57,9 +57,9 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value_t = StorageKind::Embedded)]
     storage: StorageKind,
     /// Embedded store: how long a group commit waits for more writes when the last one took
-    /// four or more (a lone writer never waits). 0 disables it.
-    #[arg(long, default_value = "300us", value_parser = parse_duration)]
-    storage_commit_delay: Duration,
+    /// four or more (a lone writer never waits). 0 disables it. [default: 300us]
+    #[arg(long, value_parser = parse_duration)]
+    storage_commit_delay: Option<Duration>,
     /// etcd client URLs, comma separated (with --storage etcd).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_servers: Vec<String>,
@@ -251,7 +251,9 @@ async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {
     match args.storage {
         StorageKind::Embedded => {
             let mut options = EmbeddedOptions::new(&args.data_dir);
-            options.commit_delay = args.storage_commit_delay;
+            if let Some(delay) = args.storage_commit_delay {
+                options.commit_delay = delay;
+            }
             let store = EmbeddedStore::open(options)
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
             Ok(Arc::new(store))

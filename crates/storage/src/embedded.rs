@@ -24,11 +24,11 @@
 //! commit) and are serialised in revision order. A crash before the commit loses the whole
 //! batch, none of which was acknowledged.
 //!
-//! When the last commit took several requests, writers are busy, and the writer first waits
-//! [`EmbeddedOptions::commit_delay`] for more (PostgreSQL's `commit_delay` behind
-//! `commit_siblings`): a commit's fixed cost (redb's commit, the `fdatasync` and the block
-//! requests behind it) is most of a small write's, so fewer, larger commits cost less CPU per
-//! write. A lone writer's commit never waits.
+//! When writers are busy (the last commit took several requests, and the next came soon after
+//! it), the writer first waits [`EmbeddedOptions::commit_delay`] for more (PostgreSQL's
+//! `commit_delay` behind `commit_siblings`): a commit's fixed cost (redb's commit, the
+//! `fdatasync` and the block requests behind it) is most of a small write's, so fewer, larger
+//! commits cost less CPU per write. A lone writer's commit never waits.
 //!
 //! # Compaction
 //! Compacting moves the compaction point at once (reads below it fail from then on). The writer
@@ -94,16 +94,14 @@ pub struct EmbeddedOptions {
     /// the in-memory index), so the cache only serves historical reads and watch catch-up.
     pub cache_bytes: usize,
     /// How long a group commit waits for more requests before it writes, when the last one
-    /// took [`COMMIT_SIBLINGS`] or more and ended at most this long before (zero: never).
-    /// Under concurrent writes a commit's
-    /// fixed cost (redb's commit and the `fdatasync` behind it) is most of a write's, so
-    /// fewer, larger commits spend less CPU per write; a lone writer never waits.
+    /// took [`COMMIT_SIBLINGS`] or more and ended at most this long before (zero: never); see
+    /// the module's documentation. Default: 300 µs.
     pub commit_delay: std::time::Duration,
 }
 
 /// [`EmbeddedOptions::commit_delay`]'s default. Measured in BENCHMARKS.md: 16 clients
-/// creating Services commit a third as often, for about a quarter less CPU in the writer.
-pub const DEFAULT_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_micros(300);
+/// creating Services commit about half as often, for about a quarter less CPU in the writer.
+const DEFAULT_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_micros(300);
 
 impl EmbeddedOptions {
     /// Default settings for a data directory.
