@@ -811,6 +811,11 @@ fn main() -> anyhow::Result<()> {
                 "server: peak RSS {:.1} MiB, {:.2} CPU seconds ({per_thousand:.3} per 1,000 of {requests} requests)",
                 usage.peak_rss_mib, usage.cpu_seconds
             );
+            println!(
+                "server: {:.2} of those CPU seconds in user space, {:.2} in the kernel",
+                usage.cpu_seconds - usage.system_seconds,
+                usage.system_seconds
+            );
             let trailing = trailing.unwrap_or_default();
             let with_trailing = (usage.cpu_seconds + trailing) * 1000.0 / requests.max(1) as f64;
             println!(
@@ -821,6 +826,7 @@ fn main() -> anyhow::Result<()> {
                 json!({
                     "peak_rss_mib": usage.peak_rss_mib,
                     "cpu_seconds": usage.cpu_seconds,
+                    "system_seconds": usage.system_seconds,
                     "requests": requests,
                     "cpu_seconds_per_1000_requests": per_thousand,
                     "cpu_seconds_after_scenario": trailing,

@@ -11,6 +11,8 @@ pub struct Usage {
     pub peak_rss_mib: f64,
     /// CPU seconds (user + system) consumed during the run.
     pub cpu_seconds: f64,
+    /// The part of [`Usage::cpu_seconds`] spent in the kernel (system time).
+    pub system_seconds: f64,
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
@@ -24,26 +26,66 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn cpu_ticks(pid: u32) -> Option<u64> {
+/// CPU time a process (or several) has used, in clock ticks: in user space and in the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ticks {
+    pub user: u64,
+    pub system: u64,
+}
+
+impl Ticks {
+    /// User and system together.
+    pub fn total(self) -> u64 {
+        self.user + self.system
+    }
+
+    /// What was used since `earlier`.
+    pub fn since(self, earlier: Ticks) -> Ticks {
+        Ticks {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+        }
+    }
+
+    /// Ticks as seconds.
+    pub fn seconds(ticks: u64) -> f64 {
+        ticks as f64 / TICKS_PER_SECOND
+    }
+}
+
+fn cpu_ticks(pid: u32) -> Option<Ticks> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat_ticks(stat.rsplit_once(')')?.1)
+    stat_split(stat.rsplit_once(')')?.1)
+}
+
+/// User and system ticks from what follows the `(comm)` of a `/proc/.../stat` line.
+fn stat_split(after_comm: &str) -> Option<Ticks> {
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // Fields 14 and 15 of /proc/PID/stat (utime, stime) are 11 and 12 after the comm.
+    Some(Ticks {
+        user: fields.get(11)?.parse().ok()?,
+        system: fields.get(12)?.parse().ok()?,
+    })
 }
 
 /// User + system ticks from what follows the `(comm)` of a `/proc/.../stat` line.
 fn stat_ticks(after_comm: &str) -> Option<u64> {
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields 14 and 15 of /proc/PID/stat (utime, stime) are 11 and 12 after the comm.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    stat_split(after_comm).map(Ticks::total)
+}
+
+/// CPU ticks these processes have used so far.
+pub fn split_ticks(pids: &[u32]) -> Ticks {
+    pids.iter()
+        .filter_map(|p| cpu_ticks(*p))
+        .fold(Ticks::default(), |sum, t| Ticks {
+            user: sum.user + t.user,
+            system: sum.system + t.system,
+        })
 }
 
 /// CPU ticks (user + system) these processes have used so far.
 fn total_ticks(pids: &[u32]) -> u64 {
-    pids.iter().filter_map(|p| cpu_ticks(*p)).sum()
-}
-
-/// CPU seconds (user + system) these processes have used so far; `None` without pids.
-pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
-    (!pids.is_empty()).then(|| total_ticks(pids) as f64 / TICKS_PER_SECOND)
+    split_ticks(pids).total()
 }
 
 /// Waits until these processes go idle (two quarter-second windows in a row with at most one
@@ -75,7 +117,7 @@ pub struct Sampler {
     pids: Vec<u32>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u64>>,
-    start_ticks: u64,
+    start_ticks: Ticks,
 }
 
 const TICKS_PER_SECOND: f64 = 100.0;
@@ -84,7 +126,7 @@ impl Sampler {
     /// Starts sampling (does nothing without pids).
     pub fn start(pids: &[u32]) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let start_ticks = total_ticks(pids);
+        let start_ticks = split_ticks(pids);
         let thread = (!pids.is_empty()).then(|| {
             let pids = pids.to_vec();
             let stop = stop.clone();
@@ -109,10 +151,11 @@ impl Sampler {
     pub fn finish(mut self) -> Option<Usage> {
         self.stop.store(true, Ordering::Relaxed);
         let peak = self.thread.take()?.join().ok()?;
-        let end = total_ticks(&self.pids);
+        let used = split_ticks(&self.pids).since(self.start_ticks);
         Some(Usage {
             peak_rss_mib: peak as f64 / 1024.0,
-            cpu_seconds: end.saturating_sub(self.start_ticks) as f64 / TICKS_PER_SECOND,
+            cpu_seconds: Ticks::seconds(used.total()),
+            system_seconds: Ticks::seconds(used.system),
         })
     }
 }
@@ -225,5 +268,22 @@ mod tests {
         assert!(0 < all && idle <= all);
         assert_eq!(idle_share((10, 100), (40, 200)), 0.3);
         assert_eq!(idle_share((10, 100), (10, 100)), 0.0, "no time passed");
+    }
+
+    #[test]
+    fn user_and_system_time_are_read_apart() {
+        // What follows `(comm)` in /proc/PID/stat: state, then fields 4–13, then utime 7 and
+        // stime 3.
+        let line = " S 1 1 1 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0 0";
+        let ticks = stat_split(line).expect("a stat line");
+        assert_eq!(ticks, Ticks { user: 7, system: 3 });
+        assert_eq!(stat_ticks(line), Some(10));
+        assert_eq!(stat_split(" S 1 1"), None, "too short");
+        let later = Ticks { user: 9, system: 8 };
+        assert_eq!(later.since(ticks), Ticks { user: 2, system: 5 });
+        assert_eq!(ticks.since(later), Ticks::default(), "never negative");
+        // This process has used some CPU, counted in both.
+        let mine = split_ticks(&[std::process::id()]);
+        assert_eq!(mine.total(), mine.user + mine.system);
     }
 }

@@ -22,6 +22,7 @@ use kube::client::ConfigExt;
 use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};
 
+use crate::process::Ticks;
 use crate::{Bench, histogram, latency_json, service};
 
 type Request = http::Request<Empty<Bytes>>;
@@ -476,7 +477,8 @@ impl Bench {
             Arc::new((0..args.updates).map(|_| AtomicU64::new(0)).collect());
         // The server's CPU from the first update until every watcher has its last event:
         // the writes and their deliveries, without opening the watches (TLS handshakes).
-        let cpu_before = crate::process::cpu_seconds(&args.server_pids);
+        let cpu_before =
+            (!args.server_pids.is_empty()).then(|| crate::process::split_ticks(&args.server_pids));
         let started = Instant::now();
         for round in 0..args.updates {
             let patch = json!({"metadata": {"labels": {"capstan-bench/round": round.to_string()}}});
@@ -503,9 +505,8 @@ impl Bench {
                 Err(_) => failures.push("no last event within 30 s".into()),
             }
         }
-        let delivering = cpu_before
-            .zip(crate::process::cpu_seconds(&args.server_pids))
-            .map(|(before, after)| after - before);
+        let delivering =
+            cpu_before.map(|before| crate::process::split_ticks(&args.server_pids).since(before));
         eprint!("\r{:80}\r", "");
         let expected = args.watchers * args.updates;
         let missed = expected.saturating_sub(received);
@@ -525,10 +526,17 @@ impl Bench {
         if let Some(first) = failures.first() {
             println!("  {} watchers failed; the first: {first}", failures.len());
         }
-        if let Some(seconds) = delivering {
+        let seconds = delivering.map(|used| Ticks::seconds(used.total()));
+        let system_seconds = delivering.map(|used| Ticks::seconds(used.system));
+        if let Some(used) = delivering {
+            // Per delivered event: all of it, then the part in user space and in the kernel.
+            let per_event = |ticks: u64| Ticks::seconds(ticks) * 1e6 / received.max(1) as f64;
             println!(
-                "server CPU from the first update to the last event: {seconds:.2} s ({:.2} µs per delivered event, the updates included)",
-                seconds * 1e6 / received.max(1) as f64
+                "server CPU from the first update to the last event: {:.2} s ({:.2} µs per delivered event, the updates included; user {:.2} µs, system {:.2} µs)",
+                Ticks::seconds(used.total()),
+                per_event(used.total()),
+                per_event(used.user),
+                per_event(used.system),
             );
         }
         Ok(json!({
@@ -540,7 +548,8 @@ impl Bench {
             "failed_watchers": failures.len(),
             "http2_connections": connections.len(),
             "update_seconds": writes.as_secs_f64(),
-            "server_cpu_seconds_delivering": delivering,
+            "server_cpu_seconds_delivering": seconds,
+            "server_system_seconds_delivering": system_seconds,
             "delivery_latency_ms": latency_json(&delivery),
         }))
     }
