@@ -10,6 +10,7 @@ pub mod current;
 pub mod detached;
 mod info;
 pub mod managed;
+mod members;
 mod store;
 pub mod strategy;
 pub mod typed;

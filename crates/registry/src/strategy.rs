@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
-use crate::current::{Current, encodes_to};
+use crate::current::Current;
+use crate::members::{always_present, copy_member, keep_all_but_status};
 use crate::typed::{RulesView, for_rules, mutate, read};
 pub use crate::typed::{from_typed, to_typed};
 
@@ -26,6 +27,17 @@ pub struct WriteExtras {
     pub compares: Vec<Compare>,
     /// Mutations, e.g. "record this IP as allocated".
     pub ops: Vec<Op>,
+}
+
+/// What admitting a write found ([`DynStrategy::admit`]).
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The storage work its allocations add.
+    pub extras: WriteExtras,
+    /// What validation found wrong.
+    pub errors: FieldErrors,
+    /// A create's warnings ([`Strategy::create_warnings`] of the object as admitted).
+    pub warnings: Vec<String>,
 }
 
 /// What every kind's typed object is: a `k8s_openapi` resource with standard object metadata.
@@ -296,8 +308,7 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// metadata kept, [`Strategy::prepare_for_status_update`] and
     /// [`Strategy::validate_status_update`]. The new object is the one `view` holds (decoded
     /// by an earlier rule of the same write, or now), `old` is decoded once, and `object`
-    /// takes the changes once ([`RulesView::finish`]: `view` is spent); returns the
-    /// allocations and the validation errors.
+    /// takes the changes once ([`RulesView::finish`]: `view` is spent).
     async fn admit(
         &self,
         storage: &dyn Storage,
@@ -305,7 +316,7 @@ pub trait DynStrategy: Send + Sync + 'static {
         old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
-    ) -> Result<(WriteExtras, FieldErrors), ApiError>;
+    ) -> Result<Admitted, ApiError>;
     /// See [`Strategy::ALLOCATES`].
     fn allocates(&self) -> bool;
     /// See [`Strategy::grace_period`].
@@ -353,41 +364,8 @@ fn decode_typed<T: Object>(mut object: Value) -> Result<T, String> {
     serde_json::from_value(object).map_err(|e| e.to_string())
 }
 
-/// The generic half of a `/status` update: everything but status and metadata is the stored
-/// object's.
-fn keep_all_but_status(new: &mut Value, old: &Value) {
-    {
-        let keys: Vec<String> = old
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        for key in keys {
-            if key != "status" && key != "metadata" {
-                copy_field(new, old, &key);
-            }
-        }
-        if let Value::Object(map) = new {
-            map.retain(|k, _| k == "status" || k == "metadata" || old.get(k.as_str()).is_some());
-        }
-    }
-}
-
 /// A decode failure as validation reports it (stored or patched JSON that the kind's types
 /// refuse: it cannot be validated, so it cannot be written).
-/// Go's lists without `omitempty`: written as `null` when empty or unset.
-fn always_present(object: &mut Value, fields: &[&str]) {
-    let Value::Object(map) = object else { return };
-    for field in fields {
-        match map.get_mut(*field) {
-            Some(value) if value.as_array().is_some_and(Vec::is_empty) => *value = Value::Null,
-            Some(_) => {}
-            None => {
-                map.insert((*field).to_string(), Value::Null);
-            }
-        }
-    }
-}
-
 fn undecodable(error: &str) -> FieldErrors {
     let mut errors = FieldErrors::new();
     errors.push(capstan_machinery::field::FieldError::internal("", error));
@@ -482,7 +460,7 @@ impl<S: Strategy> DynStrategy for S {
         old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
-    ) -> Result<(WriteExtras, FieldErrors), ApiError> {
+    ) -> Result<Admitted, ApiError> {
         // The stored object as the write read it typed, if it did.
         let stored = view.take_stored::<S::Object>();
         // What the stored object gives the new one, outside the rules: the view is decoded
@@ -506,9 +484,10 @@ impl<S: Strategy> DynStrategy for S {
         // run, an invalid `/status` update otherwise.
         let undecoded = |error: String| match subresource {
             Subresource::Main => Err(ApiError::internal(error)),
-            Subresource::Status | Subresource::Finalize => {
-                Ok((WriteExtras::default(), undecodable(&error)))
-            }
+            Subresource::Status | Subresource::Finalize => Ok(Admitted {
+                errors: undecodable(&error),
+                ..Admitted::default()
+            }),
         };
         let old = match (stored, old) {
             (Some(stored), Some(_)) => Some(stored),
@@ -521,10 +500,13 @@ impl<S: Strategy> DynStrategy for S {
             Ok(new) => new,
             Err(error) => return undecoded(error),
         };
+        let mut warnings = Vec::new();
         let (extras, errors) = match (&old, subresource) {
             (None, _) => {
                 let extras = Strategy::allocate(self, storage, new, None, dry_run).await?;
                 let errors = Strategy::validate_create(self, new);
+                // Read here, from the object as admitted, not decoded again once written.
+                warnings = Strategy::create_warnings(self, new);
                 (extras, errors)
             }
             (Some(old), Subresource::Main) => {
@@ -551,7 +533,11 @@ impl<S: Strategy> DynStrategy for S {
             Subresource::Main | Subresource::Finalize => view.finish::<S::Object>(object),
         }
         always_present(object, Strategy::info(self).always_present);
-        Ok((extras, errors))
+        Ok(Admitted {
+            extras,
+            errors,
+            warnings,
+        })
     }
 
     fn allocates(&self) -> bool {
@@ -659,39 +645,5 @@ impl<S: Strategy> DynStrategy for S {
         serde_json::from_slice::<S::Object>(json)
             .map(|o| Strategy::cells(self, &o))
             .unwrap_or_default()
-    }
-}
-
-/// [`copy_field`] from the stored object a write read: a member it holds as the new object's
-/// encodes is not decoded.
-fn copy_member(to: &mut Value, from: &Current<'_>, field: &str) -> Result<bool, ApiError> {
-    let raw = from.member(field);
-    if let (Some(raw), Some(value)) = (raw, to.get(field))
-        && encodes_to(value, raw)
-    {
-        return Ok(false);
-    }
-    let stored = raw.map(|raw| from.decode_member(raw)).transpose()?;
-    Ok(set_field(to, field, stored.as_ref()))
-}
-
-/// Copies `field` from `from` to `to` (removing it from `to` when `from` lacks it); whether
-/// that changed `to`.
-pub fn copy_field(to: &mut Value, from: &Value, field: &str) -> bool {
-    set_field(to, field, from.get(field))
-}
-
-/// Sets `field` of `to` to `value` (removing it for none); whether that changed `to`.
-fn set_field(to: &mut Value, field: &str, value: Option<&Value>) -> bool {
-    let Value::Object(map) = to else {
-        return false;
-    };
-    match value {
-        Some(value) if map.get(field) != Some(value) => {
-            map.insert(field.to_string(), value.clone());
-            true
-        }
-        Some(_) => false,
-        None => map.shift_remove(field).is_some(),
     }
 }

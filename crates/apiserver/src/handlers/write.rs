@@ -12,12 +12,12 @@ pub(super) async fn create(
     let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
     settle_namespace(request, &mut object)?;
     let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
-    let created = call
+    let mut created = call
         .finish(body_len, async move {
             registry.create_answered(&namespace, object, &options).await
         })
         .await?;
-    warnings.extend(request.registry.strategy().create_warnings(&created.object));
+    warnings.append(&mut created.warnings);
     // Compact JSON is the stored bytes with the resourceVersion in: not encoded again.
     let response = match created.json {
         Some(mut json) if encoding.negotiated.output == Output::Json && !encoding.pretty => {

@@ -16,7 +16,7 @@ use capstan_storage::{
 use serde_json::{Value, json};
 
 use crate::cache::{CachedObject, WatchCache};
-use crate::strategy::{Deleting, DynStrategy, WriteExtras};
+use crate::strategy::{Admitted, Deleting, DynStrategy, WriteExtras};
 
 mod delete;
 mod namespace;

@@ -496,7 +496,11 @@ impl Registry {
                     &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
                 )?;
             }
-            let (extras, invalid) = self
+            let Admitted {
+                extras,
+                errors: invalid,
+                ..
+            } = self
                 .strategy
                 .admit(
                     self.storage.as_ref(),

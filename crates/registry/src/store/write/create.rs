@@ -12,6 +12,8 @@ pub struct Created {
     pub object: Value,
     /// Its compact JSON, `kind` and `apiVersion` first.
     pub json: Option<Vec<u8>>,
+    /// Its kind's warnings about it (upstream's WarningsOnCreate).
+    pub warnings: Vec<String>,
 }
 
 impl Registry {
@@ -144,7 +146,11 @@ impl Registry {
             let key = info.key(namespace, &name);
             // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
             // and validation sees the allocated values.
-            let (extras, invalid) = self
+            let Admitted {
+                extras,
+                errors: invalid,
+                warnings,
+            } = self
                 .strategy
                 .admit(
                     self.storage.as_ref(),
@@ -190,6 +196,7 @@ impl Registry {
                 return Ok(Created {
                     object: candidate,
                     json: None,
+                    warnings,
                 });
             }
             let absent = Compare::Absent(key.clone());
@@ -217,7 +224,11 @@ impl Registry {
                             String::from_utf8_lossy(&encoded)
                         );
                     }
-                    return Ok(Created { object, json });
+                    return Ok(Created {
+                        object,
+                        json,
+                        warnings,
+                    });
                 }
                 TxnOutcome::Failed { current, .. } => {
                     let taken = current.first().is_some_and(Option::is_some);
