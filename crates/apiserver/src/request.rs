@@ -223,6 +223,26 @@ pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
     {
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
+    with_warnings(response, &error.warnings)
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
+pub fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+    let mut seen = std::collections::HashSet::new();
+    for warning in warnings {
+        if !seen.insert(warning) {
+            continue;
+        }
+        // Upstream escapes only `"` and `\`; Go's header writer turns line breaks into spaces.
+        let escaped = warning
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace(['\n', '\r'], " ");
+        // UTF-8 goes out as it is (obs-text), as Go writes it.
+        if let Ok(value) = HeaderValue::from_bytes(format!("299 - \"{escaped}\"").as_bytes()) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
     response
 }
 

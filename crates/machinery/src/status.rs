@@ -113,6 +113,9 @@ pub struct ApiError {
     pub details: Option<Box<Details>>,
     /// `metadata.continue` (only for expired continue tokens).
     pub continue_token: Option<String>,
+    /// `Warning` headers the request had earned before it failed (upstream writes each
+    /// warning to the response as it is recorded, so an error answer carries them too).
+    pub warnings: Vec<String>,
 }
 
 /// A resource as error messages name it: plural resource and API group.
@@ -168,7 +171,17 @@ impl ApiError {
             message: message.into(),
             details: None,
             continue_token: None,
+            warnings: Vec::new(),
         }
+    }
+
+    /// The error with `earlier` warnings before its own (those recorded before the step
+    /// that failed).
+    pub fn after_warnings(mut self, earlier: &[String]) -> Self {
+        if !earlier.is_empty() {
+            self.warnings.splice(0..0, earlier.iter().cloned());
+        }
+        self
     }
 
     /// The error with these details.

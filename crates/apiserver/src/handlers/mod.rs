@@ -35,7 +35,7 @@ use write::*;
 
 use crate::request::{
     Body, Encoding, IncludeObject, Query, error_response, full, json_response, object_response,
-    read_body, response, to_table,
+    read_body, response, to_table, with_warnings,
 };
 
 /// A request for a resource, as the router understood it.
@@ -154,25 +154,4 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         Ok(response) => response,
         Err(error) => error_response(&error, encoding),
     }
-}
-
-/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
-fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
-    let mut seen = std::collections::HashSet::new();
-    for warning in warnings {
-        if !seen.insert(warning) {
-            continue;
-        }
-        // Upstream escapes only `"` and `\`; Go's header writer turns line breaks into spaces.
-        let escaped = warning
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace(['\n', '\r'], " ");
-        // UTF-8 goes out as it is (obs-text), as Go writes it.
-        if let Ok(value) = http::HeaderValue::from_bytes(format!("299 - \"{escaped}\"").as_bytes())
-        {
-            response.headers_mut().append(header::WARNING, value);
-        }
-    }
-    response
 }

@@ -10,13 +10,16 @@ pub(super) async fn create(
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
     let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
-    settle_namespace(request, &mut object)?;
+    // A failure from here on carries the decoding's warnings (upstream has written them).
+    let earned = |error: ApiError| error.after_warnings(&warnings);
+    settle_namespace(request, &mut object).map_err(earned)?;
     let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
     let mut created = call
         .finish(body_len, async move {
             registry.create_answered(&namespace, object, &options).await
         })
-        .await?;
+        .await
+        .map_err(earned)?;
     warnings.append(&mut created.warnings);
     // Compact JSON is the stored bytes with the resourceVersion in: not encoded again.
     let response = match created.json {
@@ -45,13 +48,16 @@ pub(super) async fn update(
 ) -> Result<Response<Body>, ApiError> {
     let options = write_options(call)?;
     let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
+    // A failure from here on carries the decoding's warnings (upstream has written them).
+    let earned = |error: ApiError| error.after_warnings(&warnings);
     check_name(
         request.registry.strategy().info(),
         name,
         &request.namespace,
         &object,
-    )?;
-    settle_namespace(request, &mut object)?;
+    )
+    .map_err(earned)?;
+    settle_namespace(request, &mut object).map_err(earned)?;
     let (registry, namespace, owned_name) = (
         request.registry.clone(),
         request.namespace.clone(),
@@ -63,7 +69,8 @@ pub(super) async fn update(
                 .update(&namespace, &owned_name, object, &options, subresource)
                 .await
         })
-        .await?;
+        .await
+        .map_err(earned)?;
     if subresource == Subresource::Main {
         warnings.extend(request.registry.strategy().warnings(&stored));
     }

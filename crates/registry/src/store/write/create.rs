@@ -190,7 +190,8 @@ impl Registry {
             if options.dry_run {
                 let existing = self.storage.get(&key, None).await.map_err(storage_error)?;
                 if existing.kv.is_some() {
-                    return Err(ApiError::already_exists(info.group_resource(), &name));
+                    return Err(ApiError::already_exists(info.group_resource(), &name)
+                        .after_warnings(&warnings));
                 }
                 meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
                 return Ok(Created {
@@ -247,7 +248,8 @@ impl Registry {
                         return Err(ApiError::generate_name_exhausted(
                             info.group_resource(),
                             &name,
-                        ));
+                        )
+                        .after_warnings(&warnings));
                     }
                     let existing = current
                         .first()
@@ -258,7 +260,9 @@ impl Registry {
                     {
                         err.message = format!("object is being deleted: {}", err.message);
                     }
-                    return Err(err);
+                    // The kind's warnings were recorded before the write failed (upstream's
+                    // BeforeCreate), and go out with the error.
+                    return Err(err.after_warnings(&warnings));
                 }
             }
         }
