@@ -226,13 +226,53 @@ pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
     with_warnings(response, &error.warnings)
 }
 
-/// Adds one `Warning: 299 - "<text>"` header per distinct warning.
-pub fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+/// The most text (in characters) `Warning` headers carry before they are cut short, and what
+/// each is cut to from then on (upstream's recorder: `truncateAtTotalRunes`,
+/// `truncateItemRunes`).
+const WARNINGS_TOTAL_CHARS: usize = 4 * 1024;
+const WARNING_CUT_CHARS: usize = 256;
+
+/// The warnings a response carries, as upstream's recorder (`filters/warning.go`) keeps them:
+/// empty and repeated ones dropped; once their text would pass [`WARNINGS_TOTAL_CHARS`], every
+/// one (those kept so far too) cut to [`WARNING_CUT_CHARS`], and no more added once the cut
+/// texts reach the total.
+fn recorded_warnings(warnings: &[String]) -> Vec<&str> {
+    let cut = |text: &'_ str| -> (usize, usize) {
+        match text.char_indices().nth(WARNING_CUT_CHARS) {
+            Some((at, _)) => (at, WARNING_CUT_CHARS),
+            None => (text.len(), text.chars().count()),
+        }
+    };
     let mut seen = std::collections::HashSet::new();
-    for warning in warnings {
-        if !seen.insert(warning) {
+    let (mut kept, mut written, mut truncating) = (Vec::new(), 0, false);
+    for text in warnings.iter().map(String::as_str) {
+        if truncating && written >= WARNINGS_TOTAL_CHARS {
+            break;
+        }
+        if text.is_empty() || !seen.insert(text) {
             continue;
         }
+        kept.push(text);
+        let chars = text.chars().count();
+        if truncating {
+            written += cut(text).1;
+        } else if written + chars <= WARNINGS_TOTAL_CHARS {
+            written += chars;
+        } else {
+            truncating = true;
+            written = kept.iter().map(|t| cut(t).1).sum();
+        }
+    }
+    if truncating {
+        kept = kept.into_iter().map(|t| &t[..cut(t).0]).collect();
+    }
+    kept
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per distinct warning, bounded as upstream bounds
+/// them ([`recorded_warnings`]).
+pub fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for warning in recorded_warnings(warnings) {
         // Upstream escapes only `"` and `\`; Go's header writer turns line breaks into spaces.
         let escaped = warning
             .replace('\\', "\\\\")
@@ -483,4 +523,34 @@ pub fn table_bytes(
     }
     out.extend_from_slice(b"]}\n");
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_bounded_as_upstreams_recorder_bounds_them() {
+        let texts = |list: &[&str]| list.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        // Under the bound: every distinct, non-empty one, whole and in order.
+        let few = texts(&["a", "", "b", "a"]);
+        assert_eq!(recorded_warnings(&few), ["a", "b"]);
+        // Past it: all cut to 256 characters (those kept before too), none added once the
+        // cut texts reach 4 Ki. Characters, not bytes: a cut never splits one.
+        let long = "é".repeat(3000);
+        let many: Vec<String> = [long.clone(), long.clone() + "!"]
+            .into_iter()
+            .chain((0..100).map(|i| format!("{i:03}{}", "x".repeat(97))))
+            .collect();
+        let kept = recorded_warnings(&many);
+        assert_eq!(kept[0], "é".repeat(256));
+        assert_eq!(kept[1], "é".repeat(256), "the second is cut too");
+        assert_eq!(kept[2], many[2], "short ones stay whole");
+        let total: usize = kept.iter().map(|t| t.chars().count()).sum();
+        assert!(
+            (WARNINGS_TOTAL_CHARS..WARNINGS_TOTAL_CHARS + WARNING_CUT_CHARS).contains(&total),
+            "{total} characters kept"
+        );
+        assert_eq!(kept.len(), 2 + 36, "100-character warnings until 4 Ki");
+    }
 }

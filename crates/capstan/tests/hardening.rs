@@ -723,3 +723,39 @@ fn credentials_and_the_store_are_private_and_tightened_on_restart() {
     server.launch();
     check(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_stop_at_upstreams_bound_on_errors_too() {
+    let server = Server::start();
+    let client = server.client().await;
+    // 2,000 unknown fields in an invalid Service (no ports): 2,000 warnings of some 70
+    // characters each, far past the 4 Ki characters upstream's recorder lets through.
+    let mut spec = serde_json::Map::new();
+    for i in 0..2000 {
+        spec.insert(format!("unknown{i:04}{}", "x".repeat(40)), json!(1));
+    }
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "w"}, "spec": spec});
+    let (code, body, headers) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/services",
+        Some("application/json"),
+        serde_json::to_vec(&service).expect("encode"),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    let sent = common::warnings(&headers);
+    assert!(
+        sent.first()
+            .is_some_and(|w| w.starts_with("unknown field \"spec.unknown0000")),
+        "{sent:?}"
+    );
+    let chars: usize = sent.iter().map(|w| w.chars().count()).sum();
+    assert!(
+        chars <= 4096 + 256,
+        "{chars} characters in {} warnings",
+        sent.len()
+    );
+    no_panic(&server);
+}
