@@ -169,31 +169,24 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     let (good_ca, issuer) = ca();
     let (wrong_ca, _) = ca();
     server.ok(&["create", "namespace", "ext"]);
-    let backing = server.apply_file(
-        "backing.yaml",
+    server.apply("backing.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n"
-        ),
-    );
-    server.ok(&["apply", "-f", common::path_str(&backing)]);
+        ),);
     let _extension = start_extension(server.dir.path(), &netns.0, &issuer, &[]);
 
     // A caBundle that did not sign the backend's certificate: the check fails.
-    let registration = server.apply_file("apiservice.yaml", &apiservice(&wrong_ca));
-    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    server.apply("apiservice.yaml", &apiservice(&wrong_ca));
     wait_for(
         &server,
         "wrong caBundle reported",
         &["get", "apiservice", "v1alpha1.example.com"],
         |out| out.contains("False (FailedDiscoveryCheck)"),
     );
-    let message = server.ok(&[
-        "get",
-        "apiservice",
-        "v1alpha1.example.com",
-        "-o",
-        "jsonpath={.status.conditions[0].message}",
-    ]);
+    let message = server.jsonpath(
+        &["apiservice", "v1alpha1.example.com"],
+        "{.status.conditions[0].message}",
+    );
     assert!(
         message.starts_with(&format!(
             "failing or missing response from https://{EXTENSION_IP}:{EXTENSION_PORT}/apis/example.com/v1alpha1:"
@@ -208,8 +201,7 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     );
 
     // The right caBundle: available, discovered, proxied.
-    let registration = server.apply_file("apiservice.yaml", &apiservice(&good_ca));
-    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    server.apply("apiservice.yaml", &apiservice(&good_ca));
     wait_for(
         &server,
         "extension available",
@@ -222,13 +214,10 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
             })
         },
     );
-    let reason = server.ok(&[
-        "get",
-        "apiservice",
-        "v1alpha1.example.com",
-        "-o",
-        "jsonpath={.status.conditions[0].reason}/{.status.conditions[0].message}",
-    ]);
+    let reason = server.jsonpath(
+        &["apiservice", "v1alpha1.example.com"],
+        "{.status.conditions[0].reason}/{.status.conditions[0].message}",
+    );
     assert_eq!(reason, "Passed/all checks passed");
     let resources = server.ok(&["api-resources", "--api-group", "example.com"]);
     assert!(
@@ -339,13 +328,10 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
     );
     let (serving_ca, issuer) = ca();
     server.ok(&["create", "namespace", "ext"]);
-    let backing = server.apply_file(
-        "backing.yaml",
+    server.apply("backing.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: silent, namespace: ext}}\nspec: {{ports: [{{port: 9443, targetPort: 9443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: silent, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 9443}}]}}]\n"
-        ),
-    );
-    server.ok(&["apply", "-f", common::path_str(&backing)]);
+        ),);
     // The backend accepts only clients with a certificate from the front-proxy CA.
     let _extension = start_extension(
         server.dir.path(),
@@ -359,8 +345,7 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
             ),
         ],
     );
-    let registration = server.apply_file("apiservice.yaml", &apiservice(&serving_ca));
-    server.ok(&["apply", "-f", common::path_str(&registration)]);
+    server.apply("apiservice.yaml", &apiservice(&serving_ca));
     wait_for(
         &server,
         "extension available to a client with the proxy certificate",
@@ -386,11 +371,8 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
     );
 
     // A backend that takes connections and never says a word.
-    let silent = server.apply_file(
-        "silent.yaml",
-        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1.silent.example.com}\nspec: {group: silent.example.com, version: v1, groupPriorityMinimum: 1000, versionPriority: 15, insecureSkipTLSVerify: true, service: {name: silent, namespace: ext, port: 9443}}\n",
-    );
-    server.ok(&["apply", "-f", common::path_str(&silent)]);
+    server.apply("silent.yaml",
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1.silent.example.com}\nspec: {group: silent.example.com, version: v1, groupPriorityMinimum: 1000, versionPriority: 15, insecureSkipTLSVerify: true, service: {name: silent, namespace: ext, port: 9443}}\n",);
     let status = wait_for(
         &server,
         "silent backend reported",

@@ -89,8 +89,7 @@ fn setup(server: &Server) {
         let pod = format!(
             r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p{i}","namespace":"dz","labels":{{"app":"web"}}}},"spec":{{"hostname":"h{i}","subdomain":"hl","containers":[{{"name":"c","image":"x"}}]}}}}"#
         );
-        let path = server.apply_file(&format!("p{i}.json"), &pod);
-        server.ok(&["apply", "-f", common::path_str(&path)]);
+        server.apply(&format!("p{i}.json"), &pod);
         set_pod_status(server, i, i != 3);
     }
     // 500 endpoints in one slice of a selector-less headless Service.

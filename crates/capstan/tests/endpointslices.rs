@@ -44,14 +44,12 @@ fn serve_web(
 ) -> (Server, Vec<(String, String, bool)>) {
     let server = Server::start();
     let (yaml, pods) = manifests("web", count, not_ready);
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("pods.yaml", &yaml);
     for (name, ip, ready) in &pods {
         common::set_pod_status(&server, name, ip, *ready);
     }
     if service {
-        let file = server.apply_file("service.yaml", WEB_SERVICE);
-        server.ok(&["apply", "-f", common::path_str(&file)]);
+        server.apply("service.yaml", WEB_SERVICE);
     }
     (server, pods)
 }
@@ -77,8 +75,7 @@ fn create_web_services(server: &Server, count: usize) {
         .map(|i| WEB_SERVICE.replace("name: web}", &format!("name: web-{i}}}")))
         .collect::<Vec<_>>()
         .join("---\n");
-    let file = server.apply_file("services.yaml", &services);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("services.yaml", &services);
 }
 
 #[test]
@@ -173,13 +170,10 @@ fn kubectl_lists_watches_selects_and_describes_endpointslices() {
     let _ = watch.kill();
     let _ = watch.wait();
     assert!(updates >= 2, "the watch showed the slice {updates} times");
-    let ready = server.ok(&[
-        "get",
-        "endpointslice",
-        &name,
-        "-o",
-        "jsonpath={.endpoints[*].conditions.ready}",
-    ]);
+    let ready = server.jsonpath(
+        &["endpointslice", &name],
+        "{.endpoints[*].conditions.ready}",
+    );
     assert_eq!(ready, "true true true");
 }
 
@@ -198,8 +192,7 @@ fn garbage_collection_orphans_cascades_in_the_foreground_and_in_the_background()
     };
     for service in ["orphaned", "foreground", "background"] {
         let manifest = WEB_SERVICE.replace("name: web", &format!("name: {service}"));
-        let file = server.apply_file(&format!("{service}.yaml"), &manifest);
-        server.ok(&["apply", "-f", common::path_str(&file)]);
+        server.apply(&format!("{service}.yaml"), &manifest);
         wait_for(
             &server,
             "a slice owned by the Service",
@@ -251,8 +244,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
             .default_backoff()
             .for_each(|_| async {}),
     );
-    let file = server.apply_file("service.yaml", WEB_SERVICE);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("service.yaml", WEB_SERVICE);
 
     // Churn: readiness flips, deletions and new pods, while the reflector follows.
     for (i, (name, ip, ready)) in pods.iter_mut().enumerate() {
@@ -269,8 +261,7 @@ async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     let (more, extra) = manifests("web", 140, &[]);
     // Only the new pods (a document per object; the node and the first 120 are left out).
     let more: Vec<&str> = more.split("---\n").skip(121).collect();
-    let file = server.apply_file("more.yaml", &more.join("---\n"));
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("more.yaml", &more.join("---\n"));
     for (name, ip, ready) in extra.into_iter().skip(120) {
         common::set_pod_status(&server, &name, &ip, ready);
         pods.push((name, ip, ready));
@@ -384,14 +375,11 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
             addresses.join(", ")
         )
     };
-    let file = server.apply_file(
-        "ext.yaml",
+    server.apply("ext.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: ext}}\nspec: {{ports: [{{port: 5432}}]}}\n---\n{}",
             endpoints(&["192.0.2.30"])
-        ),
-    );
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+        ),);
     let slices_of = |service: &str, output: &str, what: &str, done: &dyn Fn(&str) -> bool| {
         let selector = format!("kubernetes.io/service-name={service}");
         let args = ["get", "endpointslices", "-l", &selector, "-o", output];
@@ -401,7 +389,7 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
         out.starts_with("endpointslice.discovery.k8s.io/ext-")
     });
     let name = name.trim().to_string();
-    let generate_name = server.ok(&["get", &name, "-o", "jsonpath={.metadata.generateName}"]);
+    let generate_name = server.jsonpath(&[&name], "{.metadata.generateName}");
     assert_eq!(generate_name, "ext-");
     server.ok(&[
         "patch",
@@ -410,8 +398,7 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
         "-p",
         r#"{"metadata":{"finalizers":["example.com/keep"]}}"#,
     ]);
-    let file = server.apply_file("ext2.yaml", &endpoints(&["192.0.2.30", "192.0.2.31"]));
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("ext2.yaml", &endpoints(&["192.0.2.30", "192.0.2.31"]));
     let slice = wait_for(
         &server,
         "the mirrored slice with both addresses",
@@ -428,14 +415,12 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
         "topology.kubernetes.io/zone: zone-a",
         "topology.kubernetes.io/zone: ''",
     );
-    let file = server.apply_file("pods.yaml", &yaml);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("pods.yaml", &yaml);
     for (pod, ip, ready) in &pods {
         common::set_pod_status(&server, pod, ip, *ready);
     }
     let service = WEB_SERVICE.replace("spec: {", "spec: {trafficDistribution: PreferSameNode, ");
-    let file = server.apply_file("service.yaml", &service);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("service.yaml", &service);
     let slice = slices_of("web", "json", "web's slice with its pod", &|out| {
         out.contains(&pods[0].1)
     });
@@ -458,11 +443,8 @@ fn a_services_selector_decides_whether_its_endpoints_are_mirrored() {
     let server = Server::start();
     let mirrored = "endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io,kubernetes.io/service-name=ext";
     let mirrored_slices = ["get", "endpointslices", "-l", mirrored, "-o", "name"];
-    let file = server.apply_file(
-        "ext.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {selector: {app: ext}, ports: [{port: 5432}]}\n",
-    );
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("ext.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {selector: {app: ext}, ports: [{port: 5432}]}\n",);
     // The endpoints controller's own (empty) Endpoints are not mirrored.
     wait_for(
         &server,
@@ -478,11 +460,8 @@ fn a_services_selector_decides_whether_its_endpoints_are_mirrored() {
         "-p",
         r#"[{"op": "remove", "path": "/spec/selector"}]"#,
     ]);
-    let file = server.apply_file(
-        "ext-endpoints.yaml",
-        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets: [{addresses: [{ip: 192.0.2.40}], ports: [{port: 5432}]}]\n",
-    );
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("ext-endpoints.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets: [{addresses: [{ip: 192.0.2.40}], ports: [{port: 5432}]}]\n",);
     wait_for(&server, "the mirrored slice", &mirrored_slices, |out| {
         out.starts_with("endpointslice.discovery.k8s.io/ext-")
     });
@@ -618,8 +597,7 @@ fn ports_come_in_upstreams_hash_order_in_endpoints_and_slices() {
     // the FNV-128a hash of each port's go-spew dump, not by name, number or the Service's order.
     let (server, _) = serve_web(1, &[], false);
     let service = "apiVersion: v1\nkind: Service\nmetadata: {name: multi}\nspec: {selector: {app: web}, ports: [{name: https, port: 443, targetPort: 8443}, {name: admin, port: 9000, targetPort: 9000}, {name: http, port: 80, targetPort: 8080}]}\n";
-    let file = server.apply_file("multi.yaml", service);
-    server.ok(&["apply", "-f", common::path_str(&file)]);
+    server.apply("multi.yaml", service);
     let endpoints = "jsonpath={.subsets[0].ports[*].name}";
     let slice = "jsonpath={.items[0].ports[*].name}";
     let selector = "kubernetes.io/service-name=multi";

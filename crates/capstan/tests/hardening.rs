@@ -251,13 +251,7 @@ async fn a_json_patch_that_copies_a_map_into_itself_is_refused_at_the_copy_limit
     let after = server.rss_kib().expect("rss");
     // Before the copy limit this took 2.4 GB; 3 MiB of copies now cost tens of MB at most.
     assert!(after < before + 300 * 1024, "RSS {before} → {after} KiB");
-    let annotations = server.ok(&[
-        "get",
-        "service",
-        "b",
-        "-o",
-        "jsonpath={.metadata.annotations}",
-    ]);
+    let annotations = server.jsonpath(&["service", "b"], "{.metadata.annotations}");
     assert_eq!(annotations, "", "nothing was stored");
     no_panic(&server);
 }
@@ -316,13 +310,7 @@ async fn objects_larger_than_the_store_takes_are_refused_as_etcd_refuses_them() 
         );
         assert!(body.get("reason").is_none(), "{body}");
     }
-    let stored = server.ok(&[
-        "get",
-        "service",
-        "big",
-        "-o",
-        "jsonpath={.metadata.finalizers}",
-    ]);
+    let stored = server.jsonpath(&["service", "big"], "{.metadata.finalizers}");
     assert_eq!(stored, "", "nothing was stored");
     no_panic(&server);
 }
@@ -620,11 +608,8 @@ async fn a_client_that_stops_reading_a_response_loses_its_slot_at_the_request_de
 #[test]
 fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
     let server = Server::start();
-    let pods = server.apply_file(
-        "pods.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: good, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n",
-    );
-    server.ok(&["apply", "-f", common::path_str(&pods)]);
+    server.apply("pods.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: good, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n",);
     let status = |ip: &str| {
         format!(
             "{{\"status\":{{\"podIP\":\"{ip}\",\"podIPs\":[{{\"ip\":\"{ip}\"}}],\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\"}}]}}}}"
@@ -654,13 +639,7 @@ fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut ips = String::new();
     while Instant::now() < deadline {
-        ips = server.ok(&[
-            "get",
-            "endpoints",
-            "pz",
-            "-o",
-            "jsonpath={.subsets[*].addresses[*].ip}",
-        ]);
+        ips = server.jsonpath(&["endpoints", "pz"], "{.subsets[*].addresses[*].ip}");
         if !ips.is_empty() {
             break;
         }

@@ -114,13 +114,7 @@ async fn watch_from_a_too_old_revision_is_an_error_event() {
     // After a restart the watch cache starts at the current revision: revision 1 is history.
     server.restart();
     let client = server.client().await;
-    let current = server.ok(&[
-        "get",
-        "svc",
-        "old",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
+    let current = server.jsonpath(&["svc", "old"], "{.metadata.resourceVersion}");
     let (code, body, _) = raw(
         &client,
         "GET",

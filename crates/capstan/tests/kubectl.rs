@@ -222,7 +222,7 @@ fn selectors_follow_each_write() {
         names(&["-l", "tier=cache", "--field-selector", "spec.type=NodePort"]),
         "service/db"
     );
-    let ip = server.ok(&["get", "svc", "db", "-o", "jsonpath={.spec.clusterIP}"]);
+    let ip = server.jsonpath(&["svc", "db"], "{.spec.clusterIP}");
     let by_ip = format!("spec.clusterIP={}", ip.trim());
     assert_eq!(names(&["--field-selector", &by_ip]), "service/db");
     server.ok(&["patch", "svc", "db", "--type=json", "-p",
@@ -442,11 +442,11 @@ fn stale_replace_conflicts_and_status_is_ignored_on_the_main_resource() {
 fn services_survive_a_restart_and_sigterm_exits_cleanly() {
     let mut server = Server::start();
     server.ok(&["create", "service", "clusterip", "keep", "--tcp=80:80"]);
-    let before = server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]);
+    let before = server.jsonpath(&["svc", "keep"], "{.spec.clusterIP}");
     assert_eq!(server.stop(), Some(0), "SIGTERM exits 0: {}", server.log());
     server.launch();
     assert_eq!(
-        server.ok(&["get", "svc", "keep", "-o", "jsonpath={.spec.clusterIP}"]),
+        server.jsonpath(&["svc", "keep"], "{.spec.clusterIP}"),
         before
     );
     let ns = server.ok(&["get", "ns", "-o", "name"]);
@@ -522,7 +522,7 @@ subsets: [{addresses: [{ip: 192.0.2.10}], ports: [{port: 5432}]}]
 
     // The DELETE answers at once; the namespace is Terminating and takes no new content.
     server.ok(&["delete", "namespace", "life", "--wait=false"]);
-    let phase = server.ok(&["get", "ns", "life", "-o", "jsonpath={.status.phase}"]);
+    let phase = server.jsonpath(&["ns", "life"], "{.status.phase}");
     assert_eq!(phase, "Terminating");
     let refused = server.fails(&[
         "-n",
@@ -591,13 +591,7 @@ fn serves_services_from_etcd() {
         "service/web"
     );
     assert_eq!(
-        server.ok(&[
-            "get",
-            "svc",
-            "kubernetes",
-            "-o",
-            "jsonpath={.spec.clusterIP}"
-        ]),
+        server.jsonpath(&["svc", "kubernetes"], "{.spec.clusterIP}"),
         "10.96.0.1"
     );
 }
@@ -651,9 +645,9 @@ fn dual_stack_expose_style_manifests_and_kubectl_error_text() {
         "apiVersion: v1\nkind: Service\nmetadata: {name: ds}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {app: ds}\n  ports: [{port: 80}]\n",
     );
     server.ok(&["create", "-f", path_str(&dual)]);
-    let families = server.ok(&["get", "svc", "ds", "-o", "jsonpath={.spec.ipFamilies}"]);
+    let families = server.jsonpath(&["svc", "ds"], "{.spec.ipFamilies}");
     assert_eq!(families, r#"["IPv4","IPv6"]"#);
-    let ips = server.ok(&["get", "svc", "ds", "-o", "jsonpath={.spec.clusterIPs[1]}"]);
+    let ips = server.jsonpath(&["svc", "ds"], "{.spec.clusterIPs[1]}");
     assert!(ips.starts_with("fd00:10:96::"), "{ips}");
     // What `kubectl expose deployment web --port=80 --target-port=8080` sends.
     let expose = server.apply_file(
@@ -710,14 +704,7 @@ fn the_kubernetes_service_comes_back_when_deleted_or_edited() {
         r#"{"spec":{"ports":[{"name":"https","port":8443,"protocol":"TCP","targetPort":6443}]}}"#,
     ]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
-    while server.ok(&[
-        "get",
-        "svc",
-        "kubernetes",
-        "-o",
-        "jsonpath={.spec.ports[0].port}",
-    ]) != "443"
-    {
+    while server.jsonpath(&["svc", "kubernetes"], "{.spec.ports[0].port}") != "443" {
         assert!(
             std::time::Instant::now() < deadline,
             "the kubernetes Service's port was not put back"
@@ -729,15 +716,11 @@ fn the_kubernetes_service_comes_back_when_deleted_or_edited() {
 #[test]
 fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
     let server = Server::start();
-    let first = server.apply_file(
+    let created = server.apply(
         "apply.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: app, labels: {app: app}}\nspec:\n  selector: {app: app}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n",
     );
-    assert!(
-        server
-            .ok(&["apply", "-f", path_str(&first)])
-            .contains("service/app created")
-    );
+    assert!(created.contains("service/app created"), "{created}");
     // A strategic merge patch adds a port (merge key: port); upstream's list merge puts an
     // item the live list lacks before the live ones.
     server.ok(&[
@@ -747,18 +730,15 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
         "-p",
         r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
     ]);
-    let ports = server.ok(&["get", "svc", "app", "-o", "jsonpath={.spec.ports[*].port}"]);
+    let ports = server.jsonpath(&["svc", "app"], "{.spec.ports[*].port}");
     assert_eq!(ports, "443 80");
     // Re-applying a changed manifest: kubectl computes a three-way patch from the
     // last-applied annotation; fields the manifest dropped go, fields it never had stay.
-    let second = server.apply_file(
-        "apply.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: app, labels: {app: app, tier: web}}\nspec:\n  selector: {app: app}\n  ports:\n  - {name: http, port: 80, targetPort: 9090}\n",
-    );
+    let second = "apiVersion: v1\nkind: Service\nmetadata: {name: app, labels: {app: app, tier: web}}\nspec:\n  selector: {app: app}\n  ports:\n  - {name: http, port: 80, targetPort: 9090}\n";
+    let configured = server.apply("apply.yaml", second);
     assert!(
-        server
-            .ok(&["apply", "-f", path_str(&second)])
-            .contains("service/app configured")
+        configured.contains("service/app configured"),
+        "{configured}"
     );
     let object: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "svc", "app", "-o", "json"])).expect("json");
@@ -776,21 +756,9 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
     );
     // Applying the same manifest again changes nothing: not even the resourceVersion (kubectl
     // still sends a `$setElementOrder` patch here, as it would to kube-apiserver).
-    let before = server.ok(&[
-        "get",
-        "svc",
-        "app",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
-    server.ok(&["apply", "-f", path_str(&second)]);
-    let after = server.ok(&[
-        "get",
-        "svc",
-        "app",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
+    let before = server.jsonpath(&["svc", "app"], "{.metadata.resourceVersion}");
+    server.apply("apply.yaml", second);
+    let after = server.jsonpath(&["svc", "app"], "{.metadata.resourceVersion}");
     assert_eq!(before, after);
 }
 
@@ -818,13 +786,7 @@ fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
         "{table}"
     );
     assert_eq!(
-        server.ok(&[
-            "get",
-            "ep",
-            "db",
-            "-o",
-            "jsonpath={.subsets[0].ports[0].protocol}"
-        ]),
+        server.jsonpath(&["ep", "db"], "{.subsets[0].ports[0].protocol}"),
         "TCP"
     );
     let bad = server.apply_file(
@@ -854,18 +816,12 @@ fn the_endpoints_controller_follows_pods_and_services() {
         ("p2", "10.244.0.12", true),
         ("p3", "10.244.0.13", false),
     ] {
-        let pod = server.apply_file(
-            &format!("{name}.yaml"),
-            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),
-        );
-        server.ok(&["apply", "-f", path_str(&pod)]);
+        server.apply(&format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),);
         common::set_pod_status(&server, name, ip, ready);
     }
-    let service = server.apply_file(
-        "web.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n",
-    );
-    server.ok(&["apply", "-f", path_str(&service)]);
+    server.apply("web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n",);
     let wait_for = |jsonpath: &str, want: &str| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
@@ -914,18 +870,12 @@ fn the_endpoints_controller_follows_pods_and_services() {
 #[test]
 fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
     let mut server = Server::start();
-    let pod = server.apply_file(
-        "p.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",
-    );
-    server.ok(&["apply", "-f", path_str(&pod)]);
+    server.apply("p.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",);
     server.ok(&["patch", "pod", "p", "--subresource=status", "--type=merge", "-p",
         r#"{"status":{"phase":"Running","podIP":"10.244.1.1","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#]);
-    let service = server.apply_file(
-        "r.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",
-    );
-    server.ok(&["apply", "-f", path_str(&service)]);
+    server.apply("r.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while server
         .kubectl(&[
@@ -952,22 +902,10 @@ fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
         r"jsonpath={.metadata.annotations.endpoints\.kubernetes\.io/last-change-trigger-time}",
     ]);
     assert!(!trigger.is_empty(), "the trigger-time annotation is set");
-    let before = server.ok(&[
-        "get",
-        "ep",
-        "r",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
+    let before = server.jsonpath(&["ep", "r"], "{.metadata.resourceVersion}");
     server.restart();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let after = server.ok(&[
-        "get",
-        "ep",
-        "r",
-        "-o",
-        "jsonpath={.metadata.resourceVersion}",
-    ]);
+    let after = server.jsonpath(&["ep", "r"], "{.metadata.resourceVersion}");
     assert_eq!(
         before, after,
         "unchanged Endpoints are not rewritten after a restart"
@@ -1021,13 +959,7 @@ fn server_side_apply_with_two_managers_a_conflict_and_force() {
         "{err}"
     );
     assert_eq!(
-        server.ok(&[
-            "get",
-            "svc",
-            "ssa",
-            "-o",
-            "jsonpath={.spec.ports[0].targetPort}"
-        ]),
+        server.jsonpath(&["svc", "ssa"], "{.spec.ports[0].targetPort}"),
         "8080"
     );
     // --force-conflicts takes the field over; bob's config has no metrics port, but alice
@@ -1041,13 +973,7 @@ fn server_side_apply_with_two_managers_a_conflict_and_force() {
         path_str(&second),
     ]);
     assert_eq!(
-        server.ok(&[
-            "get",
-            "svc",
-            "ssa",
-            "-o",
-            "jsonpath={.spec.ports[*].targetPort}"
-        ]),
+        server.jsonpath(&["svc", "ssa"], "{.spec.ports[*].targetPort}"),
         "9999 9100"
     );
     // Alice drops the metrics port from her config: no one else owns it, so it goes.
@@ -1060,7 +986,7 @@ fn server_side_apply_with_two_managers_a_conflict_and_force() {
         path_str(&third),
     ]);
     assert_eq!(
-        server.ok(&["get", "svc", "ssa", "-o", "jsonpath={.spec.ports[*].port}"]),
+        server.jsonpath(&["svc", "ssa"], "{.spec.ports[*].port}"),
         "80"
     );
     // A client-side change is an Update by another manager; applying over it conflicts with
@@ -1091,7 +1017,10 @@ fn the_kubernetes_endpoints_publish_the_advertised_address() {
     drop(server);
     let server = Server::start_with(&["--advertise-address", "10.20.30.40"]);
     let port = server.port.to_string();
-    let out = server.ok(&["get", "ep", "kubernetes", "-o", "jsonpath={.subsets[0].addresses[0].ip} {.subsets[0].ports[0].name} {.subsets[0].ports[0].port}"]);
+    let out = server.jsonpath(
+        &["ep", "kubernetes"],
+        "{.subsets[0].addresses[0].ip} {.subsets[0].ports[0].name} {.subsets[0].ports[0].port}",
+    );
     assert_eq!(out, format!("10.20.30.40 https {port}"));
     // The endpoints controller leaves them alone (the Service has no selector).
     let table = server.ok(&["get", "ep", "kubernetes"]);
@@ -1138,13 +1067,7 @@ fn kubectl_edit_diff_label_annotate_set_selector_and_patch_types() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
-        server.ok(&[
-            "get",
-            "svc",
-            "web",
-            "-o",
-            "jsonpath={.spec.sessionAffinity}"
-        ]),
+        server.jsonpath(&["svc", "web"], "{.spec.sessionAffinity}"),
         "ClientIP"
     );
     let diff = server.kubectl(&["diff", "-f", common::path_str(&manifest)]);
@@ -1211,13 +1134,10 @@ fn kubectl_edit_diff_label_annotate_set_selector_and_patch_types() {
         r#"{"spec":{"ports":[{"name":"metrics","port":9100}]}}"#,
     ]);
     assert_eq!(
-        server.ok(&[
-            "get",
-            "svc",
-            "web",
-            "-o",
-            "jsonpath={.spec.ports[*].targetPort} {.metadata.labels.m}"
-        ]),
+        server.jsonpath(
+            &["svc", "web"],
+            "{.spec.ports[*].targetPort} {.metadata.labels.m}"
+        ),
         "9100 9090 1",
         "the strategic patch's new port goes first, as upstream's list merge puts it"
     );

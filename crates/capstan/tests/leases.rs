@@ -74,7 +74,7 @@ fn kubectl_creates_lists_describes_and_deletes_leases() {
         "{described}"
     );
     // MicroTime keeps its microseconds.
-    let renewed = server.ok(&["get", "lease", "node-a", "-o", "jsonpath={.spec.renewTime}"]);
+    let renewed = server.jsonpath(&["lease", "node-a"], "{.spec.renewTime}");
     assert_eq!(renewed, "2026-11-26T10:00:00.123456Z");
     let zero = r#"{"spec":{"leaseDurationSeconds":0}}"#;
     let refused = server.fails(&["patch", "lease", "node-a", "--type=merge", "-p", zero]);

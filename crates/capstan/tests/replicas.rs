@@ -256,12 +256,7 @@ fn a_watch_resumes_on_another_replica_without_gaps_or_repeats() {
         a.ok(&["create", "service", "clusterip", name, "--tcp=80"]);
     }
     // What a watcher on A saw last: the first create.
-    let seen = a.ok(&[
-        "get",
-        "svc",
-        "-o",
-        "jsonpath={.items[0].metadata.resourceVersion}",
-    ]);
+    let seen = a.jsonpath(&["svc"], "{.items[0].metadata.resourceVersion}");
     a.ok(&["delete", "service", "first"]);
     // The watcher saw `first` on A; it goes on from there on B.
     let path = format!(

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use capstan_storage::{
-    Compare, EventKind, KeyValue, Op, RangeRequest, Revision, Storage, StorageError, Txn,
-    TxnOutcome, WatchStream,
+    Compare, EventKind, KeyValue, Op, RangeRequest, RangeResponse, Revision, Storage, StorageError,
+    Txn, TxnOutcome, WatchStream,
 };
 
 // ---- engines ---------------------------------------------------------------------------------
@@ -212,6 +212,24 @@ async fn assert_quiet(watch: &mut WatchStream) {
     assert!(got.is_err(), "expected no event, got {got:?}");
 }
 
+/// A read of every key under `prefix`; cases set the other fields on it.
+fn under(prefix: &str) -> RangeRequest {
+    RangeRequest {
+        prefix: prefix.into(),
+        ..Default::default()
+    }
+}
+
+/// A range read that must succeed.
+async fn range_ok(store: &Arc<dyn Storage>, request: RangeRequest) -> RangeResponse {
+    store.range(request).await.unwrap()
+}
+
+/// The keys a range read returned, in its order.
+fn keys(range: &RangeResponse) -> Vec<&str> {
+    range.kvs.iter().map(|kv| &*kv.key).collect()
+}
+
 fn text(kv: &KeyValue) -> &str {
     std::str::from_utf8(&kv.value).unwrap()
 }
@@ -335,30 +353,26 @@ mod cases {
         for n in [7, 3, 9, 1, 5, 2, 8, 4, 6, 0] {
             put_ok(&store, &format!("p/k{n}"), &n.to_string()).await;
         }
-        let all = store
-            .range(RangeRequest {
-                prefix: "p/".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let keys: Vec<&str> = all.kvs.iter().map(|kv| &*kv.key).collect();
-        assert_eq!(keys, (0..10).map(|n| format!("p/k{n}")).collect::<Vec<_>>());
+        let all = range_ok(&store, under("p/")).await;
+        assert_eq!(
+            keys(&all),
+            (0..10).map(|n| format!("p/k{n}")).collect::<Vec<_>>()
+        );
         assert!(!all.more);
         assert_eq!(all.remaining, 0);
 
         let mut pages = Vec::new();
         let mut start_after = None;
         loop {
-            let page = store
-                .range(RangeRequest {
-                    prefix: "p/".into(),
+            let page = range_ok(
+                &store,
+                RangeRequest {
                     start_after: start_after.clone(),
                     limit: 4,
-                    at_revision: None,
-                })
-                .await
-                .unwrap();
+                    ..under("p/")
+                },
+            )
+            .await;
             pages.push((page.kvs.len(), page.more, page.remaining));
             start_after = page.kvs.last().map(|kv| kv.key.to_string());
             if !page.more {
@@ -373,28 +387,29 @@ mod cases {
         for n in 0..6 {
             put_ok(&store, &format!("s/k{n}"), "old").await;
         }
-        let first = store
-            .range(RangeRequest {
-                prefix: "s/".into(),
+        let first = range_ok(
+            &store,
+            RangeRequest {
                 limit: 3,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+                ..under("s/")
+            },
+        )
+        .await;
         let snapshot = first.revision;
         // Writes after the first page must not show in later pages read at its revision.
         put_ok(&store, "s/k4", "new").await;
         commit(&store, Txn::new().then(Op::Delete("s/k5".into()))).await;
         put_ok(&store, "s/k3a", "new").await;
-        let second = store
-            .range(RangeRequest {
-                prefix: "s/".into(),
+        let second = range_ok(
+            &store,
+            RangeRequest {
                 start_after: first.kvs.last().map(|kv| kv.key.to_string()),
                 limit: 3,
                 at_revision: Some(snapshot),
-            })
-            .await
-            .unwrap();
+                ..under("s/")
+            },
+        )
+        .await;
         assert_eq!(second.revision, snapshot);
         let seen: Vec<(&str, &str)> = second.kvs.iter().map(|kv| (&*kv.key, text(kv))).collect();
         assert_eq!(
@@ -404,15 +419,15 @@ mod cases {
         assert!(!second.more);
 
         // An old snapshot counts what remained then, not now.
-        let counted = store
-            .range(RangeRequest {
-                prefix: "s/".into(),
+        let counted = range_ok(
+            &store,
+            RangeRequest {
                 limit: 1,
                 at_revision: Some(snapshot),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+                ..under("s/")
+            },
+        )
+        .await;
         assert_eq!(counted.remaining, 5);
     }
 
@@ -422,24 +437,17 @@ mod cases {
         put_ok(&store, "a0", "outside").await;
         put_ok(&store, "a/y", "2").await;
         put_ok(&store, "b/x", "outside").await;
-        let got = store
-            .range(RangeRequest {
-                prefix: "a/".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let keys: Vec<&str> = got.kvs.iter().map(|kv| &*kv.key).collect();
-        assert_eq!(keys, vec!["a/x", "a/y"]);
+        let got = range_ok(&store, under("a/")).await;
+        assert_eq!(keys(&got), vec!["a/x", "a/y"]);
         // A start point past the prefix yields nothing rather than failing.
-        let past = store
-            .range(RangeRequest {
-                prefix: "a/".into(),
+        let past = range_ok(
+            &store,
+            RangeRequest {
                 start_after: Some("zzz".into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+                ..under("a/")
+            },
+        )
+        .await;
         assert!(past.kvs.is_empty() && !past.more);
     }
 

@@ -197,6 +197,21 @@ impl Server {
         path
     }
 
+    /// `kubectl get <what> -o jsonpath=<path>`.
+    pub fn jsonpath(&self, what: &[&str], path: &str) -> String {
+        let path = format!("jsonpath={path}");
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        args.extend(["-o", &path]);
+        self.ok(&args)
+    }
+
+    /// Writes `contents` to the manifest `name` and `kubectl apply`s it; kubectl's output.
+    pub fn apply(&self, name: &str, contents: &str) -> String {
+        let path = self.apply_file(name, contents);
+        self.ok(&["apply", "-f", path_str(&path)])
+    }
+
     pub fn token(&self) -> String {
         std::fs::read_to_string(self.data_dir().join("admin.token"))
             .expect("token")
