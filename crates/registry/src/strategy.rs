@@ -511,7 +511,12 @@ impl<S: Strategy> DynStrategy for S {
             }
             (Some(old), Subresource::Main) => {
                 Strategy::prepare_for_update(self, new, old);
-                let extras = Strategy::allocate(self, storage, new, Some(old), dry_run).await?;
+                // Upstream's BeforeUpdate records them before BeginUpdate allocates: a refused
+                // allocation, or a failed write, goes out with them.
+                warnings = Strategy::warnings(self, new);
+                let extras = Strategy::allocate(self, storage, new, Some(old), dry_run)
+                    .await
+                    .map_err(|error| error.after_warnings(&warnings))?;
                 (extras, Strategy::validate_update(self, new, old))
             }
             (Some(old), Subresource::Status) => {

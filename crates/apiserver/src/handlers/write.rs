@@ -138,9 +138,12 @@ pub(super) async fn patch_object(
         name.to_string(),
     );
     let body_len = bytes.len();
-    let (patched, mut warnings) = call
+    // The patched object's unknown fields, once it decoded: upstream records them then, so a
+    // write refused afterwards (invalid, conflicting) goes out with them.
+    let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let problems_of = recorded.clone();
+    let result = call
         .finish(body_len, async move {
-            let warnings = std::sync::Mutex::new(Vec::<String>::new());
             let input = PatchInput {
                 patch_type,
                 bytes: &bytes,
@@ -150,19 +153,17 @@ pub(super) async fn patch_object(
                 namespace: &namespace,
                 validation,
             };
-            let patched = registry
+            registry
                 .patch_viewed(&namespace, &owned_name, &options, subresource, |current| {
                     let (result, view, problems) = patched_object(&input, current)?;
-                    *warnings.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                    *problems_of.lock().unwrap_or_else(|e| e.into_inner()) = problems;
                     Ok((result, view))
                 })
-                .await?;
-            Ok((
-                patched,
-                warnings.into_inner().unwrap_or_else(|e| e.into_inner()),
-            ))
+                .await
         })
-        .await?;
+        .await;
+    let mut warnings = std::mem::take(&mut *recorded.lock().unwrap_or_else(|e| e.into_inner()));
+    let patched = result.map_err(|error| error.after_warnings(&warnings))?;
     if subresource == Subresource::Main {
         warnings.extend(request.registry.strategy().warnings(&patched));
     }

@@ -499,7 +499,7 @@ impl Registry {
             let Admitted {
                 extras,
                 errors: invalid,
-                ..
+                warnings,
             } = self
                 .strategy
                 .admit(
@@ -560,7 +560,8 @@ impl Registry {
                 )?
                 .0
             };
-            match self.storage.txn(txn).await.map_err(storage_error)? {
+            let written = self.storage.txn(txn).await;
+            match written.map_err(|error| storage_error(error).after_warnings(&warnings))? {
                 TxnOutcome::Committed { revision, .. } => {
                     // A typed write's caller has the detached members: they are not returned.
                     view.detached().strip(&mut new);
@@ -571,7 +572,8 @@ impl Registry {
                         c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision)
                     });
                     if object_moved && on_conflict == OnConflict::Fail {
-                        return Err(ApiError::modified(info.group_resource(), name));
+                        let modified = ApiError::modified(info.group_resource(), name);
+                        return Err(modified.after_warnings(&warnings));
                     }
                     continue;
                 }
@@ -672,29 +674,4 @@ pub(super) type Encoded = (Bytes, Option<meta::StoredLayout>);
 fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {
     meta::set_meta_str(&mut object, "resourceVersion", &revision.to_string());
     object
-}
-
-fn generate_name(prefix: &str) -> String {
-    let mut cut = prefix.len().min(58);
-    while !prefix.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let mut name = prefix[..cut].to_string();
-    for _ in 0..5 {
-        name.push(NAME_ALPHABET[fastrand::usize(..NAME_ALPHABET.len())] as char);
-    }
-    name
-}
-
-#[cfg(test)]
-mod tests {
-    use super::generate_name;
-
-    #[test]
-    fn generated_names_use_upstreams_alphabet() {
-        let name = generate_name("gen-");
-        assert_eq!(name.len(), 9);
-        assert!(name[4..].bytes().all(|c| super::NAME_ALPHABET.contains(&c)));
-        assert_eq!(generate_name(&"a".repeat(70)).len(), 63);
-    }
 }

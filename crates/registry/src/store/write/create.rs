@@ -296,10 +296,31 @@ impl ManagedFields {
     }
 }
 
+/// `prefix` (cut to leave room) and five random characters of upstream's alphabet.
+fn generate_name(prefix: &str) -> String {
+    let mut cut = prefix.len().min(58);
+    while !prefix.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut name = prefix[..cut].to_string();
+    for _ in 0..5 {
+        name.push(NAME_ALPHABET[fastrand::usize(..NAME_ALPHABET.len())] as char);
+    }
+    name
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ManagedFields;
+    use super::{ManagedFields, NAME_ALPHABET, generate_name};
     use serde_json::json;
+
+    #[test]
+    fn generated_names_use_upstreams_alphabet() {
+        let name = generate_name("gen-");
+        assert_eq!(name.len(), 9);
+        assert!(name[4..].bytes().all(|c| NAME_ALPHABET.contains(&c)));
+        assert_eq!(generate_name(&"a".repeat(70)).len(), 63);
+    }
 
     #[test]
     fn managed_fields_set_aside_go_back_where_they_were() {
