@@ -82,6 +82,8 @@ fn ca() -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
 /// Starts the extension server in the namespace, with a serving certificate from `issuer`
 /// and extra environment (`CAPSTAN_EXTENSION_CLIENT_CA`: require client certificates from
 /// that CA; `CAPSTAN_EXTENSION_SILENT_ADDR`: also accept connections there and never answer).
+/// It counts, in the file [`broken_connections`] reads, the connections its clients closed
+/// after a request and before its answer.
 fn start_extension(
     dir: &std::path::Path,
     netns: &str,
@@ -114,12 +116,21 @@ fn start_extension(
         )
         .env("CAPSTAN_EXTENSION_CERT", &cert_path)
         .env("CAPSTAN_EXTENSION_KEY", &key_path)
+        .env("CAPSTAN_EXTENSION_BROKEN", dir.join("broken"))
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("extension server starts");
     Extension(child)
+}
+
+/// How many connections the extension's clients closed after a request and before its answer.
+fn broken_connections(dir: &std::path::Path) -> u64 {
+    std::fs::read_to_string(dir.join("broken"))
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn wait_for(server: &Server, what: &str, args: &[&str], wanted: impl Fn(&str) -> bool) -> String {
@@ -169,10 +180,12 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     let (good_ca, issuer) = ca();
     let (wrong_ca, _) = ca();
     server.ok(&["create", "namespace", "ext"]);
-    server.apply("backing.yaml",
+    server.apply(
+        "backing.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n"
-        ),);
+        ),
+    );
     let _extension = start_extension(server.dir.path(), &netns.0, &issuer, &[]);
 
     // A caBundle that did not sign the backend's certificate: the check fails.
@@ -219,6 +232,10 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
         "{.status.conditions[0].reason}/{.status.conditions[0].message}",
     );
     assert_eq!(reason, "Passed/all checks passed");
+    // The probe's other attempts were answered too, not cut off once one passed (as
+    // upstream's goroutines run to their end): the last of them answers 400 ms late.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(broken_connections(server.dir.path()), 0);
     let resources = server.ok(&["api-resources", "--api-group", "example.com"]);
     assert!(
         resources.contains("widgets") && resources.contains("example.com/v1alpha1"),
@@ -328,10 +345,12 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
     );
     let (serving_ca, issuer) = ca();
     server.ok(&["create", "namespace", "ext"]);
-    server.apply("backing.yaml",
+    server.apply(
+        "backing.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: silent, namespace: ext}}\nspec: {{ports: [{{port: 9443, targetPort: 9443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: silent, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 9443}}]}}]\n"
-        ),);
+        ),
+    );
     // The backend accepts only clients with a certificate from the front-proxy CA.
     let _extension = start_extension(
         server.dir.path(),
@@ -371,8 +390,10 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
     );
 
     // A backend that takes connections and never says a word.
-    server.apply("silent.yaml",
-        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1.silent.example.com}\nspec: {group: silent.example.com, version: v1, groupPriorityMinimum: 1000, versionPriority: 15, insecureSkipTLSVerify: true, service: {name: silent, namespace: ext, port: 9443}}\n",);
+    server.apply(
+        "silent.yaml",
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1.silent.example.com}\nspec: {group: silent.example.com, version: v1, groupPriorityMinimum: 1000, versionPriority: 15, insecureSkipTLSVerify: true, service: {name: silent, namespace: ext, port: 9443}}\n",
+    );
     let status = wait_for(
         &server,
         "silent backend reported",
@@ -422,13 +443,25 @@ fn extension_api_server() {
         runtime.spawn(extension::silent(silent));
     }
     let client_ca = std::env::var("CAPSTAN_EXTENSION_CLIENT_CA").ok();
-    runtime.block_on(extension::serve(&addr, &cert, &key, client_ca.as_deref()));
+    let broken = std::env::var("CAPSTAN_EXTENSION_BROKEN").ok();
+    runtime.block_on(extension::serve(
+        &addr,
+        &cert,
+        &key,
+        client_ca.as_deref(),
+        broken,
+    ));
 }
 
 mod extension {
     use std::convert::Infallible;
+    use std::pin::Pin;
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::task::{Context, Poll};
     use std::time::Duration;
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
     use bytes::Bytes;
     use futures_util::StreamExt;
@@ -466,6 +499,10 @@ mod extension {
             "/apis/example.com" => json_body(json!({"kind": "APIGroup", "apiVersion": "v1",
                 "name": "example.com", "versions": [version], "preferredVersion": version})),
             "/apis/example.com/v1alpha1" => {
+                // Of each five discovery requests (an availability probe's attempts), all but
+                // one answer late: the probe has its answer while the others are in flight.
+                let n = DISCOVERIES.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100 * (n % 5))).await;
                 json_body(json!({"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": "example.com/v1alpha1", "resources": [
                     {"name": "widgets", "singularName": "widget", "namespaced": false, "kind": "Widget", "verbs": ["get", "list", "watch"]},
@@ -513,7 +550,75 @@ mod extension {
         }
     }
 
-    pub async fn serve(addr: &str, cert: &str, key: &str, client_ca: Option<&str>) {
+    static DISCOVERIES: AtomicU64 = AtomicU64::new(0);
+
+    /// A connection, counting what was read and written on it; dropped having read a request
+    /// and written nothing, it counts as broken in the file `broken` names.
+    struct Counted<T> {
+        io: T,
+        read: u64,
+        written: u64,
+        broken: Arc<Option<(String, AtomicU64)>>,
+    }
+
+    impl<T> Drop for Counted<T> {
+        fn drop(&mut self) {
+            if let Some((path, count)) = self.broken.as_ref()
+                && self.read > 0
+                && self.written == 0
+            {
+                let now = count.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = std::fs::write(path, now.to_string());
+            }
+        }
+    }
+
+    impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let before = buf.filled().len();
+            let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+            self.read += (buf.filled().len() - before) as u64;
+            polled
+        }
+    }
+
+    impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let polled = Pin::new(&mut self.io).poll_write(cx, data);
+            if let Poll::Ready(Ok(n)) = polled {
+                self.written += n as u64;
+            }
+            polled
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    pub async fn serve(
+        addr: &str,
+        cert: &str,
+        key: &str,
+        client_ca: Option<&str>,
+        broken: Option<String>,
+    ) {
+        let broken = Arc::new(broken.map(|path| (path, AtomicU64::new(0))));
         let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert)
             .expect("cert file")
             .map(|c| c.expect("cert"))
@@ -546,7 +651,7 @@ mod extension {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let acceptor = acceptor.clone();
+            let (acceptor, broken) = (acceptor.clone(), broken.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(stream).await else {
                     return;
@@ -554,7 +659,12 @@ mod extension {
                 let client_certificate = tls.get_ref().1.peer_certificates().is_some();
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(
-                        hyper_util::rt::TokioIo::new(tls),
+                        hyper_util::rt::TokioIo::new(Counted {
+                            io: tls,
+                            read: 0,
+                            written: 0,
+                            broken,
+                        }),
                         hyper::service::service_fn(move |request| {
                             handle(request, client_certificate)
                         }),

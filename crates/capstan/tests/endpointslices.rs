@@ -375,11 +375,13 @@ fn mirrored_slices_are_replaced_whole_and_endpoints_get_their_zone_and_hints() {
             addresses.join(", ")
         )
     };
-    server.apply("ext.yaml",
+    server.apply(
+        "ext.yaml",
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: ext}}\nspec: {{ports: [{{port: 5432}}]}}\n---\n{}",
             endpoints(&["192.0.2.30"])
-        ),);
+        ),
+    );
     let slices_of = |service: &str, output: &str, what: &str, done: &dyn Fn(&str) -> bool| {
         let selector = format!("kubernetes.io/service-name={service}");
         let args = ["get", "endpointslices", "-l", &selector, "-o", output];
@@ -443,8 +445,10 @@ fn a_services_selector_decides_whether_its_endpoints_are_mirrored() {
     let server = Server::start();
     let mirrored = "endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io,kubernetes.io/service-name=ext";
     let mirrored_slices = ["get", "endpointslices", "-l", mirrored, "-o", "name"];
-    server.apply("ext.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {selector: {app: ext}, ports: [{port: 5432}]}\n",);
+    server.apply(
+        "ext.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {selector: {app: ext}, ports: [{port: 5432}]}\n",
+    );
     // The endpoints controller's own (empty) Endpoints are not mirrored.
     wait_for(
         &server,
@@ -460,8 +464,10 @@ fn a_services_selector_decides_whether_its_endpoints_are_mirrored() {
         "-p",
         r#"[{"op": "remove", "path": "/spec/selector"}]"#,
     ]);
-    server.apply("ext-endpoints.yaml",
-        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets: [{addresses: [{ip: 192.0.2.40}], ports: [{port: 5432}]}]\n",);
+    server.apply(
+        "ext-endpoints.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: ext}\nsubsets: [{addresses: [{ip: 192.0.2.40}], ports: [{port: 5432}]}]\n",
+    );
     wait_for(&server, "the mirrored slice", &mirrored_slices, |out| {
         out.starts_with("endpointslice.discovery.k8s.io/ext-")
     });

@@ -608,8 +608,10 @@ async fn a_client_that_stops_reading_a_response_loses_its_slot_at_the_request_de
 #[test]
 fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
     let server = Server::start();
-    server.apply("pods.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: good, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n",);
+    server.apply(
+        "pods.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: good, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, labels: {app: pz}}\nspec: {nodeName: n1, containers: [{name: c, image: x}]}\n",
+    );
     let status = |ip: &str| {
         format!(
             "{{\"status\":{{\"podIP\":\"{ip}\",\"podIPs\":[{{\"ip\":\"{ip}\"}}],\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\"}}]}}}}"

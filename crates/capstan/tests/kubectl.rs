@@ -816,12 +816,16 @@ fn the_endpoints_controller_follows_pods_and_services() {
         ("p2", "10.244.0.12", true),
         ("p3", "10.244.0.13", false),
     ] {
-        server.apply(&format!("{name}.yaml"),
-            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),);
+        server.apply(
+            &format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec: {{nodeName: n1, containers: [{{name: c, image: nginx, ports: [{{name: http, containerPort: 8080}}]}}]}}\n"),
+        );
         common::set_pod_status(&server, name, ip, ready);
     }
-    server.apply("web.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n",);
+    server.apply(
+        "web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: http}]}\n",
+    );
     let wait_for = |jsonpath: &str, want: &str| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
@@ -870,12 +874,16 @@ fn the_endpoints_controller_follows_pods_and_services() {
 #[test]
 fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
     let mut server = Server::start();
-    server.apply("p.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",);
+    server.apply(
+        "p.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",
+    );
     server.ok(&["patch", "pod", "p", "--subresource=status", "--type=merge", "-p",
         r#"{"status":{"phase":"Running","podIP":"10.244.1.1","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#]);
-    server.apply("r.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",);
+    server.apply(
+        "r.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while server
         .kubectl(&[

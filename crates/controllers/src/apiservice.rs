@@ -328,7 +328,8 @@ impl AvailabilityController {
         }
     }
 
-    /// Five concurrent `GET /apis/<group>/<version>` attempts; any 2xx passes.
+    /// Five concurrent `GET /apis/<group>/<version>` attempts; any 2xx passes, and the first
+    /// one answers.
     /// Unlike upstream's probe (which skips certificate verification), the backend's
     /// certificate is verified exactly as the proxy verifies it (`caBundle`, server name
     /// `<service>.<namespace>.svc`, or `insecureSkipTLSVerify`): an APIService whose every
@@ -393,7 +394,13 @@ impl AvailabilityController {
         let mut last = String::new();
         while let Some(result) = attempts.join_next().await {
             match result {
-                Ok(Ok(())) => return Ok(()),
+                Ok(Ok(())) => {
+                    // The other attempts run to their end (each within its timeout), as
+                    // upstream's goroutines do: cut off mid-request, they would leave the
+                    // backend writing its answer to a closed connection.
+                    attempts.detach_all();
+                    return Ok(());
+                }
                 Ok(Err(e)) => last = e,
                 Err(e) => last = e.to_string(),
             }
