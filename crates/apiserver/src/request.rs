@@ -356,12 +356,9 @@ pub fn hold_until_sent<G: Send + Sync + Unpin + 'static>(
 }
 
 /// The object as a `PartialObjectMetadata`.
-fn partial_metadata(object: &Value) -> Value {
-    json!({
-        "kind": "PartialObjectMetadata",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": object.get("metadata").cloned().unwrap_or(json!({})),
-    })
+pub(crate) fn partial_metadata(object: &Value) -> Value {
+    let metadata = json!({"metadata": object.get("metadata").cloned().unwrap_or(json!({}))});
+    meta::typed_value(&metadata, ("meta.k8s.io/v1", "PartialObjectMetadata"), None)
 }
 
 /// What `includeObject` asks the Table rows to carry.
@@ -407,7 +404,7 @@ pub fn to_table(
             let row_object = match include {
                 IncludeObject::Metadata => partial_metadata(object),
                 IncludeObject::Object => {
-                    meta::with_type_meta(object, &info.api_version(), info.kind)
+                    meta::typed_value(object, (&info.api_version(), info.kind), strategy.schema())
                 }
                 IncludeObject::None => Value::Null,
             };
@@ -431,27 +428,25 @@ pub fn object_response(
     query: &Query,
 ) -> Response<Body> {
     let info = strategy.info();
+    let type_meta = (info.api_version(), info.kind);
+    let type_meta = (type_meta.0.as_str(), type_meta.1);
     match encoding.negotiated.output {
         Output::Json if !encoding.pretty => {
-            let mut json = meta::typed_json_bytes(object, &info.api_version(), info.kind, false);
+            let mut json = meta::typed_json_bytes(object, type_meta, false, strategy.schema());
             json.push(b'\n');
             response(status, "application/json", full(json))
         }
         Output::Json => json_response(
             status,
-            &meta::with_type_meta(object, &info.api_version(), info.kind),
+            &meta::typed_value(object, type_meta, strategy.schema()),
             true,
         ),
         Output::Yaml => response(
             status,
             "application/yaml",
             full(
-                yaml::to_string(&meta::with_type_meta(
-                    object,
-                    &info.api_version(),
-                    info.kind,
-                ))
-                .unwrap_or_default(),
+                yaml::to_string(&meta::typed_value(object, type_meta, strategy.schema()))
+                    .unwrap_or_default(),
             ),
         ),
         Output::Metadata => json_response(status, &partial_metadata(object), encoding.pretty),

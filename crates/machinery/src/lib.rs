@@ -15,6 +15,7 @@ pub mod duration;
 pub mod field;
 pub mod fields;
 pub mod go_json;
+pub mod go_order;
 pub mod hash;
 pub mod ip;
 pub mod labels;

@@ -2,6 +2,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::go_order;
+
 /// `metadata` of an object, if it is a map.
 pub fn metadata(object: &Value) -> Option<&Map<String, Value>> {
     object.get("metadata").and_then(Value::as_object)
@@ -171,19 +173,35 @@ pub fn type_head(kind: &str, api_version: &str) -> Vec<u8> {
 /// [`with_type_meta`] written straight to JSON, without copying the object; with
 /// `stored`, `metadata.resourceVersion` is left out (the form kept in storage). The bytes are
 /// those of `serde_json::to_vec` of the equivalent value.
-pub fn typed_json_bytes(object: &Value, api_version: &str, kind: &str, stored: bool) -> Vec<u8> {
-    typed_json_bytes_with(object, (api_version, kind), stored, &|_| None)
+pub fn typed_json_bytes(
+    object: &Value,
+    (api_version, kind): (&str, &str),
+    stored: bool,
+    schema: Option<&'static Value>,
+) -> Vec<u8> {
+    typed_json_bytes_laid_out(object, (api_version, kind), stored, &|_| None, schema).0
 }
 
-/// [`typed_json_bytes`], with the top-level members `raw` gives written as that JSON instead
-/// of as the object has them (members a typed write kept as encoded text).
-pub fn typed_json_bytes_with<'r>(
+/// [`typed_json_bytes`] made a value again (with `kind` and `apiVersion` first, and each
+/// struct's members in their Go type's order): for encoders other than compact JSON
+/// (indented JSON, YAML) and for objects embedded in others (a Table's rows).
+pub fn typed_value(
     object: &Value,
     type_meta: (&str, &str),
-    stored: bool,
-    raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
-) -> Vec<u8> {
-    typed_json_bytes_laid_out(object, type_meta, stored, raw).0
+    schema: Option<&'static Value>,
+) -> Value {
+    serde_json::from_slice(&typed_json_bytes(object, type_meta, false, schema))
+        .unwrap_or_else(|_| with_type_meta(object, type_meta.0, type_meta.1))
+}
+
+/// An object as a list item: [`typed_json_bytes`] without `kind` and `apiVersion`.
+pub fn item_json_bytes(object: &Value, schema: Option<&'static Value>) -> Vec<u8> {
+    let typed = typed_json_bytes(object, ("", ""), false, schema);
+    let rest = &typed[type_head("", "").len()..];
+    let mut item = Vec::with_capacity(rest.len());
+    item.push(b'{');
+    item.extend_from_slice(rest.strip_prefix(b",").unwrap_or(rest));
+    item
 }
 
 /// Where the parts of an object's stored JSON are, as [`typed_json_bytes_laid_out`] wrote
@@ -204,80 +222,57 @@ pub struct StoredLayout {
     /// it, or when it comes first the one after it), when it has them: without these bytes
     /// the JSON is the object's without managedFields.
     pub managed_fields: Option<std::ops::Range<usize>>,
+    /// Where `metadata.resourceVersion` goes: in `ObjectMeta`'s order, after the members
+    /// before it (after `uid`), or at the end of `metadata` when there is none.
+    pub resource_version_at: usize,
+    /// Whether a member comes before that place (the member put in then needs a comma).
+    pub resource_version_after_member: bool,
 }
 
 impl StoredLayout {
-    /// What [`with_resource_version`] takes: `metadata`'s closing brace, and whether it has
-    /// members there.
+    /// What [`with_resource_version`] takes: where `resourceVersion` goes, and whether a
+    /// member comes before it.
     pub fn mark(&self) -> (usize, bool) {
-        (self.metadata_end, !self.metadata_empty)
+        (self.resource_version_at, self.resource_version_after_member)
     }
 }
 
-/// [`typed_json_bytes_with`], and, in the stored form of an object with a `metadata` object,
-/// where its parts are ([`StoredLayout`]).
+/// [`typed_json_bytes`] with the top-level members `raw` gives written as that JSON instead
+/// of as the object has them (members a typed write kept as encoded text), and, in the stored form of an object with a `metadata` object,
+/// where its parts are ([`StoredLayout`]). With the kind's `schema`, each struct's members
+/// are in the order kube-apiserver's Go types write them ([`crate::go_order`]); `metadata`'s
+/// always are.
 pub fn typed_json_bytes_laid_out<'r>(
     object: &Value,
     (api_version, kind): (&str, &str),
     stored: bool,
     raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
+    schema: Option<&'static Value>,
 ) -> (Vec<u8>, Option<StoredLayout>) {
-    fn put(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
-        // Strings and JSON values (string keys) always serialize.
-        let _ = serde_json::to_writer(&mut *out, value);
-    }
     let mut out = type_head(kind, api_version);
     let mut layout = None;
     if let Value::Object(fields) = object {
         let members = out.len() + 1;
-        for (key, value) in members_in_order(fields) {
+        let ordered = schema
+            .map(crate::schema::resolve)
+            .and_then(go_order::members);
+        for (key, value, member_schema) in root_members(fields, ordered) {
             out.push(b',');
-            put(&mut out, key);
-            out.push(b':');
+            let _ = go_order::write_key(&mut out, key);
             match value {
-                Value::Object(metadata) if stored && key == "metadata" => {
-                    let metadata_start = out.len();
-                    out.push(b'{');
-                    let mut first = true;
-                    let mut managed_fields: Option<std::ops::Range<usize>> = None;
-                    // Whether managedFields came first: its cut then runs to the next member.
-                    let mut managed_first = false;
-                    for (key, value) in metadata {
-                        if key == "resourceVersion" {
-                            continue;
-                        }
-                        // The comma before this member (where it starts, for the first).
-                        let comma = out.len();
-                        if !first {
-                            out.push(b',');
-                        }
-                        if std::mem::take(&mut managed_first)
-                            && let Some(cut) = managed_fields.as_mut()
-                        {
-                            cut.end = out.len();
-                        }
-                        put(&mut out, key);
-                        out.push(b':');
-                        put(&mut out, value);
-                        if key == "managedFields" {
-                            managed_fields = Some(comma..out.len());
-                            managed_first = first;
-                        }
-                        first = false;
-                    }
+                Value::Object(metadata) if key == "metadata" => {
+                    let written = write_metadata(&mut out, metadata, stored);
                     layout = Some(StoredLayout {
                         members,
-                        metadata_start,
-                        metadata_end: out.len(),
-                        metadata_empty: first,
                         len: 0,
-                        managed_fields,
+                        ..written
                     });
-                    out.push(b'}');
                 }
                 _ => match raw(key) {
                     Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
-                    None => put(&mut out, value),
+                    None => {
+                        let _ = go_order::write(&mut out, value, member_schema);
+                    }
                 },
             }
         }
@@ -286,7 +281,125 @@ pub fn typed_json_bytes_laid_out<'r>(
     if let Some(layout) = layout.as_mut() {
         layout.len = out.len();
     }
-    (out, layout)
+    (out, layout.filter(|_| stored))
+}
+
+/// An object's members but `kind` and `apiVersion`, each with its schema: in the order of the
+/// kind's Go type when known (`metadata` is first there), else `metadata` first and the
+/// others in order.
+fn root_members(
+    fields: &Map<String, Value>,
+    ordered: Option<go_order::Members>,
+) -> Vec<(&str, &Value, Option<&'static Value>)> {
+    let mut out = Vec::with_capacity(fields.len());
+    if let Some(members) = ordered {
+        for (name, schema) in members {
+            if let Some((key, value)) = fields.get_key_value(*name)
+                && !matches!(*name, "kind" | "apiVersion")
+            {
+                out.push((key.as_str(), value, Some(*schema)));
+            }
+        }
+        for (key, value) in fields {
+            if !matches!(key.as_str(), "kind" | "apiVersion")
+                && !members.iter().any(|(name, _)| name == key)
+            {
+                out.push((key.as_str(), value, None));
+            }
+        }
+    } else {
+        out.extend(members_in_order(fields).map(|(key, value)| (key, value, None)));
+    }
+    out
+}
+
+/// Writes `metadata` in `ObjectMeta`'s order, and where its parts are (offsets into `out`).
+/// `resourceVersion` has its place right after the members that come before it (`name` to
+/// `uid`), or at the end when there is none: left out when `stored`, for
+/// [`with_resource_version`] to put in there.
+fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool) -> StoredLayout {
+    let metadata_start = out.len();
+    out.push(b'{');
+    let ordered = go_order::named(go_order::OBJECT_META).unwrap_or(&[]);
+    let resource_version_rank = ordered
+        .iter()
+        .position(|(name, _)| *name == "resourceVersion")
+        .unwrap_or(usize::MAX);
+    let in_order = ordered
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, (name, schema))| {
+            let (key, value) = metadata.get_key_value(*name)?;
+            Some((key, value, Some(*schema), rank))
+        });
+    let rest = metadata
+        .iter()
+        .filter(|(key, _)| !ordered.iter().any(|(name, _)| name == key))
+        .map(|(key, value)| (key, value, None, usize::MAX));
+    let resource_version = metadata.get("resourceVersion").filter(|_| !stored);
+    let mut first = true;
+    let mut managed_fields: Option<std::ops::Range<usize>> = None;
+    // Whether managedFields came first: its cut then runs to the next member.
+    let mut managed_first = false;
+    let mut resource_version_at = None;
+    // Whether a member that comes before resourceVersion was written.
+    let mut before = false;
+    for (key, value, schema, rank) in in_order.chain(rest) {
+        if key == "resourceVersion" {
+            continue;
+        }
+        before |= rank < resource_version_rank;
+        if resource_version_at.is_none() && rank > resource_version_rank && before {
+            resource_version_at = Some(out.len());
+            if let Some(version) = resource_version {
+                out.push(b',');
+                let _ = go_order::write_key(out, "resourceVersion");
+                let _ = go_order::write(out, version, None);
+            }
+        }
+        // The comma before this member (where it starts, for the first).
+        let comma = out.len();
+        if !first {
+            out.push(b',');
+        }
+        if std::mem::take(&mut managed_first)
+            && let Some(cut) = managed_fields.as_mut()
+        {
+            cut.end = out.len();
+        }
+        let _ = go_order::write_key(out, key);
+        let _ = go_order::write(out, value, schema);
+        if key == "managedFields" {
+            managed_fields = Some(comma..out.len());
+            managed_first = first;
+        }
+        first = false;
+    }
+    let metadata_end = out.len();
+    let (resource_version_at, after_member) = match resource_version_at {
+        Some(at) => (at, true),
+        None => {
+            if let Some(version) = resource_version {
+                if !first {
+                    out.push(b',');
+                }
+                let _ = go_order::write_key(out, "resourceVersion");
+                let _ = go_order::write(out, version, None);
+            }
+            (metadata_end, !first)
+        }
+    };
+    out.push(b'}');
+    StoredLayout {
+        members: 0,
+        metadata_start,
+        metadata_end,
+        metadata_empty: first,
+        len: 0,
+        managed_fields,
+        resource_version_at,
+        resource_version_after_member: after_member,
+    }
 }
 
 /// Stored JSON ([`typed_json_bytes_laid_out`]'s, with its layout's mark) with `resourceVersion` put back
@@ -353,49 +466,89 @@ mod tests {
         }
     }
 
+    fn service_schema() -> Option<&'static Value> {
+        crate::schema::named("io.k8s.api.core.v1.Service")
+    }
+
     #[test]
     fn the_stored_form_with_its_resource_version_put_back_is_the_served_form() {
         for metadata in [
             json!({"name": "a", "labels": {"x": "}"}, "managedFields": [{"f:a": {}}]}),
+            json!({"labels": {"x": "y"}, "uid": "u", "name": "a", "creationTimestamp": "t"}),
+            json!({"managedFields": [], "labels": {"x": "y"}}),
             json!({}),
             json!({"resourceVersion": "3"}),
         ] {
-            let mut object = json!({"metadata": metadata, "spec": {"a": "{}"}});
-            let (stored, layout) =
-                typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
-            let mark = layout.expect("metadata was written").mark();
-            set_meta_str(&mut object, "resourceVersion", "42");
-            assert_eq!(
-                String::from_utf8_lossy(&with_resource_version(&stored, mark, 42)),
-                String::from_utf8_lossy(&typed_json_bytes(&object, "v1", "Service", false))
-            );
+            for schema in [None, service_schema()] {
+                let mut object = json!({"metadata": metadata, "spec": {"a": "{}"}});
+                let (stored, layout) =
+                    typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, schema);
+                let mark = layout.expect("metadata was written").mark();
+                set_meta_str(&mut object, "resourceVersion", "42");
+                assert_eq!(
+                    String::from_utf8_lossy(&with_resource_version(&stored, mark, 42)),
+                    String::from_utf8_lossy(&typed_json_bytes(
+                        &object,
+                        ("v1", "Service"),
+                        false,
+                        schema
+                    ))
+                );
+            }
         }
         // No metadata map: nothing to mark.
-        let (_, layout) =
-            typed_json_bytes_laid_out(&json!({"spec": {}}), ("v1", "Service"), true, &|_| None);
+        let (_, layout) = typed_json_bytes_laid_out(
+            &json!({"spec": {}}),
+            ("v1", "Service"),
+            true,
+            &|_| None,
+            None,
+        );
         assert_eq!(layout, None);
     }
 
     #[test]
-    fn typed_json_bytes_are_the_typed_value_serialized() {
-        let object = json!({"apiVersion": "old", "metadata": {"name": "a", "resourceVersion": "5", "labels": {"x": "\"y\""}}, "kind": "Old", "spec": {"ports": [1, 2]}});
-        let typed = with_type_meta(&object, "v1", "Service");
-        assert_eq!(
-            typed_json_bytes(&object, "v1", "Service", false),
-            serde_json::to_vec(&typed).expect("encodes")
+    fn members_are_written_in_the_order_of_kube_apiservers_go_types() {
+        // As k8s-openapi writes a Service: every struct's members alphabetically.
+        let object = json!({"apiVersion": "old", "kind": "Old",
+            "metadata": {"creationTimestamp": "2026-11-21T16:05:22Z", "labels": {"b": "2", "a": "1"},
+                "managedFields": [{"apiVersion": "v1", "fieldsType": "FieldsV1", "manager": "m", "operation": "Update"}],
+                "name": "web", "namespace": "ref", "resourceVersion": "5", "uid": "u1"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+                "selector": {"app": "web"}, "type": "ClusterIP"},
+            "status": {"loadBalancer": {}}});
+        let served = r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"web","namespace":"ref","uid":"u1","resourceVersion":"5","creationTimestamp":"2026-11-21T16:05:22Z","labels":{"a":"1","b":"2"},"managedFields":[{"manager":"m","operation":"Update","apiVersion":"v1","fieldsType":"FieldsV1"}]},"spec":{"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}],"selector":{"app":"web"},"clusterIP":"10.96.0.1","type":"ClusterIP"},"status":{"loadBalancer":{}}}"#;
+        let written = typed_json_bytes(&object, ("v1", "Service"), false, service_schema());
+        assert_eq!(String::from_utf8_lossy(&written), served);
+        // Stored without resourceVersion; served with it where it was.
+        let (stored, layout) = typed_json_bytes_laid_out(
+            &object,
+            ("v1", "Service"),
+            true,
+            &|_| None,
+            service_schema(),
         );
-        let mut stored = typed.clone();
-        metadata_mut(&mut stored).shift_remove("resourceVersion");
+        assert!(!String::from_utf8_lossy(&stored).contains("resourceVersion"));
+        let mark = layout.expect("laid out").mark();
         assert_eq!(
-            typed_json_bytes(&object, "v1", "Service", true),
-            serde_json::to_vec(&stored).expect("encodes")
+            String::from_utf8_lossy(&with_resource_version(&stored, mark, 5)),
+            served
+        );
+        // Without the kind's schema, metadata still is in ObjectMeta's order.
+        let bare = typed_json_bytes(&object, ("v1", "Service"), false, None);
+        assert!(
+            String::from_utf8_lossy(&bare).starts_with(
+                r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"web","namespace":"ref","uid":"u1","resourceVersion":"5","#
+            ),
+            "{}",
+            String::from_utf8_lossy(&bare)
         );
         assert_eq!(
             typed_json_bytes(
                 &json!({"metadata": {"resourceVersion": "1"}}),
-                "v1",
-                "Pod",
-                true
+                ("v1", "Pod"),
+                true,
+                None
             ),
             br#"{"kind":"Pod","apiVersion":"v1","metadata":{}}"#
         );
@@ -406,11 +559,11 @@ mod tests {
         // k8s-openapi, and many clients, write an EndpointSlice's members alphabetically.
         let slice = json!({"addressType": "IPv4", "apiVersion": "discovery.k8s.io/v1",
             "endpoints": [], "kind": "EndpointSlice", "metadata": {"name": "s"}, "ports": []});
-        let (api_version, kind) = ("discovery.k8s.io/v1", "EndpointSlice");
+        let type_meta = ("discovery.k8s.io/v1", "EndpointSlice");
         let expected = br#"{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"s"},"addressType":"IPv4","endpoints":[],"ports":[]}"#;
-        assert_eq!(typed_json_bytes(&slice, api_version, kind, true), expected);
-        assert_eq!(typed_json_bytes(&slice, api_version, kind, false), expected);
-        let typed = with_type_meta(&slice, api_version, kind);
+        assert_eq!(typed_json_bytes(&slice, type_meta, true, None), expected);
+        assert_eq!(typed_json_bytes(&slice, type_meta, false, None), expected);
+        let typed = with_type_meta(&slice, type_meta.0, type_meta.1);
         assert_eq!(serde_json::to_vec(&typed).expect("encodes"), expected);
     }
 

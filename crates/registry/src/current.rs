@@ -192,9 +192,10 @@ fn undecodable(kv: &KeyValue) -> ApiError {
     ApiError::internal(format!("undecodable object at {}", kv.key))
 }
 
-/// Whether `value` encodes to exactly the JSON `raw` holds (then they are equal; JSON that
-/// differs only in member order or spacing is not, and needs decoding to compare).
-pub(crate) fn encodes_to(value: &Value, raw: &RawValue) -> bool {
+/// Whether `value` encodes to exactly the JSON `raw` holds, written as its `schema`'s Go type
+/// is (as stored members are: [`capstan_machinery::go_order`]); then they are equal. JSON that
+/// differs only in member order or spacing is not, and needs decoding to compare.
+pub(crate) fn encodes_to(value: &Value, raw: &RawValue, schema: Option<&'static Value>) -> bool {
     /// The JSON not yet matched; a write that differs fails, which stops the encoder.
     struct Against<'b>(&'b [u8]);
     impl std::io::Write for Against<'_> {
@@ -208,7 +209,7 @@ pub(crate) fn encodes_to(value: &Value, raw: &RawValue) -> bool {
         }
     }
     let mut against = Against(raw.get().as_bytes());
-    serde_json::to_writer(&mut against, value).is_ok() && against.0.is_empty()
+    capstan_machinery::go_order::write(&mut against, value, schema).is_ok() && against.0.is_empty()
 }
 
 /// Whether the JSON `raw` holds is `value` (as decoding it would find, whatever the order of
@@ -440,22 +441,26 @@ mod tests {
         let raw = |text: &str| RawValue::from_string(text.to_string()).expect("raw");
         assert!(encodes_to(
             &json!({"a": [1, "x"]}),
-            &raw(r#"{"a":[1,"x"]}"#)
+            &raw(r#"{"a":[1,"x"]}"#),
+            None
         ));
         assert!(!encodes_to(
             &json!({"a": [1, "x"]}),
-            &raw(r#"{"a":[1,"x"],"b":1}"#)
+            &raw(r#"{"a":[1,"x"],"b":1}"#),
+            None
         ));
         assert!(!encodes_to(
             &json!({"a": [1, "x", 2]}),
-            &raw(r#"{"a":[1,"x"]}"#)
+            &raw(r#"{"a":[1,"x"]}"#),
+            None
         ));
         assert!(!encodes_to(
             &json!({"a": 1, "b": 2}),
-            &raw(r#"{"b":2,"a":1}"#)
+            &raw(r#"{"b":2,"a":1}"#),
+            None
         ));
-        assert!(!encodes_to(&json!({"a": 1}), &raw(r#"{"a": 1}"#)));
-        assert!(encodes_to(&json!("x\"y"), &raw(r#""x\"y""#)));
+        assert!(!encodes_to(&json!({"a": 1}), &raw(r#"{"a": 1}"#), None));
+        assert!(encodes_to(&json!("x\"y"), &raw(r#""x\"y""#), None));
     }
 
     #[test]

@@ -209,15 +209,19 @@ pub fn atomic_member(schema: Option<&'static Value>, key: &str) -> bool {
     }
 }
 
-/// [`crate::typed::from_typed`], with the non-empty lists `detach` names kept as their encoded
-/// JSON (a list whose JSON holds an empty list anywhere is made a tree as usual, since
-/// `from_typed` drops empty lists and the text would then not be what the tree encodes to).
+/// [`crate::typed::from_typed`], with the non-empty lists of `schema` (the kind's) that
+/// `detach` names kept as their encoded JSON, written as kube-apiserver writes them
+/// ([`capstan_machinery::go_order`]). A list whose JSON holds an empty list anywhere is made
+/// a tree as usual, since `from_typed` drops empty lists and the text would then not be what
+/// the tree encodes to.
 pub fn from_typed_detaching<T: Object>(
     object: &T,
+    schema: Option<&'static Value>,
     detach: &dyn Fn(&str) -> bool,
 ) -> (Value, Detached) {
     let mut detached = Detached::default();
     let Ok(mut value) = object.serialize(Top {
+        schema,
         detach,
         detached: &mut detached,
     }) else {
@@ -236,6 +240,7 @@ fn detachable(text: &str) -> bool {
 
 /// Serializes a struct's fields into a JSON map, those `detach` names as encoded text.
 struct Top<'a> {
+    schema: Option<&'static Value>,
     detach: &'a dyn Fn(&str) -> bool,
     detached: &'a mut Detached,
 }
@@ -255,7 +260,13 @@ impl SerializeStruct for Fields<'_> {
         value: &V,
     ) -> Result<(), Self::Error> {
         if (self.top.detach)(key) {
-            let text = serde_json::to_string(value)?;
+            let tree = serde_json::to_value(value)?;
+            let member = self
+                .top
+                .schema
+                .and_then(|schema| capstan_machinery::schema::property(schema, key));
+            let text = String::from_utf8(capstan_machinery::go_order::to_vec(&tree, member))
+                .map_err(serde::ser::Error::custom)?;
             if detachable(&text) {
                 self.top
                     .detached

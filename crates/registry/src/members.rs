@@ -39,15 +39,16 @@ pub(crate) fn always_present(object: &mut Value, fields: &[&str]) {
 }
 
 /// [`copy_field`] from the stored object a write read: a member it holds as the new object's
-/// encodes is not decoded.
+/// encodes (as `schema`, the kind's, writes it) is not decoded.
 pub(crate) fn copy_member(
     to: &mut Value,
     from: &Current<'_>,
-    field: &str,
+    (field, schema): (&str, Option<&'static Value>),
 ) -> Result<bool, ApiError> {
     let raw = from.member(field);
+    let member = schema.and_then(|schema| capstan_machinery::schema::property(schema, field));
     if let (Some(raw), Some(value)) = (raw, to.get(field))
-        && encodes_to(value, raw)
+        && encodes_to(value, raw, member)
     {
         return Ok(false);
     }

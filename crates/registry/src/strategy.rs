@@ -473,7 +473,7 @@ impl<S: Strategy> DynStrategy for S {
             (Some(old), Subresource::Main | Subresource::Finalize)
                 if Strategy::info(self).has_status =>
             {
-                copy_member(object, old, "status")?
+                copy_member(object, old, ("status", DynStrategy::schema(self)))?
             }
             _ => false,
         };

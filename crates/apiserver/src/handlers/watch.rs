@@ -184,7 +184,10 @@ impl WatchStream {
                     return Some(match self.output {
                         Output::Table(version) => {
                             let mut list_meta = Map::new();
-                            list_meta.insert("resourceVersion".into(), json!(object.revision.to_string()));
+                            list_meta.insert(
+                                "resourceVersion".into(),
+                                json!(object.revision.to_string()),
+                            );
                             let table = to_table(
                                 self.strategy.as_ref(),
                                 version,
@@ -194,20 +197,24 @@ impl WatchStream {
                                 self.first_table,
                             );
                             self.first_table = false;
-                            event_line(kind.as_str(), &serde_json::to_vec(&table).unwrap_or_default())
+                            event_line(
+                                kind.as_str(),
+                                &serde_json::to_vec(&table).unwrap_or_default(),
+                            )
                         }
                         Output::Metadata => event_line(
                             kind.as_str(),
-                            &serde_json::to_vec(&json!({
-                                "kind": "PartialObjectMetadata",
-                                "apiVersion": "meta.k8s.io/v1",
-                                "metadata": object.object().get("metadata").cloned().unwrap_or(json!({})),
-                            }))
+                            &serde_json::to_vec(&crate::request::partial_metadata(
+                                &object.object(),
+                            ))
                             .unwrap_or_default(),
                         ),
                         // Every watcher of this change shares one encoded line.
                         _ => object.watch_line(kind, || {
-                            event_line(kind.as_str(), &object.typed_json(info.kind, &info.api_version()))
+                            event_line(
+                                kind.as_str(),
+                                &object.typed_json(info.kind, &info.api_version()),
+                            )
                         }),
                     });
                 }

@@ -36,7 +36,15 @@ pub(super) struct Stored {
     /// the bytes are the object without managedFields, which readers of a few fields need not
     /// step over (it is most of a small object's metadata). `None` when there is none.
     pub(super) managed_fields: Option<std::ops::Range<usize>>,
+    /// Where `resourceVersion` goes in: in `ObjectMeta`'s order, after the members before it
+    /// (`name` to `uid`), or at the end of `metadata` when there is none.
+    pub(super) resource_version_at: usize,
+    /// Whether a member comes before that place.
+    pub(super) resource_version_after_member: bool,
 }
+
+/// The members `ObjectMeta` declares before `resourceVersion`.
+const BEFORE_RESOURCE_VERSION: [&str; 5] = ["name", "generateName", "namespace", "selfLink", "uid"];
 
 impl Stored {
     /// Checks a stored value's JSON and finds its parts, in one pass; `None` when it is not
@@ -95,6 +103,8 @@ impl Stored {
             metadata_empty: !walk.members,
             has_resource_version: walk.resource_version,
             managed_fields: walk.managed_fields,
+            resource_version_at: walk.resource_version_at.unwrap_or(walk.end - 1),
+            resource_version_after_member: walk.resource_version_at.is_some() || walk.members,
             bytes,
         })
     }
@@ -105,6 +115,8 @@ impl Stored {
         let mut scan = Scanner { bytes, at: start };
         scan.expect(b'{')?;
         let (mut resource_version, mut managed_fields) = (false, None);
+        // After the last member that comes before resourceVersion.
+        let mut resource_version_at = None;
         // Where the previous member's value ends; whether managedFields came first (its cut
         // then runs to the start of the member after it).
         let (mut previous_end, mut first) = (None, false);
@@ -116,6 +128,9 @@ impl Stored {
             let member_start = scan.at;
             let key = scan.member()?;
             let member_end = scan.at;
+            if BEFORE_RESOURCE_VERSION.iter().any(|name| named(key, name)) {
+                resource_version_at = Some(member_end);
+            }
             if named(key, "resourceVersion") {
                 resource_version = true;
             } else if named(key, "managedFields") {
@@ -135,6 +150,7 @@ impl Stored {
                         members: true,
                         resource_version,
                         managed_fields,
+                        resource_version_at,
                     });
                 }
                 _ => return None,
@@ -153,6 +169,7 @@ impl Stored {
             members: false,
             resource_version,
             managed_fields,
+            resource_version_at,
         })
     }
 
@@ -204,7 +221,9 @@ impl Stored {
             && bytes.last() == Some(&b'}')
             && layout.managed_fields.as_ref().is_none_or(|cut| {
                 layout.metadata_start < cut.start && cut.end <= layout.metadata_end
-            });
+            })
+            && layout.metadata_start < layout.resource_version_at
+            && layout.resource_version_at <= layout.metadata_end;
         fits.then(|| Stored {
             members: layout.members,
             metadata_start: layout.metadata_start,
@@ -212,6 +231,8 @@ impl Stored {
             metadata_empty: layout.metadata_empty,
             has_resource_version: false,
             managed_fields: layout.managed_fields.clone(),
+            resource_version_at: layout.resource_version_at,
+            resource_version_after_member: layout.resource_version_after_member,
             bytes,
         })
     }
@@ -266,6 +287,8 @@ struct MetadataWalk {
     /// The bytes to leave out for it without `managedFields`: the member and the comma before
     /// it, or after it when it comes first.
     managed_fields: Option<std::ops::Range<usize>>,
+    /// Where the last member before `resourceVersion` in `ObjectMeta`'s order ends.
+    resource_version_at: Option<usize>,
 }
 
 /// What [`Stored::locate`] reads of a JSON object while checking all of it, when it has

@@ -224,9 +224,7 @@ impl CachedObject {
     ) -> Self {
         meta::strip_type_meta(object);
         meta::set_meta_str(object, "resourceVersion", &revision.to_string());
-        let json = Json::Item(Bytes::from(
-            serde_json::to_vec(&*object).unwrap_or_default(),
-        ));
+        let json = Json::Item(Bytes::from(meta::item_json_bytes(object, project.schema())));
         CachedObject {
             key,
             revision,
@@ -319,9 +317,12 @@ impl CachedObject {
             Json::Item(json) => json.len(),
             Json::Stored(stored) => {
                 1 + (stored.bytes.len() - stored.members)
-                    + ResourceVersionMember::new(stored.metadata_empty, self.revision)
-                        .as_bytes()
-                        .len()
+                    + ResourceVersionMember::new(
+                        !stored.resource_version_after_member,
+                        self.revision,
+                    )
+                    .as_bytes()
+                    .len()
             }
         }
     }
@@ -332,12 +333,17 @@ impl CachedObject {
         match &self.json {
             Json::Item(json) => out.extend_from_slice(json),
             Json::Stored(stored) => {
+                let at = stored.resource_version_at;
                 out.push(b'{');
-                out.extend_from_slice(&stored.bytes[stored.members..stored.metadata_end]);
+                out.extend_from_slice(&stored.bytes[stored.members..at]);
                 out.extend_from_slice(
-                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
+                    ResourceVersionMember::new(
+                        !stored.resource_version_after_member,
+                        self.revision,
+                    )
+                    .as_bytes(),
                 );
-                out.extend_from_slice(&stored.bytes[stored.metadata_end..]);
+                out.extend_from_slice(&stored.bytes[at..]);
             }
         }
     }
@@ -365,11 +371,16 @@ impl CachedObject {
     pub fn write_metadata(&self, out: &mut Vec<u8>) {
         match &self.json {
             Json::Stored(stored) => {
-                out.extend_from_slice(&stored.bytes[stored.metadata_start..stored.metadata_end]);
+                let at = stored.resource_version_at;
+                out.extend_from_slice(&stored.bytes[stored.metadata_start..at]);
                 out.extend_from_slice(
-                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
+                    ResourceVersionMember::new(
+                        !stored.resource_version_after_member,
+                        self.revision,
+                    )
+                    .as_bytes(),
                 );
-                out.push(b'}');
+                out.extend_from_slice(&stored.bytes[at..=stored.metadata_end]);
             }
             Json::Item(_) => {
                 let object = self.object();
@@ -393,7 +404,10 @@ impl CachedObject {
             Json::Item(json) => with_type(&head, json),
             Json::Stored(stored) => meta::with_resource_version(
                 &stored.bytes,
-                (stored.metadata_end, !stored.metadata_empty),
+                (
+                    stored.resource_version_at,
+                    stored.resource_version_after_member,
+                ),
                 self.revision,
             ),
         }

@@ -56,6 +56,8 @@ impl SelectableFrom<'_> {
 pub struct Projection {
     object: Arc<ProjectObject>,
     json: Arc<ProjectJson>,
+    /// The kind's schema, for objects encoded afresh ([`capstan_machinery::go_order`]).
+    schema: Option<&'static Value>,
 }
 
 type ProjectObject = dyn Fn(&Value) -> Selectable + Send + Sync;
@@ -73,16 +75,26 @@ impl Projection {
         Projection {
             object: Arc::new(object),
             json: Arc::new(json),
+            schema: None,
         }
+    }
+
+    /// The kind's schema, if it has one.
+    pub fn schema(&self) -> Option<&'static Value> {
+        self.schema
     }
 
     /// What `kind`'s selectors read, from decoded objects or straight from their JSON.
     pub fn of_kind(kind: Arc<dyn crate::DynStrategy>) -> Self {
         let from_json = kind.clone();
-        Self::new(
-            move |object| kind.selectable(object),
-            move |metadata, whole| from_json.selectable_json(metadata, whole),
-        )
+        let schema = kind.schema();
+        Projection {
+            schema,
+            ..Self::new(
+                move |object| kind.selectable(object),
+                move |metadata, whole| from_json.selectable_json(metadata, whole),
+            )
+        }
     }
 
     /// A projection of decoded objects only.

@@ -79,9 +79,31 @@ fn without_managed_fields(object: &Value) -> Value {
     object
 }
 
+/// The same served JSON: byte for byte when the stored bytes are in the order this process
+/// writes (`exact`), otherwise as JSON (a value stored in another order, by an earlier
+/// version or another writer, is served as stored, and re-encoded in kube-apiserver's order).
+fn same_served(exact: bool, a: &[u8], b: &[u8]) {
+    if exact {
+        assert_eq!(String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+    } else {
+        let parsed = |json: &[u8]| serde_json::from_slice::<Value>(json).expect("served JSON");
+        assert_eq!(parsed(a), parsed(b));
+    }
+}
+
 /// The cached object served from the stored bytes equals the re-encoded one.
 fn same_as_reencoded(stored: &Value) {
     let bytes = Bytes::from(serde_json::to_vec(stored).expect("encodes"));
+    // Whether the bytes are what this process would have stored for the object.
+    let exact = {
+        let mut object = stored.clone();
+        meta::strip_type_meta(&mut object);
+        let type_meta = (
+            stored["apiVersion"].as_str().unwrap_or_default(),
+            stored["kind"].as_str().unwrap_or_default(),
+        );
+        meta::typed_json_bytes(&object, type_meta, true, None) == bytes
+    };
     let project = projection();
     let cached = CachedObject::decode("/k".into(), &bytes, 42, &project).expect("decodes");
     // Read as this process's own value (its leading parts found, the rest not checked):
@@ -120,11 +142,12 @@ fn same_as_reencoded(stored: &Value) {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     cached.write_item(&mut a);
     reencoded.write_item(&mut b);
-    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    same_served(exact, &a, &b);
     assert_eq!(cached.item_len(), a.len());
-    assert_eq!(
-        String::from_utf8_lossy(&cached.typed_json("Service", "v1")),
-        String::from_utf8_lossy(&reencoded.typed_json("Service", "v1"))
+    same_served(
+        exact,
+        &cached.typed_json("Service", "v1"),
+        &reencoded.typed_json("Service", "v1"),
     );
     assert_eq!(cached.object(), reencoded.object());
     assert_eq!(cached.object()["metadata"]["resourceVersion"], "42");
@@ -132,7 +155,7 @@ fn same_as_reencoded(stored: &Value) {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     cached.write_metadata(&mut a);
     reencoded.write_metadata(&mut b);
-    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    same_served(exact, &a, &b);
     let metadata: Value = serde_json::from_slice(&a).expect("metadata is JSON");
     assert_eq!(metadata, cached.object()["metadata"]);
     // What a reader decodes of the metadata alone (the stored bytes' metadata member, when
@@ -256,6 +279,25 @@ fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
         Ok(super::CacheMessage::Event(event)) => assert!(event.upgrade().is_none()),
         other => panic!("expected an event, got {other:?}"),
     }
+}
+
+/// What this process stores is served byte for byte as the object re-encoded would be: in
+/// kube-apiserver's order, `resourceVersion` after `uid`.
+#[test]
+fn stored_values_in_kube_apiservers_order_are_served_as_reencoded() {
+    let object = json!({"metadata": {"labels": {"k": "v"}, "uid": "u-1", "name": "a",
+        "managedFields": [{"manager": "m"}], "namespace": "n"}, "spec": {"type": "ClusterIP"}});
+    let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+    let stored = meta::typed_json_bytes(&object, ("v1", "Service"), true, schema);
+    let stored: Value = serde_json::from_slice(&stored).expect("stored JSON");
+    same_as_reencoded(&stored);
+    let bytes = Bytes::from(serde_json::to_vec(&stored).expect("encodes"));
+    let cached = CachedObject::decode("/k".into(), &bytes, 42, &projection()).expect("decodes");
+    assert!(cached.holds_stored_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&cached.typed_json("Service", "v1")),
+        r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"a","namespace":"n","uid":"u-1","resourceVersion":"42","labels":{"k":"v"},"managedFields":[{"manager":"m"}]},"spec":{"type":"ClusterIP"}}"#
+    );
 }
 
 #[test]
@@ -489,7 +531,7 @@ proptest::proptest! {
         let metadata: serde_json::Map<String, Value> = members.into_iter().collect();
         let object = json!({"metadata": metadata, "spec": spec});
         let (bytes, layout) =
-            meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
+            meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, None);
         let bytes = Bytes::from(bytes);
         let layout = layout.expect("a metadata object is laid out");
         let scanned = super::json::Stored::locate_own(bytes.clone()).expect("scans");
@@ -505,7 +547,7 @@ fn a_hinted_write_is_cached_as_the_read_one_is() {
     let object = json!({"metadata": {"name": "a", "namespace": "n", "labels": {"k": "v"},
         "managedFields": [{"manager": "m"}]}, "spec": {"type": "ClusterIP"}});
     let (bytes, layout) =
-        meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None);
+        meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, None);
     let bytes = Bytes::from(bytes);
     let layout = layout.expect("laid out");
     let written = |layout| {

@@ -92,7 +92,9 @@ fn compare_current(
                 return Ok(());
             }
             (Some(text), Some(_)) => Detached::same(text, raw).map_err(|_| old.undecodable())?,
-            (None, Some(other)) => encodes_to(other, raw) || old.holds(raw, other)?,
+            (None, Some(other)) => {
+                encodes_to(other, raw, child_schema(&node, key)) || old.holds(raw, other)?
+            }
         };
         if !same {
             out.modified.insert(vec![field_step(key)]);
@@ -116,7 +118,7 @@ fn compare_current(
             }
             continue;
         }
-        if other.is_some_and(|other| encodes_to(other, raw)) {
+        if other.is_some_and(|other| encodes_to(other, raw, child_schema(&node, key))) {
             continue;
         }
         member(key, Some(&old.decode_member(raw)?), other, &mut out);

@@ -57,7 +57,7 @@ fn same_from_current(new: &Value, old: Option<&Value>, manager: &str, tracking: 
     let unchanged = {
         let mut versioned = by_detached.clone();
         meta::set_meta_str(&mut versioned, "resourceVersion", "7");
-        same_ignoring_times_current((&versioned, &detached), &current)
+        same_ignoring_times_current((&versioned, &detached), &current, tracking.schema)
     };
     let started = meta::now_rfc3339();
     record_update(&mut by_whole, Some(&whole), manager, tracking);
@@ -89,7 +89,11 @@ fn same_from_current(new: &Value, old: Option<&Value>, manager: &str, tracking: 
     meta::set_meta_str(&mut versioned, "resourceVersion", "7");
     let whole_unchanged = same_ignoring_times(&versioned, &whole);
     assert_eq!(
-        same_ignoring_times_current((&versioned, &Detached::default()), &current),
+        same_ignoring_times_current(
+            (&versioned, &Detached::default()),
+            &current,
+            tracking.schema,
+        ),
         whole_unchanged
     );
     assert_eq!(unchanged, whole_unchanged);

@@ -39,6 +39,7 @@ pub fn same_ignoring_times(new: &Value, old: &Value) -> bool {
 pub fn same_ignoring_times_current(
     (new, detached): (&Value, &Detached),
     old: &Current<'_>,
+    schema: Option<&'static Value>,
 ) -> bool {
     if let Some(whole) = old.decoded()
         && detached.is_empty()
@@ -60,7 +61,11 @@ pub fn same_ignoring_times_current(
             key == "metadata"
                 || old.member(key).is_some_and(|raw| match detached.get(key) {
                     Some(text) => Detached::same(text, raw).unwrap_or(false),
-                    None => encodes_to(value, raw) || holds(raw, value).unwrap_or(false),
+                    None => {
+                        let member =
+                            schema.and_then(|s| capstan_machinery::schema::property(s, key));
+                        encodes_to(value, raw, member) || holds(raw, value).unwrap_or(false)
+                    }
                 })
         })
 }

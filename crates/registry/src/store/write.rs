@@ -517,7 +517,11 @@ impl Registry {
                 return Err(self.invalid(name, &errors));
             }
             meta::set_meta_str(&mut new, "resourceVersion", &kv.mod_revision.to_string());
-            if crate::managed::same_ignoring_times_current((&new, view.detached()), &old) {
+            if crate::managed::same_ignoring_times_current(
+                (&new, view.detached()),
+                &old,
+                self.strategy.schema(),
+            ) {
                 return Ok((old.into_whole()?, false));
             }
             let deleted = !meta::meta_str(old.meta(), "deletionTimestamp").is_empty();
@@ -589,8 +593,13 @@ impl Registry {
         let info = self.strategy.info();
         let api_version = info.api_version();
         let raw = |key: &str| detached.get(key);
-        let (encoded, layout) =
-            meta::typed_json_bytes_laid_out(object, (&api_version, info.kind), true, &raw);
+        let (encoded, layout) = meta::typed_json_bytes_laid_out(
+            object,
+            (&api_version, info.kind),
+            true,
+            &raw,
+            self.strategy.schema(),
+        );
         (Bytes::from(encoded), layout)
     }
 

@@ -218,8 +218,12 @@ impl Registry {
                     if let Some(json) = &json {
                         // The bytes encoding the object itself gives.
                         let api_version = info.api_version();
-                        let encoded =
-                            meta::typed_json_bytes(&object, &api_version, info.kind, false);
+                        let encoded = meta::typed_json_bytes(
+                            &object,
+                            (&api_version, info.kind),
+                            false,
+                            self.strategy.schema(),
+                        );
                         debug_assert_eq!(
                             String::from_utf8_lossy(json),
                             String::from_utf8_lossy(&encoded)

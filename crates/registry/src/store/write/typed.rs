@@ -98,7 +98,9 @@ impl Registry {
     fn detaching<T: Object>(&self, new: &T, subresource: Subresource) -> (Value, Detached) {
         let schema = self.strategy.schema();
         match subresource {
-            Subresource::Main => from_typed_detaching(new, &|key| atomic_member(schema, key)),
+            Subresource::Main => {
+                from_typed_detaching(new, schema, &|key| atomic_member(schema, key))
+            }
             Subresource::Status | Subresource::Finalize => (from_typed(new), Detached::default()),
         }
     }

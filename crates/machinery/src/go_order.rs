@@ -1,0 +1,293 @@
+//! The order kube-apiserver writes JSON members in. Go's `encoding/json` writes a struct's
+//! fields in the order its type declares them, and a map's keys sorted; Capstan's objects come
+//! from `k8s-openapi`'s types (fields in alphabetical order) or from request bodies (in the
+//! client's order). [`write`] writes a value as the Go type of its schema would be written,
+//! from the member order of each definition in `data/go_field_order.txt`.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, RwLock};
+
+use serde_json::{Map, Value};
+
+use crate::schema;
+
+/// The member order of each definition, by its OpenAPI name.
+static ORDERS: LazyLock<HashMap<&'static str, Vec<&'static str>>> = LazyLock::new(|| {
+    include_str!("../data/go_field_order.txt")
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            Some((words.next()?, words.collect()))
+        })
+        .collect()
+});
+
+/// `metadata`'s definition, which every kind shares.
+pub const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+
+/// A struct definition's members in Go's order, each with its schema.
+pub type Members = &'static [(&'static str, &'static Value)];
+
+/// The members of each struct definition met so far (by the address of its schema node), or
+/// `None` for one without a known order. Filled once per definition for the life of the
+/// process: the schemas live as long.
+static MEMBERS: LazyLock<RwLock<HashMap<usize, Option<Members>>>> = LazyLock::new(Default::default);
+
+/// What a schema node is to the writer.
+#[derive(Clone, Copy)]
+enum Node {
+    /// A struct, with its members in order when they are known.
+    Struct(Option<Members>),
+    /// A map; the schema of its values.
+    Map(Option<&'static Value>),
+    /// A list; the schema of its items.
+    List(Option<&'static Value>),
+    /// Anything else: written as it is.
+    Other,
+}
+
+fn node(schema: &'static Value) -> Node {
+    let resolved = schema::resolve(schema);
+    if resolved.get("properties").is_some_and(Value::is_object) {
+        return Node::Struct(members(resolved));
+    }
+    if let Some(items) = resolved.get("items") {
+        return Node::List(Some(items).filter(|items| items.is_object()));
+    }
+    if resolved.get("type").and_then(Value::as_str) == Some("object") {
+        return Node::Map(
+            resolved
+                .get("additionalProperties")
+                .filter(|v| v.is_object()),
+        );
+    }
+    Node::Other
+}
+
+/// The members of a struct definition (its resolved schema node) in Go's order.
+pub fn members(definition: &'static Value) -> Option<Members> {
+    let address = std::ptr::from_ref(definition) as usize;
+    if let Some(known) = MEMBERS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&address)
+    {
+        return *known;
+    }
+    // The definition's name: every definition its documents hold that has an order is
+    // looked up (once per definition the writer meets; its document is loaded, as the
+    // node came from it).
+    let mut found = None;
+    let mut table = MEMBERS.write().unwrap_or_else(|e| e.into_inner());
+    for (name, order) in ORDERS.iter() {
+        let Some(node) = schema::named(name) else {
+            continue;
+        };
+        let at = std::ptr::from_ref(node) as usize;
+        if table.contains_key(&at) {
+            continue;
+        }
+        let properties = node.get("properties").and_then(Value::as_object);
+        let listed: Vec<(&'static str, &'static Value)> = order
+            .iter()
+            .filter_map(|member| Some((*member, properties?.get(*member)?)))
+            .collect();
+        let listed: Members = Box::leak(listed.into_boxed_slice());
+        table.insert(at, Some(listed));
+        if at == address {
+            found = Some(listed);
+        }
+    }
+    table.entry(address).or_insert(found);
+    found
+}
+
+/// The members of the definition `name` in Go's order (`None` when it is not loaded, or has
+/// no known order).
+pub fn named(name: &str) -> Option<Members> {
+    members(schema::named(name)?)
+}
+
+/// Writes `value` as JSON, as Go writes the type `schema` describes: a struct's members in
+/// the order its type declares them (members it does not declare after them, as they are),
+/// a map's keys sorted, each value as its own schema says. Without a schema, as it is.
+pub fn write<W: std::io::Write>(
+    out: &mut W,
+    value: &Value,
+    schema: Option<&'static Value>,
+) -> std::io::Result<()> {
+    match (value, schema.map(node)) {
+        (Value::Object(map), Some(Node::Struct(Some(members)))) => {
+            out.write_all(b"{")?;
+            let mut first = true;
+            write_struct_members(out, map, members, &mut first, |_| false)?;
+            out.write_all(b"}")
+        }
+        (Value::Object(map), Some(Node::Map(values))) => {
+            out.write_all(b"{")?;
+            let mut first = true;
+            let mut put = |key: &String, value: &Value| {
+                if !std::mem::take(&mut first) {
+                    out.write_all(b",")?;
+                }
+                write_key(out, key)?;
+                write(out, value, values)
+            };
+            if map.keys().is_sorted() {
+                for (key, value) in map {
+                    put(key, value)?;
+                }
+            } else {
+                let mut sorted: Vec<_> = map.iter().collect();
+                sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                for (key, value) in sorted {
+                    put(key, value)?;
+                }
+            }
+            out.write_all(b"}")
+        }
+        (Value::Array(items), Some(Node::List(schema))) => {
+            out.write_all(b"[")?;
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write(out, item, schema)?;
+            }
+            out.write_all(b"]")
+        }
+        _ => serde_json::to_writer(out, value).map_err(std::io::Error::other),
+    }
+}
+
+/// [`write`] into a buffer (which cannot fail).
+pub fn to_vec(value: &Value, schema: Option<&'static Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = write(&mut out, value, schema);
+    out
+}
+
+/// Writes the members of `map` in the order of `members`, then those `members` does not
+/// name, each after a comma unless `first`; `skip` leaves members out.
+pub fn write_struct_members<W: std::io::Write>(
+    out: &mut W,
+    map: &Map<String, Value>,
+    members: Members,
+    first: &mut bool,
+    skip: impl Fn(&str) -> bool,
+) -> std::io::Result<()> {
+    let mut seen = 0;
+    for (name, schema) in members {
+        if let Some(value) = map.get(*name) {
+            seen += 1;
+            if skip(name) {
+                continue;
+            }
+            if !std::mem::take(first) {
+                out.write_all(b",")?;
+            }
+            write_key(out, name)?;
+            write(out, value, Some(schema))?;
+        }
+    }
+    if seen < map.len() {
+        for (key, value) in map {
+            if skip(key) || members.iter().any(|(name, _)| name == key) {
+                continue;
+            }
+            if !std::mem::take(first) {
+                out.write_all(b",")?;
+            }
+            write_key(out, key)?;
+            write(out, value, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// `"key":`.
+pub fn write_key<W: std::io::Write>(out: &mut W, key: &str) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, key).map_err(std::io::Error::other)?;
+    out.write_all(b":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every definition's order names exactly the properties its OpenAPI schema declares.
+    #[test]
+    fn each_order_names_its_definitions_properties() {
+        for document in [
+            schema::CORE_V1_OPENAPI,
+            schema::APIREGISTRATION_V1_OPENAPI,
+            schema::DISCOVERY_V1_OPENAPI,
+            schema::COORDINATION_V1_OPENAPI,
+        ] {
+            let _ = schema::definition(document, "io.k8s.api.core.v1.Service");
+        }
+        assert!(ORDERS.len() > 150, "{}", ORDERS.len());
+        for (name, order) in ORDERS.iter() {
+            let definition = [
+                schema::CORE_V1_OPENAPI,
+                schema::APIREGISTRATION_V1_OPENAPI,
+                schema::DISCOVERY_V1_OPENAPI,
+                schema::COORDINATION_V1_OPENAPI,
+            ]
+            .into_iter()
+            .find_map(|document| schema::definition(document, name))
+            .unwrap_or_else(|| panic!("{name} is in no OpenAPI document"));
+            let mut declared: Vec<&str> = definition
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|p| p.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            let mut listed = order.clone();
+            declared.sort_unstable();
+            listed.sort_unstable();
+            assert_eq!(listed, declared, "{name}");
+        }
+    }
+
+    fn written(value: &Value, definition: &str) -> String {
+        String::from_utf8(to_vec(value, schema::named(definition))).expect("JSON is UTF-8")
+    }
+
+    #[test]
+    fn structs_in_declaration_order_maps_sorted_the_rest_as_it_is() {
+        let spec = json!({"type": "ClusterIP", "clusterIP": "10.0.0.1", "selector": {"b": "2", "a": "1"},
+            "ports": [{"targetPort": 8080, "port": 80, "protocol": "TCP", "name": "http"}],
+            "sessionAffinity": "None"});
+        assert_eq!(
+            written(&spec, "io.k8s.api.core.v1.ServiceSpec"),
+            r#"{"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}],"selector":{"a":"1","b":"2"},"clusterIP":"10.0.0.1","type":"ClusterIP","sessionAffinity":"None"}"#
+        );
+        // A member the type does not declare comes last; a value of another shape is
+        // written as it is.
+        let odd = json!({"zzz": {"y": 1, "x": 2}, "ports": "text", "type": "NodePort"});
+        assert_eq!(
+            written(&odd, "io.k8s.api.core.v1.ServiceSpec"),
+            r#"{"ports":"text","type":"NodePort","zzz":{"y":1,"x":2}}"#
+        );
+        assert_eq!(written(&json!([1, "a"]), "nowhere"), r#"[1,"a"]"#);
+    }
+
+    #[test]
+    fn the_same_name_in_two_groups_keeps_each_groups_order() {
+        let port = json!({"port": 80, "protocol": "TCP", "name": "p"});
+        assert_eq!(
+            written(&port, "io.k8s.api.core.v1.EndpointPort"),
+            r#"{"name":"p","port":80,"protocol":"TCP"}"#
+        );
+        let _ = schema::definition(
+            schema::DISCOVERY_V1_OPENAPI,
+            "io.k8s.api.discovery.v1.EndpointSlice",
+        );
+        assert_eq!(
+            written(&port, "io.k8s.api.discovery.v1.EndpointPort"),
+            r#"{"name":"p","protocol":"TCP","port":80}"#
+        );
+    }
+}
