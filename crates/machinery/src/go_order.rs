@@ -32,7 +32,7 @@ pub type Members = &'static [(&'static str, &'static Value)];
 /// The members of each struct definition met so far (by the address of its schema node), or
 /// `None` for one without a known order. Filled once per definition for the life of the
 /// process: the schemas live as long.
-static MEMBERS: LazyLock<RwLock<HashMap<usize, Option<Members>>>> = LazyLock::new(Default::default);
+static MEMBERS: LazyLock<RwLock<schema::ByNode<Option<Members>>>> = LazyLock::new(Default::default);
 
 /// What a schema node is to the writer.
 #[derive(Clone, Copy)]
@@ -47,7 +47,21 @@ enum Node {
     Other,
 }
 
+/// What a schema node is to the writer, worked out once per node and thread.
 fn node(schema: &'static Value) -> Node {
+    thread_local! {
+        static NODES: std::cell::RefCell<schema::ByNode<Node>> = std::cell::RefCell::default();
+    }
+    let address = schema::address(schema);
+    if let Some(known) = NODES.with_borrow(|nodes| nodes.get(&address).copied()) {
+        return known;
+    }
+    let found = node_of(schema);
+    NODES.with_borrow_mut(|nodes| nodes.insert(address, found));
+    found
+}
+
+fn node_of(schema: &'static Value) -> Node {
     let resolved = schema::resolve(schema);
     if resolved.get("properties").is_some_and(Value::is_object) {
         return Node::Struct(members(resolved));
@@ -67,7 +81,7 @@ fn node(schema: &'static Value) -> Node {
 
 /// The members of a struct definition (its resolved schema node) in Go's order.
 pub fn members(definition: &'static Value) -> Option<Members> {
-    let address = std::ptr::from_ref(definition) as usize;
+    let address = schema::address(definition);
     if let Some(known) = MEMBERS
         .read()
         .unwrap_or_else(|e| e.into_inner())
@@ -84,7 +98,7 @@ pub fn members(definition: &'static Value) -> Option<Members> {
         let Some(node) = schema::named(name) else {
             continue;
         };
-        let at = std::ptr::from_ref(node) as usize;
+        let at = schema::address(node);
         if table.contains_key(&at) {
             continue;
         }

@@ -62,7 +62,7 @@ pub fn definition(document: &'static [u8], name: &str) -> Option<&'static Value>
 
 /// A hasher for maps keyed by a schema node's address: the address is already unique.
 #[derive(Default)]
-struct AddressHasher(u64);
+pub(crate) struct AddressHasher(u64);
 
 impl std::hash::Hasher for AddressHasher {
     fn finish(&self) -> u64 {
@@ -81,9 +81,10 @@ impl std::hash::Hasher for AddressHasher {
 
 /// Memos keyed by schema node. The schemas live as long as the process, so a node's address
 /// names it for good.
-type ByNode<T> = std::collections::HashMap<usize, T, std::hash::BuildHasherDefault<AddressHasher>>;
+pub(crate) type ByNode<T> =
+    std::collections::HashMap<usize, T, std::hash::BuildHasherDefault<AddressHasher>>;
 
-fn address(schema: &'static Value) -> usize {
+pub(crate) fn address(schema: &'static Value) -> usize {
     std::ptr::from_ref(schema) as usize
 }
 
