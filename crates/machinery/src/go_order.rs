@@ -40,7 +40,7 @@ enum Node {
     /// A struct, with its members in order when they are known.
     Struct(Option<Members>),
     /// A map; the schema of its values.
-    Map(Option<&'static Value>),
+    Map(&'static Value),
     /// A list; the schema of its items.
     List(Option<&'static Value>),
     /// Anything else: written as it is.
@@ -69,14 +69,17 @@ fn node_of(schema: &'static Value) -> Node {
     if let Some(items) = resolved.get("items") {
         return Node::List(Some(items).filter(|items| items.is_object()));
     }
-    if resolved.get("type").and_then(Value::as_str) == Some("object") {
-        return Node::Map(
-            resolved
-                .get("additionalProperties")
-                .filter(|v| v.is_object()),
-        );
+    // An object without properties or value schema (FieldsV1, RawExtension) is raw JSON to
+    // Go's encoder: written as it is, where a map of values is written sorted.
+    match resolved
+        .get("additionalProperties")
+        .filter(|v| v.is_object())
+    {
+        Some(values) if resolved.get("type").and_then(Value::as_str) == Some("object") => {
+            Node::Map(values)
+        }
+        _ => Node::Other,
     }
-    Node::Other
 }
 
 /// The members of a struct definition (its resolved schema node) in Go's order.
@@ -123,6 +126,21 @@ pub fn named(name: &str) -> Option<Members> {
     members(schema::named(name)?)
 }
 
+/// `ObjectMeta`'s members in Go's order (its document is the first one loaded).
+pub fn object_meta() -> Members {
+    static MEMBERS: LazyLock<Members> = LazyLock::new(|| named(OBJECT_META).unwrap_or(&[]));
+    *MEMBERS
+}
+
+/// The members in Go's order of the struct `schema` describes, if it is one with a known
+/// order.
+pub fn struct_members(schema: &'static Value) -> Option<Members> {
+    match node(schema) {
+        Node::Struct(members) => members,
+        _ => None,
+    }
+}
+
 /// Writes `value` as JSON, as Go writes the type `schema` describes: a struct's members in
 /// the order its type declares them (members it does not declare after them, as they are),
 /// a map's keys sorted, each value as its own schema says. Without a schema, as it is.
@@ -131,7 +149,11 @@ pub fn write<W: std::io::Write>(
     value: &Value,
     schema: Option<&'static Value>,
 ) -> std::io::Result<()> {
-    match (value, schema.map(node)) {
+    let node = match value {
+        Value::Object(_) | Value::Array(_) => schema.map(node),
+        _ => None,
+    };
+    match (value, node) {
         (Value::Object(map), Some(Node::Struct(Some(members)))) => {
             out.write_all(b"{")?;
             let mut first = true;
@@ -139,6 +161,7 @@ pub fn write<W: std::io::Write>(
             out.write_all(b"}")
         }
         (Value::Object(map), Some(Node::Map(values))) => {
+            let values = Some(values);
             out.write_all(b"{")?;
             let mut first = true;
             let mut put = |key: &String, value: &Value| {
@@ -182,8 +205,26 @@ pub fn to_vec(value: &Value, schema: Option<&'static Value>) -> Vec<u8> {
     out
 }
 
-/// Writes the members of `map` in the order of `members`, then those `members` does not
-/// name, each after a comma unless `first`; `skip` leaves members out.
+/// The members of `map` in the order of `members`, those it does not name after them (in
+/// their order), each with its place in `members` (`usize::MAX` for those). Members already
+/// in that order (as written by this writer, or read back) are not sorted again.
+pub fn in_order(map: &Map<String, Value>, members: Members) -> Vec<(usize, &str, &Value)> {
+    let rank = |key: &str| {
+        members
+            .iter()
+            .position(|(name, _)| *name == key)
+            .unwrap_or(usize::MAX)
+    };
+    let mut listed: Vec<_> = map.iter().map(|(k, v)| (rank(k), k.as_str(), v)).collect();
+    if !listed.is_sorted_by_key(|member| member.0) {
+        // Stable: the members `members` does not name keep their order.
+        listed.sort_by_key(|member| member.0);
+    }
+    listed
+}
+
+/// Writes the members of `map` in the order of `members` ([`in_order`]), each after a comma
+/// unless `first`; `skip` leaves members out.
 pub fn write_struct_members<W: std::io::Write>(
     out: &mut W,
     map: &Map<String, Value>,
@@ -191,33 +232,37 @@ pub fn write_struct_members<W: std::io::Write>(
     first: &mut bool,
     skip: impl Fn(&str) -> bool,
 ) -> std::io::Result<()> {
-    let mut seen = 0;
-    for (name, schema) in members {
-        if let Some(value) = map.get(*name) {
-            seen += 1;
-            if skip(name) {
-                continue;
-            }
-            if !std::mem::take(first) {
-                out.write_all(b",")?;
-            }
-            write_key(out, name)?;
-            write(out, value, Some(schema))?;
+    for (rank, key, value) in in_order(map, members) {
+        if skip(key) {
+            continue;
         }
-    }
-    if seen < map.len() {
-        for (key, value) in map {
-            if skip(key) || members.iter().any(|(name, _)| name == key) {
-                continue;
-            }
-            if !std::mem::take(first) {
-                out.write_all(b",")?;
-            }
-            write_key(out, key)?;
-            write(out, value, None)?;
+        if !std::mem::take(first) {
+            out.write_all(b",")?;
         }
+        write_member(out, members, (rank, key, value))?;
     }
     Ok(())
+}
+
+/// Writes `"key":value`, the value as the schema of its place in `members` says.
+pub fn write_member<W: std::io::Write>(
+    out: &mut W,
+    members: Members,
+    (rank, key, value): (usize, &str, &Value),
+) -> std::io::Result<()> {
+    match members.get(rank) {
+        Some((name, schema)) => {
+            // A declared member's name is a plain identifier: nothing to escape.
+            out.write_all(b"\"")?;
+            out.write_all(name.as_bytes())?;
+            out.write_all(b"\":")?;
+            write(out, value, Some(schema))
+        }
+        None => {
+            write_key(out, key)?;
+            write(out, value, None)
+        }
+    }
 }
 
 /// `"key":`.
@@ -243,6 +288,15 @@ mod tests {
             let _ = schema::definition(document, "io.k8s.api.core.v1.Service");
         }
         assert!(ORDERS.len() > 150, "{}", ORDERS.len());
+        // Written without escaping: every member name is a plain identifier.
+        for (name, order) in ORDERS.iter() {
+            for member in order {
+                assert!(
+                    member.bytes().all(|b| b.is_ascii_alphanumeric()),
+                    "{name}.{member}"
+                );
+            }
+        }
         for (name, order) in ORDERS.iter() {
             let definition = [
                 schema::CORE_V1_OPENAPI,
@@ -286,6 +340,12 @@ mod tests {
             r#"{"ports":"text","type":"NodePort","zzz":{"y":1,"x":2}}"#
         );
         assert_eq!(written(&json!([1, "a"]), "nowhere"), r#"[1,"a"]"#);
+        // FieldsV1 is raw JSON to Go (structured-merge-diff's order, `i:` after `k:`): as it is.
+        let fields = json!({"f:b": {}, "k:{\"x\":1}": {".": {}}, "i:0": {}});
+        assert_eq!(
+            written(&fields, "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1"),
+            fields.to_string()
+        );
     }
 
     #[test]

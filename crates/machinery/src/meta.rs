@@ -253,9 +253,7 @@ pub fn typed_json_bytes_laid_out<'r>(
     let mut layout = None;
     if let Value::Object(fields) = object {
         let members = out.len() + 1;
-        let ordered = schema
-            .map(crate::schema::resolve)
-            .and_then(go_order::members);
+        let ordered = schema.and_then(go_order::struct_members);
         for (key, value, member_schema) in root_members(fields, ordered) {
             out.push(b',');
             let _ = go_order::write_key(&mut out, key);
@@ -291,26 +289,16 @@ fn root_members(
     fields: &Map<String, Value>,
     ordered: Option<go_order::Members>,
 ) -> Vec<(&str, &Value, Option<&'static Value>)> {
-    let mut out = Vec::with_capacity(fields.len());
-    if let Some(members) = ordered {
-        for (name, schema) in members {
-            if let Some((key, value)) = fields.get_key_value(*name)
-                && !matches!(*name, "kind" | "apiVersion")
-            {
-                out.push((key.as_str(), value, Some(*schema)));
-            }
-        }
-        for (key, value) in fields {
-            if !matches!(key.as_str(), "kind" | "apiVersion")
-                && !members.iter().any(|(name, _)| name == key)
-            {
-                out.push((key.as_str(), value, None));
-            }
-        }
-    } else {
-        out.extend(members_in_order(fields).map(|(key, value)| (key, value, None)));
+    match ordered {
+        Some(members) => go_order::in_order(fields, members)
+            .into_iter()
+            .filter(|(_, key, _)| !matches!(*key, "kind" | "apiVersion"))
+            .map(|(rank, key, value)| (key, value, members.get(rank).map(|(_, schema)| *schema)))
+            .collect(),
+        None => members_in_order(fields)
+            .map(|(key, value)| (key, value, None))
+            .collect(),
     }
-    out
 }
 
 /// Writes `metadata` in `ObjectMeta`'s order, and where its parts are (offsets into `out`).
@@ -320,22 +308,11 @@ fn root_members(
 fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool) -> StoredLayout {
     let metadata_start = out.len();
     out.push(b'{');
-    let ordered = go_order::named(go_order::OBJECT_META).unwrap_or(&[]);
+    let ordered = go_order::object_meta();
     let resource_version_rank = ordered
         .iter()
         .position(|(name, _)| *name == "resourceVersion")
         .unwrap_or(usize::MAX);
-    let in_order = ordered
-        .iter()
-        .enumerate()
-        .filter_map(|(rank, (name, schema))| {
-            let (key, value) = metadata.get_key_value(*name)?;
-            Some((key, value, Some(*schema), rank))
-        });
-    let rest = metadata
-        .iter()
-        .filter(|(key, _)| !ordered.iter().any(|(name, _)| name == key))
-        .map(|(key, value)| (key, value, None, usize::MAX));
     let resource_version = metadata.get("resourceVersion").filter(|_| !stored);
     let mut first = true;
     let mut managed_fields: Option<std::ops::Range<usize>> = None;
@@ -344,7 +321,7 @@ fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool
     let mut resource_version_at = None;
     // Whether a member that comes before resourceVersion was written.
     let mut before = false;
-    for (key, value, schema, rank) in in_order.chain(rest) {
+    for (rank, key, value) in go_order::in_order(metadata, ordered) {
         if key == "resourceVersion" {
             continue;
         }
@@ -367,8 +344,7 @@ fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool
         {
             cut.end = out.len();
         }
-        let _ = go_order::write_key(out, key);
-        let _ = go_order::write(out, value, schema);
+        let _ = go_order::write_member(out, ordered, (rank, key, value));
         if key == "managedFields" {
             managed_fields = Some(comma..out.len());
             managed_first = first;
