@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::schema;
 
+mod typed;
+pub use typed::to_vec as typed_to_vec;
+
 /// The member order of each definition, by its OpenAPI name.
 static ORDERS: LazyLock<HashMap<&'static str, Vec<&'static str>>> = LazyLock::new(|| {
     include_str!("../data/go_field_order.txt")

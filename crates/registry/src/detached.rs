@@ -260,12 +260,11 @@ impl SerializeStruct for Fields<'_> {
         value: &V,
     ) -> Result<(), Self::Error> {
         if (self.top.detach)(key) {
-            let tree = serde_json::to_value(value)?;
             let member = self
                 .top
                 .schema
                 .and_then(|schema| capstan_machinery::schema::property(schema, key));
-            let text = String::from_utf8(capstan_machinery::go_order::to_vec(&tree, member))
+            let text = String::from_utf8(capstan_machinery::go_order::typed_to_vec(value, member)?)
                 .map_err(serde::ser::Error::custom)?;
             if detachable(&text) {
                 self.top
@@ -429,6 +428,42 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::same_text;
+
+    /// A typed value written in Go's order straight from its type is the JSON its `Value`
+    /// written in that order is (what a detached list is compared with, and stored as).
+    #[test]
+    fn typed_values_are_written_as_their_trees_are() {
+        use capstan_machinery::{go_order, schema};
+        let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": "s", "labels": {"b": "1", "a": "2"},
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:z": {}, "k:{\"x\":1}": {}, "i:0": {}, "f:a": {}}}]},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true, "serving": true, "terminating": false},
+                "targetRef": {"kind": "Pod", "name": "p", "namespace": "n", "uid": "u"},
+                "nodeName": "n1", "zone": "z", "hints": {"forZones": [{"name": "z"}]},
+                "deprecatedTopology": {"z": "1", "a": "2"}}],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+        }))
+        .expect("a slice");
+        let _ = schema::definition(
+            schema::DISCOVERY_V1_OPENAPI,
+            "io.k8s.api.discovery.v1.EndpointSlice",
+        );
+        let definition = schema::named("io.k8s.api.discovery.v1.EndpointSlice");
+        let typed = go_order::typed_to_vec(&slice, definition).expect("writes");
+        let tree = go_order::to_vec(&serde_json::to_value(&slice).expect("a tree"), definition);
+        assert_eq!(
+            String::from_utf8_lossy(&typed),
+            String::from_utf8_lossy(&tree)
+        );
+        let text = String::from_utf8_lossy(&typed);
+        assert!(text.contains(r#""conditions":{"ready":true,"serving":true,"terminating":false},"targetRef":{"kind":"Pod","namespace":"n","name":"p","uid":"u"},"deprecatedTopology":{"a":"2","z":"1"},"nodeName":"n1","zone":"z","hints""#), "{text}");
+        // FieldsV1 as it was given.
+        assert!(
+            text.contains(r#""f:z":{},"k:{\"x\":1}":{},"i:0":{},"f:a":{}"#),
+            "{text}"
+        );
+    }
 
     #[test]
     fn texts_read_side_by_side() {
