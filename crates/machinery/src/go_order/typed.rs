@@ -53,8 +53,8 @@ impl<'a> ser::Serializer for Ordered<'a> {
     type Ok = ();
     type Error = Error;
     type SerializeSeq = Seq<'a>;
-    type SerializeTuple = Seq<'a>;
-    type SerializeTupleStruct = Seq<'a>;
+    type SerializeTuple = ser::Impossible<(), Error>;
+    type SerializeTupleStruct = ser::Impossible<(), Error>;
     type SerializeTupleVariant = ser::Impossible<(), Error>;
     type SerializeMap = MapWriter<'a>;
     type SerializeStruct = Struct<'a>;
@@ -118,9 +118,7 @@ impl<'a> ser::Serializer for Ordered<'a> {
         _: &'static str,
         _: &T,
     ) -> Result<(), Error> {
-        Err(ser::Error::custom(
-            "enum variants with data are not written in Go's order",
-        ))
+        Err(unwritten())
     }
 
     fn serialize_seq(self, _: Option<usize>) -> Result<Seq<'a>, Error> {
@@ -136,12 +134,16 @@ impl<'a> ser::Serializer for Ordered<'a> {
         })
     }
 
-    fn serialize_tuple(self, len: usize) -> Result<Seq<'a>, Error> {
-        self.serialize_seq(Some(len))
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Error> {
+        Err(unwritten())
     }
 
-    fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Seq<'a>, Error> {
-        self.serialize_seq(Some(len))
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, Error> {
+        Err(unwritten())
     }
 
     fn serialize_tuple_variant(
@@ -151,9 +153,7 @@ impl<'a> ser::Serializer for Ordered<'a> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleVariant, Error> {
-        Err(ser::Error::custom(
-            "enum variants with data are not written in Go's order",
-        ))
+        Err(unwritten())
     }
 
     fn serialize_map(self, _: Option<usize>) -> Result<MapWriter<'a>, Error> {
@@ -190,10 +190,14 @@ impl<'a> ser::Serializer for Ordered<'a> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStructVariant, Error> {
-        Err(ser::Error::custom(
-            "enum variants with data are not written in Go's order",
-        ))
+        Err(unwritten())
     }
+}
+
+/// What no Kubernetes type holds (tuples, enum variants with data): not written here (the
+/// caller writes the value another way).
+fn unwritten() -> Error {
+    ser::Error::custom("a tuple or an enum variant with data: not written in Go's order")
 }
 
 /// A list: each item as the list's item schema says.
@@ -224,28 +228,6 @@ impl ser::SerializeSeq for Seq<'_> {
     type Ok = ();
     type Error = Error;
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTuple for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleStruct for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         self.item(value)
     }
     fn end(self) -> Result<(), Error> {
