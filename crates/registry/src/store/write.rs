@@ -496,11 +496,7 @@ impl Registry {
                     &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
                 )?;
             }
-            let Admitted {
-                extras,
-                errors: invalid,
-                warnings,
-            } = self
+            let admitted: Admitted = self
                 .strategy
                 .admit(
                     self.storage.as_ref(),
@@ -510,9 +506,10 @@ impl Registry {
                     options.dry_run,
                 )
                 .await?;
+            let (extras, warnings) = (admitted.extras, admitted.warnings);
             let mut errors = FieldErrors::new();
             self.validate_meta_update(&new, old.meta(), subresource, &mut errors);
-            errors.extend(invalid);
+            errors.extend(admitted.errors);
             if !errors.is_empty() {
                 return Err(self.invalid(name, &errors));
             }
@@ -590,17 +587,22 @@ impl Registry {
 impl Registry {
     /// The stored form of an object, with the members kept as encoded JSON (`detached`).
     fn encode_with(&self, object: &Value, detached: &Detached) -> Encoded {
-        let info = self.strategy.info();
-        let api_version = info.api_version();
-        let raw = |key: &str| detached.get(key);
-        let (encoded, layout) = meta::typed_json_bytes_laid_out(
-            object,
-            (&api_version, info.kind),
-            true,
-            &raw,
-            self.strategy.schema(),
-        );
+        let (encoded, layout) = self.json_of(object, true, &|key| detached.get(key));
         (Bytes::from(encoded), layout)
+    }
+
+    /// An object's JSON as its kind writes it ([`meta::typed_json_bytes_laid_out`]): `kind`
+    /// and `apiVersion` first, each struct's members in its Go type's order.
+    pub(super) fn json_of<'r>(
+        &self,
+        object: &Value,
+        stored: bool,
+        raw: &dyn Fn(&str) -> Option<&'r serde_json::value::RawValue>,
+    ) -> (Vec<u8>, Option<meta::StoredLayout>) {
+        let info = self.strategy.info();
+        let type_meta = (info.api_version(), info.kind);
+        let schema = self.strategy.schema();
+        meta::typed_json_bytes_laid_out(object, (&type_meta.0, type_meta.1), stored, raw, schema)
     }
 
     /// Encodes an object for storage within the size bound. As upstream, an object too large

@@ -217,13 +217,7 @@ impl Registry {
                     #[cfg(debug_assertions)]
                     if let Some(json) = &json {
                         // The bytes encoding the object itself gives.
-                        let api_version = info.api_version();
-                        let encoded = meta::typed_json_bytes(
-                            &object,
-                            (&api_version, info.kind),
-                            false,
-                            self.strategy.schema(),
-                        );
+                        let encoded = self.json_of(&object, false, &|_| None).0;
                         debug_assert_eq!(
                             String::from_utf8_lossy(json),
                             String::from_utf8_lossy(&encoded)
