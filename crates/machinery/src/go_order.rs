@@ -98,8 +98,11 @@ pub fn members(definition: &'static Value) -> Option<Members> {
     // The definition's name: every definition its documents hold that has an order is
     // looked up (once per definition the writer meets; its document is loaded, as the
     // node came from it).
-    let mut found = None;
     let mut table = MEMBERS.write().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have looked it up between the two locks.
+    if let Some(known) = table.get(&address) {
+        return *known;
+    }
     for (name, order) in ORDERS.iter() {
         let Some(node) = schema::named(name) else {
             continue;
@@ -115,12 +118,8 @@ pub fn members(definition: &'static Value) -> Option<Members> {
             .collect();
         let listed: Members = Box::leak(listed.into_boxed_slice());
         table.insert(at, Some(listed));
-        if at == address {
-            found = Some(listed);
-        }
     }
-    table.entry(address).or_insert(found);
-    found
+    *table.entry(address).or_insert(None)
 }
 
 /// The members of the definition `name` in Go's order (`None` when it is not loaded, or has
@@ -133,6 +132,17 @@ pub fn named(name: &str) -> Option<Members> {
 pub fn object_meta() -> Members {
     static MEMBERS: LazyLock<Members> = LazyLock::new(|| named(OBJECT_META).unwrap_or(&[]));
     *MEMBERS
+}
+
+/// `ObjectMeta`'s members that come before `resourceVersion` (`name` to `uid`): after them is
+/// where it goes in.
+pub fn before_resource_version() -> Members {
+    let all = object_meta();
+    let at = all
+        .iter()
+        .position(|(name, _)| *name == "resourceVersion")
+        .unwrap_or(0);
+    &all[..at]
 }
 
 /// The members in Go's order of the struct `schema` describes, if it is one with a known
@@ -348,6 +358,15 @@ mod tests {
         assert_eq!(
             written(&fields, "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1"),
             fields.to_string()
+        );
+    }
+
+    #[test]
+    fn resource_version_goes_after_uid() {
+        let before: Vec<&str> = before_resource_version().iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            before,
+            ["name", "generateName", "namespace", "selfLink", "uid"]
         );
     }
 

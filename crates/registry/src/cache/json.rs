@@ -43,9 +43,6 @@ pub(super) struct Stored {
     pub(super) resource_version_after_member: bool,
 }
 
-/// The members `ObjectMeta` declares before `resourceVersion`.
-const BEFORE_RESOURCE_VERSION: [&str; 5] = ["name", "generateName", "namespace", "selfLink", "uid"];
-
 impl Stored {
     /// Checks a stored value's JSON and finds its parts, in one pass; `None` when it is not
     /// JSON or has another shape (no whitespace around it, `kind` and `apiVersion` first, a
@@ -128,7 +125,10 @@ impl Stored {
             let member_start = scan.at;
             let key = scan.member()?;
             let member_end = scan.at;
-            if BEFORE_RESOURCE_VERSION.iter().any(|name| named(key, name)) {
+            if capstan_machinery::go_order::before_resource_version()
+                .iter()
+                .any(|(name, _)| named(key, name))
+            {
                 resource_version_at = Some(member_end);
             }
             if named(key, "resourceVersion") {

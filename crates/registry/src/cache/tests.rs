@@ -489,12 +489,30 @@ fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
 /// Members of a metadata object: managedFields, resourceVersion and name among others, with
 /// any values.
 fn metadata_members() -> impl proptest::strategy::Strategy<Value = Vec<(String, Value)>> {
-    let key = proptest::prop_oneof![
-        proptest::strategy::Just("managedFields".to_string()),
-        proptest::strategy::Just("resourceVersion".to_string()),
-        proptest::strategy::Just("name".to_string()),
-        "[a-zA-Z\\\\\"]{1,8}",
-    ];
+    members_of(&["managedFields", "resourceVersion", "name"])
+}
+
+/// [`metadata_members`] with all those before `resourceVersion` in `ObjectMeta`'s order
+/// (`name` to `uid`, which decide where it goes in).
+fn metadata_members_placed() -> impl proptest::strategy::Strategy<Value = Vec<(String, Value)>> {
+    members_of(&[
+        "managedFields",
+        "resourceVersion",
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "labels",
+    ])
+}
+
+fn members_of(
+    known: &[&'static str],
+) -> impl proptest::strategy::Strategy<Value = Vec<(String, Value)>> + use<> {
+    use proptest::strategy::Strategy;
+    let known = proptest::sample::select(known.to_vec()).prop_map(str::to_string);
+    let key = proptest::prop_oneof![known, "[a-zA-Z\\\\\"]{1,8}"];
     proptest::collection::vec((key, any_json()), 0..6)
 }
 
@@ -525,18 +543,21 @@ proptest::proptest! {
     /// reading the bytes would.
     #[test]
     fn the_encoders_layout_is_where_a_scan_finds_the_parts(
-        members in metadata_members(),
+        members in metadata_members_placed(),
         spec in any_json(),
     ) {
         let metadata: serde_json::Map<String, Value> = members.into_iter().collect();
         let object = json!({"metadata": metadata, "spec": spec});
-        let (bytes, layout) =
-            meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, None);
-        let bytes = Bytes::from(bytes);
-        let layout = layout.expect("a metadata object is laid out");
-        let scanned = super::json::Stored::locate_own(bytes.clone()).expect("scans");
-        let told = super::json::Stored::laid_out(bytes.clone(), &layout).expect("fits");
-        proptest::prop_assert_eq!(told, scanned);
+        let service = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+        for schema in [None, service] {
+            let (bytes, layout) =
+                meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, schema);
+            let bytes = Bytes::from(bytes);
+            let layout = layout.expect("a metadata object is laid out");
+            let scanned = super::json::Stored::locate_own(bytes.clone()).expect("scans");
+            let told = super::json::Stored::laid_out(bytes.clone(), &layout).expect("fits");
+            proptest::prop_assert_eq!(told, scanned);
+        }
     }
 }
 
