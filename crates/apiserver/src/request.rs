@@ -441,11 +441,12 @@ pub fn object_response(
             &meta::typed_value(object, type_meta, strategy.schema()),
             true,
         ),
+        // YAML's keys are sorted (as upstream's are): no member order to keep.
         Output::Yaml => response(
             status,
             "application/yaml",
             full(
-                yaml::to_string(&meta::typed_value(object, type_meta, strategy.schema()))
+                yaml::to_string(&meta::with_type_meta(object, type_meta.0, type_meta.1))
                     .unwrap_or_default(),
             ),
         ),

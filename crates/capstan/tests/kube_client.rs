@@ -763,3 +763,82 @@ async fn a_list_tables_rows_are_the_single_objects_rows() {
         }
     }
 }
+
+/// What a client reading the bytes sees: each object's members in the order kube-apiserver's
+/// Go types write them (the 1.36 transcripts' order), whichever way it is read.
+#[tokio::test]
+async fn objects_come_in_kube_apiservers_member_order() {
+    let server = Server::start();
+    let client = server.client().await;
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
+    let path = "/api/v1/namespaces/default/services";
+    let (code, created, _) = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        serde_json::to_vec(&service).expect("encode"),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let (_, got, _) = raw(&client, "GET", &format!("{path}/web"), None, Vec::new()).await;
+    let (_, list, _) = raw(&client, "GET", path, None, Vec::new()).await;
+    let keys = |value: &serde_json::Value| -> Vec<String> {
+        value
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let listed = list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|item| item["metadata"]["name"] == "web"))
+        .expect("web listed");
+    for object in [&created, &got, listed] {
+        assert_eq!(
+            keys(&object["metadata"]),
+            [
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "labels",
+                "managedFields"
+            ],
+            "{object}"
+        );
+        assert_eq!(
+            keys(&object["spec"]),
+            [
+                "ports",
+                "selector",
+                "clusterIP",
+                "clusterIPs",
+                "type",
+                "sessionAffinity",
+                "ipFamilies",
+                "ipFamilyPolicy",
+                "internalTrafficPolicy"
+            ],
+            "{object}"
+        );
+        assert_eq!(
+            keys(&object["spec"]["ports"][0]),
+            ["name", "protocol", "port", "targetPort"]
+        );
+        assert_eq!(
+            keys(&object["metadata"]["managedFields"][0]),
+            [
+                "manager",
+                "operation",
+                "apiVersion",
+                "time",
+                "fieldsType",
+                "fieldsV1"
+            ]
+        );
+    }
+    assert_eq!(keys(&created)[..2], ["kind", "apiVersion"]);
+}

@@ -27,7 +27,7 @@ static ORDERS: LazyLock<HashMap<&'static str, Vec<&'static str>>> = LazyLock::ne
 });
 
 /// `metadata`'s definition, which every kind shares.
-pub const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
 
 /// A struct definition's members in Go's order, each with its schema.
 pub type Members = &'static [(&'static str, &'static Value)];
@@ -86,7 +86,7 @@ fn node_of(schema: &'static Value) -> Node {
 }
 
 /// The members of a struct definition (its resolved schema node) in Go's order.
-pub fn members(definition: &'static Value) -> Option<Members> {
+fn members(definition: &'static Value) -> Option<Members> {
     let address = schema::address(definition);
     if let Some(known) = MEMBERS
         .read()
@@ -124,7 +124,7 @@ pub fn members(definition: &'static Value) -> Option<Members> {
 
 /// The members of the definition `name` in Go's order (`None` when it is not loaded, or has
 /// no known order).
-pub fn named(name: &str) -> Option<Members> {
+fn named(name: &str) -> Option<Members> {
     members(schema::named(name)?)
 }
 
@@ -169,8 +169,12 @@ pub fn write<W: std::io::Write>(
     match (value, node) {
         (Value::Object(map), Some(Node::Struct(Some(members)))) => {
             out.write_all(b"{")?;
-            let mut first = true;
-            write_struct_members(out, map, members, &mut first, |_| false)?;
+            for (i, member) in in_order(map, members).into_iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write_member(out, members, member)?;
+            }
             out.write_all(b"}")
         }
         (Value::Object(map), Some(Node::Map(values))) => {
@@ -234,27 +238,6 @@ pub fn in_order(map: &Map<String, Value>, members: Members) -> Vec<(usize, &str,
         listed.sort_by_key(|member| member.0);
     }
     listed
-}
-
-/// Writes the members of `map` in the order of `members` ([`in_order`]), each after a comma
-/// unless `first`; `skip` leaves members out.
-pub fn write_struct_members<W: std::io::Write>(
-    out: &mut W,
-    map: &Map<String, Value>,
-    members: Members,
-    first: &mut bool,
-    skip: impl Fn(&str) -> bool,
-) -> std::io::Result<()> {
-    for (rank, key, value) in in_order(map, members) {
-        if skip(key) {
-            continue;
-        }
-        if !std::mem::take(first) {
-            out.write_all(b",")?;
-        }
-        write_member(out, members, (rank, key, value))?;
-    }
-    Ok(())
 }
 
 /// Writes `"key":value`, the value as the schema of its place in `members` says.

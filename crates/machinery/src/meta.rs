@@ -183,8 +183,8 @@ pub fn typed_json_bytes(
 }
 
 /// [`typed_json_bytes`] made a value again (with `kind` and `apiVersion` first, and each
-/// struct's members in their Go type's order): for encoders other than compact JSON
-/// (indented JSON, YAML) and for objects embedded in others (a Table's rows).
+/// struct's members in their Go type's order): for indented JSON, and for objects embedded in
+/// others (a Table's rows, PartialObjectMetadata).
 pub fn typed_value(
     object: &Value,
     type_meta: (&str, &str),
@@ -225,15 +225,13 @@ pub struct StoredLayout {
     /// Where `metadata.resourceVersion` goes: in `ObjectMeta`'s order, after the members
     /// before it (after `uid`), or at the end of `metadata` when there is none.
     pub resource_version_at: usize,
-    /// Whether a member comes before that place (the member put in then needs a comma).
-    pub resource_version_after_member: bool,
 }
 
 impl StoredLayout {
     /// What [`with_resource_version`] takes: where `resourceVersion` goes, and whether a
     /// member comes before it.
     pub fn mark(&self) -> (usize, bool) {
-        (self.resource_version_at, self.resource_version_after_member)
+        (self.resource_version_at, !self.metadata_empty)
     }
 }
 
@@ -328,11 +326,7 @@ fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool
         before |= rank < resource_version_rank;
         if resource_version_at.is_none() && rank > resource_version_rank && before {
             resource_version_at = Some(out.len());
-            if let Some(version) = resource_version {
-                out.push(b',');
-                let _ = go_order::write_key(out, "resourceVersion");
-                let _ = go_order::write(out, version, None);
-            }
+            write_resource_version(out, resource_version, true);
         }
         // The comma before this member (where it starts, for the first).
         let comma = out.len();
@@ -352,19 +346,9 @@ fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool
         first = false;
     }
     let metadata_end = out.len();
-    let (resource_version_at, after_member) = match resource_version_at {
-        Some(at) => (at, true),
-        None => {
-            if let Some(version) = resource_version {
-                if !first {
-                    out.push(b',');
-                }
-                let _ = go_order::write_key(out, "resourceVersion");
-                let _ = go_order::write(out, version, None);
-            }
-            (metadata_end, !first)
-        }
-    };
+    if resource_version_at.is_none() {
+        write_resource_version(out, resource_version, !first);
+    }
     out.push(b'}');
     StoredLayout {
         members: 0,
@@ -373,8 +357,18 @@ fn write_metadata(out: &mut Vec<u8>, metadata: &Map<String, Value>, stored: bool
         metadata_empty: first,
         len: 0,
         managed_fields,
-        resource_version_at,
-        resource_version_after_member: after_member,
+        resource_version_at: resource_version_at.unwrap_or(metadata_end),
+    }
+}
+
+/// `"resourceVersion":…` (after a comma when `comma`), when there is one to write.
+fn write_resource_version(out: &mut Vec<u8>, version: Option<&Value>, comma: bool) {
+    if let Some(version) = version {
+        if comma {
+            out.push(b',');
+        }
+        let _ = go_order::write_key(out, "resourceVersion");
+        let _ = go_order::write(out, version, None);
     }
 }
 

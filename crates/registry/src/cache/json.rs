@@ -39,8 +39,6 @@ pub(super) struct Stored {
     /// Where `resourceVersion` goes in: in `ObjectMeta`'s order, after the members before it
     /// (`name` to `uid`), or at the end of `metadata` when there is none.
     pub(super) resource_version_at: usize,
-    /// Whether a member comes before that place.
-    pub(super) resource_version_after_member: bool,
 }
 
 impl Stored {
@@ -101,7 +99,6 @@ impl Stored {
             has_resource_version: walk.resource_version,
             managed_fields: walk.managed_fields,
             resource_version_at: walk.resource_version_at.unwrap_or(walk.end - 1),
-            resource_version_after_member: walk.resource_version_at.is_some() || walk.members,
             bytes,
         })
     }
@@ -232,7 +229,6 @@ impl Stored {
             has_resource_version: false,
             managed_fields: layout.managed_fields.clone(),
             resource_version_at: layout.resource_version_at,
-            resource_version_after_member: layout.resource_version_after_member,
             bytes,
         })
     }

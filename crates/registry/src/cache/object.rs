@@ -317,12 +317,9 @@ impl CachedObject {
             Json::Item(json) => json.len(),
             Json::Stored(stored) => {
                 1 + (stored.bytes.len() - stored.members)
-                    + ResourceVersionMember::new(
-                        !stored.resource_version_after_member,
-                        self.revision,
-                    )
-                    .as_bytes()
-                    .len()
+                    + ResourceVersionMember::new(stored.metadata_empty, self.revision)
+                        .as_bytes()
+                        .len()
             }
         }
     }
@@ -337,11 +334,7 @@ impl CachedObject {
                 out.push(b'{');
                 out.extend_from_slice(&stored.bytes[stored.members..at]);
                 out.extend_from_slice(
-                    ResourceVersionMember::new(
-                        !stored.resource_version_after_member,
-                        self.revision,
-                    )
-                    .as_bytes(),
+                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
                 );
                 out.extend_from_slice(&stored.bytes[at..]);
             }
@@ -374,11 +367,7 @@ impl CachedObject {
                 let at = stored.resource_version_at;
                 out.extend_from_slice(&stored.bytes[stored.metadata_start..at]);
                 out.extend_from_slice(
-                    ResourceVersionMember::new(
-                        !stored.resource_version_after_member,
-                        self.revision,
-                    )
-                    .as_bytes(),
+                    ResourceVersionMember::new(stored.metadata_empty, self.revision).as_bytes(),
                 );
                 out.extend_from_slice(&stored.bytes[at..=stored.metadata_end]);
             }
@@ -404,10 +393,7 @@ impl CachedObject {
             Json::Item(json) => with_type(&head, json),
             Json::Stored(stored) => meta::with_resource_version(
                 &stored.bytes,
-                (
-                    stored.resource_version_at,
-                    stored.resource_version_after_member,
-                ),
+                (stored.resource_version_at, !stored.metadata_empty),
                 self.revision,
             ),
         }

@@ -51,7 +51,8 @@ impl SelectableFrom<'_> {
     }
 }
 
-/// A kind's [`Selectable`] of an object, from the object or from its JSON.
+/// What the cache reads of a kind's objects: their [`Selectable`], from the object or from its
+/// JSON, and the kind's schema for the objects it encodes itself (in its Go type's order).
 #[derive(Clone)]
 pub struct Projection {
     object: Arc<ProjectObject>,
