@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::watch::Event;
 use crate::{Bench, histogram, latency_json, process, run};
 
 /// The label that ties a pod to its Service in this scenario.
@@ -52,13 +53,8 @@ struct Pending {
     sent: Instant,
 }
 
-/// The parts of an Endpoints watch line this scenario reads (borrowed from the line: the
-/// bench shares the server's CPUs, so it builds as little as it can).
-#[derive(serde::Deserialize)]
-struct EndpointsEvent<'a> {
-    #[serde(borrow)]
-    object: EndpointsObject<'a>,
-}
+/// The parts of an Endpoints watch line this scenario reads.
+type EndpointsEvent<'a> = Event<'a, EndpointsObject<'a>>;
 
 #[derive(serde::Deserialize)]
 struct EndpointsObject<'a> {
@@ -88,14 +84,8 @@ struct Address<'a> {
     ip: Cow<'a, str>,
 }
 
-/// The parts of an EndpointSlice watch line this scenario reads (borrowed, as above).
-#[derive(serde::Deserialize)]
-struct SliceEvent<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-    #[serde(borrow)]
-    object: SliceObject<'a>,
-}
+/// The parts of an EndpointSlice watch line this scenario reads.
+type SliceEvent<'a> = Event<'a, SliceObject<'a>>;
 
 #[derive(serde::Deserialize)]
 struct SliceObject<'a> {

@@ -555,14 +555,17 @@ impl Bench {
     }
 }
 
-/// The parts of a watch line the watch scenario reads.
+/// A watch line: its event type and the parts of its object that `O` reads (borrowed from
+/// the line: the bench shares the server's CPUs, so it builds as little as it can).
 #[derive(serde::Deserialize)]
-struct RoundEvent<'a> {
+pub(crate) struct Event<'a, O> {
     #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    object: RoundObject<'a>,
+    pub(crate) kind: std::borrow::Cow<'a, str>,
+    pub(crate) object: O,
 }
+
+/// The parts of a watch line the watch scenario reads.
+type RoundEvent<'a> = Event<'a, RoundObject<'a>>;
 
 #[derive(serde::Deserialize)]
 struct RoundObject<'a> {

@@ -29,6 +29,29 @@ async fn post(client: &kube::Client, body: &Value) -> (u16, Value) {
     (code, value)
 }
 
+/// Merge-patches the Service `name` to the type `kind`; the status code and the answer.
+async fn retype(client: &kube::Client, name: &str, kind: &str) -> (u16, Value) {
+    let patch = json!({"spec": {"type": kind, "ports": [{"port": 80}]}});
+    let uri = format!("{SERVICES}/{name}");
+    let content_type = Some("application/merge-patch+json");
+    let (code, value, _) = raw(
+        client,
+        "PATCH",
+        &uri,
+        content_type,
+        patch.to_string().into(),
+    )
+    .await;
+    (code, value)
+}
+
+/// A request without a body (GET, DELETE) for the Service `name`; the status code and the
+/// answer.
+async fn bodiless(client: &kube::Client, method: &str, name: &str) -> (u16, Value) {
+    let (code, value, _) = raw(client, method, &format!("{SERVICES}/{name}"), None, vec![]).await;
+    (code, value)
+}
+
 async fn services(client: &kube::Client) -> Vec<Value> {
     let (_, list, _) = raw(client, "GET", SERVICES, None, Vec::new()).await;
     list["items"].as_array().cloned().unwrap_or_default()
@@ -66,58 +89,47 @@ fn assert_unique(items: &[Value]) {
 #[tokio::test]
 async fn a_small_range_fills_completely_reports_exhaustion_and_frees_on_delete() {
     // 10.96.0.0/28: 14 usable addresses, 10.96.0.1 held by the kubernetes Service.
-    let server = Server::start_with(&[
-        "--service-cluster-ip-range",
-        "10.96.0.0/28",
-        "--service-node-port-range",
-        "30000-30009",
-    ]);
+    let server = with_ranges("10.96.0.0/28", "30000-30009");
     let client = server.client().await;
     for round in 0..2 {
-        for i in 0..13 {
-            let (code, body) = create(&client, &format!("s{i}"), "ClusterIP").await;
-            assert_eq!(code, 201, "round {round}, service {i}: {body}");
-        }
-        let (code, body) = create(&client, "one-too-many", "ClusterIP").await;
-        assert_eq!(code, 500, "{body}");
-        assert_eq!(
-            body["message"],
-            "Internal error occurred: failed to allocate a serviceIP: range is full"
-        );
-        let (code, _, _) = raw(
-            &client,
-            "GET",
-            &format!("{SERVICES}/one-too-many"),
-            None,
-            Vec::new(),
-        )
-        .await;
-        assert_eq!(code, 404, "a failed create stores nothing");
+        let full = "failed to allocate a serviceIP: range is full";
+        fill(&client, ("ClusterIP", 13), full, &format!("round {round}")).await;
         assert_unique(&services(&client).await);
         // Deleting everything frees every address: the next round fills the range again.
         assert_eq!(delete_all_but_kubernetes(&client).await, 200);
     }
     // Node ports: 10 in the range.
-    for i in 0..10 {
-        let (code, body) = create(&client, &format!("np{i}"), "NodePort").await;
-        assert_eq!(code, 201, "{body}");
+    let full = "failed to allocate a nodePort: range is full";
+    fill(&client, ("NodePort", 10), full, "node ports").await;
+}
+
+/// A server with this Service cluster IP range and node port range.
+fn with_ranges(cluster_ips: &str, node_ports: &str) -> Server {
+    Server::start_with(&[
+        "--service-cluster-ip-range",
+        cluster_ips,
+        "--service-node-port-range",
+        node_ports,
+    ])
+}
+
+/// Creates `count` Services of `kind`, each answered 201, then one too many: answered 500 with
+/// the internal error `full`, and not stored.
+async fn fill(client: &kube::Client, (kind, count): (&str, usize), full: &str, what: &str) {
+    for i in 0..count {
+        let (code, body) = create(client, &format!("{kind}-{i}").to_lowercase(), kind).await;
+        assert_eq!(code, 201, "{what}, service {i}: {body}");
     }
-    let (code, body) = create(&client, "np-too-many", "NodePort").await;
-    assert_eq!(code, 500, "{body}");
-    assert_eq!(
-        body["message"],
-        "Internal error occurred: failed to allocate a nodePort: range is full"
-    );
+    let (code, body) = create(client, "one-too-many", kind).await;
+    assert_eq!(code, 500, "{what}: {body}");
+    assert_eq!(body["message"], format!("Internal error occurred: {full}"));
+    let (code, _) = bodiless(client, "GET", "one-too-many").await;
+    assert_eq!(code, 404, "{what}: a failed create stores nothing");
 }
 
 #[tokio::test]
 async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
-    let server = Server::start_with(&[
-        "--service-cluster-ip-range",
-        "10.96.0.0/26",
-        "--service-node-port-range",
-        "30000-30039",
-    ]);
+    let server = with_ranges("10.96.0.0/26", "30000-30039");
     let client = server.client().await;
     let mut tasks = Vec::new();
     for worker in 0..8 {
@@ -137,29 +149,14 @@ async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
                     }
                     2 => {
                         let kind = if rng.bool() { "NodePort" } else { "ClusterIP" };
-                        let patch = json!({"spec": {"type": kind, "ports": [{"port": 80}]}});
-                        let (code, body, _) = raw(
-                            &client,
-                            "PATCH",
-                            &format!("{SERVICES}/{name}"),
-                            Some("application/merge-patch+json"),
-                            patch.to_string().into_bytes(),
-                        )
-                        .await;
+                        let (code, body) = retype(&client, &name, kind).await;
                         assert!(
                             matches!(code, 200 | 404 | 422 | 500),
                             "step {step}: {code} {body}"
                         );
                     }
                     _ => {
-                        let (code, body, _) = raw(
-                            &client,
-                            "DELETE",
-                            &format!("{SERVICES}/{name}"),
-                            None,
-                            Vec::new(),
-                        )
-                        .await;
+                        let (code, body) = bodiless(&client, "DELETE", &name).await;
                         assert!(matches!(code, 200 | 404), "step {step}: {code} {body}");
                     }
                 }
@@ -177,15 +174,7 @@ async fn concurrent_creates_type_changes_and_deletes_never_share_an_address() {
         assert_eq!(code, 201, "refill {i}: {body}");
     }
     for i in 0..40 {
-        let patch = json!({"spec": {"type": "NodePort", "ports": [{"port": 80}]}});
-        let (code, body, _) = raw(
-            &client,
-            "PATCH",
-            &format!("{SERVICES}/refill{i}"),
-            Some("application/merge-patch+json"),
-            patch.to_string().into_bytes(),
-        )
-        .await;
+        let (code, body) = retype(&client, &format!("refill{i}"), "NodePort").await;
         assert_eq!(code, 200, "node port refill {i}: {body}");
     }
     assert_unique(&services(&client).await);

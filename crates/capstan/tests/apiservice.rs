@@ -161,6 +161,21 @@ fn apiservice(ca_pem: &str) -> String {
     )
 }
 
+/// Creates the namespace `ext` and in it, for each (name, port), a selector-less Service whose
+/// Endpoints point at the extension's address.
+fn backing_services(server: &Server, services: &[(&str, u16)]) {
+    server.ok(&["create", "namespace", "ext"]);
+    let manifests: Vec<String> = services
+        .iter()
+        .map(|(name, port)| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ext}}\nspec: {{ports: [{{port: {port}, targetPort: {port}}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: {name}, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: {port}}}]}}]\n"
+            )
+        })
+        .collect();
+    server.apply("backing.yaml", &manifests.join("---\n"));
+}
+
 #[test]
 fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     // `ip netns add` needs CAP_SYS_ADMIN (CI runs as root).
@@ -179,13 +194,7 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     );
     let (good_ca, issuer) = ca();
     let (wrong_ca, _) = ca();
-    server.ok(&["create", "namespace", "ext"]);
-    server.apply(
-        "backing.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n"
-        ),
-    );
+    backing_services(&server, &[("api", 8443)]);
     let _extension = start_extension(server.dir.path(), &netns.0, &issuer, &[]);
 
     // A caBundle that did not sign the backend's certificate: the check fails.
@@ -344,13 +353,7 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
         ],
     );
     let (serving_ca, issuer) = ca();
-    server.ok(&["create", "namespace", "ext"]);
-    server.apply(
-        "backing.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ext}}\nspec: {{ports: [{{port: 8443, targetPort: 8443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: api, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 8443}}]}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: silent, namespace: ext}}\nspec: {{ports: [{{port: 9443, targetPort: 9443}}]}}\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: silent, namespace: ext}}\nsubsets: [{{addresses: [{{ip: {EXTENSION_IP}}}], ports: [{{port: 9443}}]}}]\n"
-        ),
-    );
+    backing_services(&server, &[("api", 8443), ("silent", 9443)]);
     // The backend accepts only clients with a certificate from the front-proxy CA.
     let _extension = start_extension(
         server.dir.path(),

@@ -335,24 +335,16 @@ async fn yaml_in_and_out() {
     )
     .await;
     assert_eq!(code, 201, "{created}");
-    use http_body_util::BodyExt;
-    let request = http::Request::builder()
-        .uri("/api/v1/namespaces/default/services/yml")
-        .header("accept", "application/yaml")
-        .body(kube::client::Body::empty())
-        .expect("request");
-    let response = client.send(request).await.expect("response");
-    assert_eq!(response.headers()["content-type"], "application/yaml");
-    let text = String::from_utf8(
-        response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes()
-            .to_vec(),
+    let (_, headers, body) = common::send(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/services/yml",
+        &[("accept", "application/yaml")],
+        Vec::new(),
     )
-    .expect("utf-8");
+    .await;
+    assert_eq!(headers["content-type"], "application/yaml");
+    let text = String::from_utf8(body).expect("utf-8");
     assert!(
         text.starts_with("apiVersion: v1\nkind: Service\nmetadata:\n"),
         "{text}"
@@ -633,26 +625,17 @@ async fn get_encoded(
     uri: &str,
     gzip: bool,
 ) -> (u16, Option<String>, Vec<u8>) {
-    use http_body_util::BodyExt;
-    let mut request = http::Request::builder().method("GET").uri(uri);
-    if gzip {
-        request = request.header("accept-encoding", "gzip");
-    }
-    let request = request.body(kube::client::Body::empty()).expect("request");
-    let response = client.send(request).await.expect("response");
-    let status = response.status().as_u16();
-    let encoding = response
-        .headers()
+    let accept: &[(&str, &str)] = if gzip {
+        &[("accept-encoding", "gzip")]
+    } else {
+        &[]
+    };
+    let (status, headers, body) = common::send(client, "GET", uri, accept, Vec::new()).await;
+    let encoding = headers
         .get("content-encoding")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (status, encoding, body.to_vec())
+    (status, encoding, body)
 }
 
 /// Creates `count` Services in `default` (250 list to well over 128 KiB of JSON).
@@ -709,17 +692,10 @@ async fn response_compression_can_be_turned_off() {
 
 /// A GET of `uri` with this `Accept`, as JSON.
 async fn get_accepting(client: &kube::Client, uri: &str, accept: &str) -> serde_json::Value {
-    use http_body_util::BodyExt;
-    let request = http::Request::builder()
-        .method("GET")
-        .uri(uri)
-        .header("accept", accept)
-        .body(kube::client::Body::empty())
-        .expect("request");
-    let response = client.send(request).await.expect("response");
-    assert_eq!(response.status().as_u16(), 200, "{uri}");
-    let body = response.into_body().collect().await.expect("body");
-    serde_json::from_slice(&body.to_bytes()).expect("JSON")
+    let (status, _, body) =
+        common::send(client, "GET", uri, &[("accept", accept)], Vec::new()).await;
+    assert_eq!(status, 200, "{uri}");
+    serde_json::from_slice(&body).expect("JSON")
 }
 
 #[tokio::test]

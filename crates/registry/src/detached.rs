@@ -290,6 +290,17 @@ fn refused() -> serde_json::Error {
     serde::ser::Error::custom("not a struct")
 }
 
+/// Serializer methods of one argument that refuse it.
+macro_rules! refuse {
+    ($($method:ident($type:ty) $(-> $out:ty)?),* $(,)?) => {
+        $(fn $method(self, _: $type) -> Result<refuse!(@out $($out)?), Self::Error> {
+            Err(refused())
+        })*
+    };
+    (@out) => { Value };
+    (@out $out:ty) => { $out };
+}
+
 impl<'a> Serializer for Top<'a> {
     type Ok = Value;
     type Error = serde_json::Error;
@@ -308,48 +319,15 @@ impl<'a> Serializer for Top<'a> {
         })
     }
 
-    fn serialize_bool(self, _: bool) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_i8(self, _: i8) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_i16(self, _: i16) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_i32(self, _: i32) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_i64(self, _: i64) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_u8(self, _: u8) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_u16(self, _: u16) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_u32(self, _: u32) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_u64(self, _: u64) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_f32(self, _: f32) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_f64(self, _: f64) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_char(self, _: char) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_str(self, _: &str) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
+    capstan_machinery::refuse_tuples_and_variants!(refused());
+
+    capstan_machinery::with_scalar_methods!(refuse);
+    refuse!(
+        serialize_unit_struct(&'static str),
+        serialize_seq(Option<usize>) -> Self::SerializeSeq,
+        serialize_map(Option<usize>) -> Self::SerializeMap,
+    );
+
     fn serialize_none(self) -> Result<Value, Self::Error> {
         Err(refused())
     }
@@ -357,9 +335,6 @@ impl<'a> Serializer for Top<'a> {
         Err(refused())
     }
     fn serialize_unit(self) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<Value, Self::Error> {
         Err(refused())
     }
     fn serialize_unit_variant(
@@ -375,49 +350,6 @@ impl<'a> Serializer for Top<'a> {
         _: &'static str,
         _: &V,
     ) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_newtype_variant<V: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &V,
-    ) -> Result<Value, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Self::Error> {
-        Err(refused())
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, Self::Error> {
         Err(refused())
     }
 }

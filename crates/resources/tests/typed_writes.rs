@@ -31,6 +31,14 @@ async fn patch(
         .await
 }
 
+/// Creates the slice `s` (at 10.0.0.1) as the controller does; the object created.
+async fn create(slices: &Registry) -> serde_json::Value {
+    slices
+        .create("ns", slice("10.0.0.1"), &controller())
+        .await
+        .expect("created")
+}
+
 fn controller() -> WriteOptions {
     WriteOptions {
         dry_run: false,
@@ -60,10 +68,7 @@ fn set_address(slice: &mut EndpointSlice, address: &str) {
 #[tokio::test]
 async fn a_typed_update_without_system_metadata_keeps_the_stored_and_bumps_the_generation() {
     let (_dir, slices) = slices().await;
-    let created = slices
-        .create("ns", slice("10.0.0.1"), &controller())
-        .await
-        .expect("created");
+    let created = create(&slices).await;
     // As a controller builds it: no uid, no creation time, a stale generation; a new label
     // and a new address.
     let mut typed = typed_slice("10.0.0.2");
@@ -93,10 +98,7 @@ async fn a_typed_update_without_system_metadata_keeps_the_stored_and_bumps_the_g
 #[tokio::test]
 async fn a_typed_patch_is_validated_against_the_stored_object() {
     let (_dir, slices) = slices().await;
-    slices
-        .create("ns", slice("10.0.0.1"), &controller())
-        .await
-        .expect("created");
+    create(&slices).await;
     let refused = patch(&slices, |slice| {
         slice.address_type = "IPv6".into();
         set_address(slice, "2001:db8::1");
@@ -131,10 +133,7 @@ async fn a_typed_update_stores_its_lists_as_a_json_update_would() {
     let (_dir, slices) = slices().await;
     let mut stored = Vec::new();
     for typed_write in [false, true] {
-        let created = slices
-            .create("ns", slice("10.0.0.1"), &controller())
-            .await
-            .expect("created");
+        let created = create(&slices).await;
         let mut new = typed_slice("10.0.0.2");
         new.endpoints.get_or_insert_with(Vec::new).push(
             serde_json::from_value(json!({"addresses": ["10.0.0.9"],
@@ -185,10 +184,7 @@ async fn a_typed_update_stores_its_lists_as_a_json_update_would() {
 #[tokio::test]
 async fn a_typed_update_takes_the_slice_as_read_only_at_the_stored_revision() {
     let (_dir, slices) = slices().await;
-    let created = slices
-        .create("ns", slice("10.0.0.1"), &controller())
-        .await
-        .expect("created");
+    let created = create(&slices).await;
     let version = created["metadata"]["resourceVersion"]
         .as_str()
         .map(str::to_string);

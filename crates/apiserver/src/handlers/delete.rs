@@ -2,14 +2,9 @@
 
 use super::*;
 
-pub(super) async fn delete(
-    request: &ResourceRequest,
-    name: &str,
-    call: &Call,
-    body: Option<hyper::body::Incoming>,
-    encoding: Encoding,
-) -> Result<Response<Body>, ApiError> {
-    let options = delete_options(call, body).await?;
+pub(super) async fn delete(verb: Verb<'_>, name: &str) -> Result<Response<Body>, ApiError> {
+    let (request, call) = (verb.request, verb.call);
+    let options = delete_options(call, verb.body).await?;
     // Upstream answers 202 Accepted only to the legacy `orphanDependents: false` when the
     // object stays (its finalizers still run).
     let accepted = options.orphan_dependents == Some(false);
@@ -35,7 +30,7 @@ pub(super) async fn delete(
             status,
             strategy.as_ref(),
             &result.object,
-            encoding,
+            verb.encoding,
             &call.query,
         ));
     }
@@ -49,17 +44,13 @@ pub(super) async fn delete(
     Ok(json_response(
         StatusCode::OK,
         &success_status(&details),
-        encoding.pretty,
+        verb.encoding.pretty,
     ))
 }
 
-pub(super) async fn delete_collection(
-    request: &ResourceRequest,
-    call: &Call,
-    body: Option<hyper::body::Incoming>,
-    encoding: Encoding,
-) -> Result<Response<Body>, ApiError> {
-    let options = delete_options(call, body).await?;
+pub(super) async fn delete_collection(verb: Verb<'_>) -> Result<Response<Body>, ApiError> {
+    let (request, call) = (verb.request, verb.call);
+    let options = delete_options(call, verb.body).await?;
     let list = list_options(request, &call.query)?;
     // Not bound by the write timeout (as upstream), only by the request's own deadline.
     let (registry, namespace) = (request.registry.clone(), request.namespace.clone());
@@ -73,5 +64,5 @@ pub(super) async fn delete_collection(
             .await
     })
     .await?;
-    Ok(list_response(request, call, encoding, result))
+    Ok(list_response(request, call, verb.encoding, result))
 }

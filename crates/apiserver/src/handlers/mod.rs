@@ -89,6 +89,31 @@ impl Call {
     }
 }
 
+/// A request with a body, as its verb's handler takes it.
+struct Verb<'a> {
+    request: &'a ResourceRequest,
+    call: &'a Call,
+    /// Taken from the call.
+    body: Option<hyper::body::Incoming>,
+    encoding: Encoding,
+    subresource: Subresource,
+}
+
+fn verb<'a>(
+    request: &'a ResourceRequest,
+    call: &'a mut Call,
+    encoding: Encoding,
+    subresource: Subresource,
+) -> Verb<'a> {
+    Verb {
+        body: call.body.take(),
+        request,
+        call,
+        encoding,
+        subresource,
+    }
+}
+
 /// Routes a resource request to its verb.
 pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
     let warnings = request.registry.strategy().request_warnings();
@@ -129,24 +154,19 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         (&Method::GET, None, false) => list(&request, &call, encoding).await,
         (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,
         (&Method::POST, None, _) if subresource == Subresource::Main => {
-            let body = call.body.take();
-            create(&request, &call, body, encoding).await
+            create(verb(&request, &mut call, encoding, subresource)).await
         }
         (&Method::PUT, Some(name), _) => {
-            let body = call.body.take();
-            update(&request, name, &call, body, encoding, subresource).await
+            update(verb(&request, &mut call, encoding, subresource), name).await
         }
         (&Method::PATCH, Some(name), _) => {
-            let body = call.body.take();
-            patch_object(&request, name, &call, body, encoding, subresource).await
+            patch_object(verb(&request, &mut call, encoding, subresource), name).await
         }
         (&Method::DELETE, Some(name), _) if subresource == Subresource::Main => {
-            let body = call.body.take();
-            delete(&request, name, &call, body, encoding).await
+            delete(verb(&request, &mut call, encoding, subresource), name).await
         }
         (&Method::DELETE, None, _) if info.verbs.contains(&"deletecollection") => {
-            let body = call.body.take();
-            delete_collection(&request, &call, body, encoding).await
+            delete_collection(verb(&request, &mut call, encoding, subresource)).await
         }
         _ => Err(ApiError::method_not_allowed()),
     };

@@ -2,14 +2,10 @@
 
 use super::*;
 
-pub(super) async fn create(
-    request: &ResourceRequest,
-    call: &Call,
-    body: Option<hyper::body::Incoming>,
-    encoding: Encoding,
-) -> Result<Response<Body>, ApiError> {
+pub(super) async fn create(verb: Verb<'_>) -> Result<Response<Body>, ApiError> {
+    let (request, call) = (verb.request, verb.call);
     let options = write_options(call)?;
-    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, verb.body).await?;
     // A failure from here on carries the decoding's warnings (upstream has written them).
     let earned = |error: ApiError| error.after_warnings(&warnings);
     settle_namespace(request, &mut object).map_err(earned)?;
@@ -23,7 +19,9 @@ pub(super) async fn create(
     warnings.append(&mut created.warnings);
     // Compact JSON is the stored bytes with the resourceVersion in: not encoded again.
     let response = match created.json {
-        Some(mut json) if encoding.negotiated.output == Output::Json && !encoding.pretty => {
+        Some(mut json)
+            if verb.encoding.negotiated.output == Output::Json && !verb.encoding.pretty =>
+        {
             json.push(b'\n');
             response(StatusCode::CREATED, "application/json", full(json))
         }
@@ -31,23 +29,18 @@ pub(super) async fn create(
             StatusCode::CREATED,
             request.registry.strategy().as_ref(),
             &created.object,
-            encoding,
+            verb.encoding,
             &call.query,
         ),
     };
     Ok(with_warnings(response, &warnings))
 }
 
-pub(super) async fn update(
-    request: &ResourceRequest,
-    name: &str,
-    call: &Call,
-    body: Option<hyper::body::Incoming>,
-    encoding: Encoding,
-    subresource: Subresource,
-) -> Result<Response<Body>, ApiError> {
+pub(super) async fn update(verb: Verb<'_>, name: &str) -> Result<Response<Body>, ApiError> {
+    let (request, call) = (verb.request, verb.call);
+    let subresource = verb.subresource;
     let options = write_options(call)?;
-    let (mut object, mut warnings, body_len) = decode_body(request, call, body).await?;
+    let (mut object, mut warnings, body_len) = decode_body(request, call, verb.body).await?;
     // A failure from here on carries the decoding's warnings (upstream has written them).
     let earned = |error: ApiError| error.after_warnings(&warnings);
     check_name(
@@ -84,7 +77,7 @@ pub(super) async fn update(
             code,
             request.registry.strategy().as_ref(),
             &stored,
-            encoding,
+            verb.encoding,
             &call.query,
         ),
         &warnings,
@@ -92,13 +85,10 @@ pub(super) async fn update(
 }
 
 pub(super) async fn patch_object(
-    request: &ResourceRequest,
+    mut verb: Verb<'_>,
     name: &str,
-    call: &Call,
-    body: Option<hyper::body::Incoming>,
-    encoding: Encoding,
-    subresource: Subresource,
 ) -> Result<Response<Body>, ApiError> {
+    let (request, call) = (verb.request, verb.call);
     let patch_type = PatchType::from_content_type(
         call.headers
             .get(header::CONTENT_TYPE)
@@ -111,13 +101,14 @@ pub(super) async fn patch_object(
             FieldError::forbidden("force", "may not be specified for non-apply patch"),
         ));
     }
-    let bytes = match body {
+    let bytes = match verb.body.take() {
         Some(body) => read_body(body).await?,
         None => Bytes::new(),
     };
     if patch_type == PatchType::Apply {
-        return apply_object(request, name, call, &bytes, options, encoding, subresource).await;
+        return apply_object(&verb, name, &bytes, options).await;
     }
+    let subresource = verb.subresource;
     let strategic: Option<Value> = if patch_type == PatchType::StrategicMerge {
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
@@ -172,7 +163,7 @@ pub(super) async fn patch_object(
             StatusCode::OK,
             request.registry.strategy().as_ref(),
             &patched,
-            encoding,
+            verb.encoding,
             &call.query,
         ),
         &warnings,
@@ -319,14 +310,12 @@ fn smp_error(error: capstan_machinery::smp::SmpError) -> ApiError {
 
 /// PATCH with `application/apply-patch+yaml`: server-side apply.
 pub(super) async fn apply_object(
-    request: &ResourceRequest,
+    verb: &Verb<'_>,
     name: &str,
-    call: &Call,
     bytes: &Bytes,
     options: WriteOptions,
-    encoding: Encoding,
-    subresource: Subresource,
 ) -> Result<Response<Body>, ApiError> {
+    let (request, call, subresource) = (verb.request, verb.call, verb.subresource);
     if call.query.get("fieldManager").is_none_or(|m| m.is_empty()) {
         return Err(options_invalid(
             "PatchOptions",
@@ -421,7 +410,7 @@ pub(super) async fn apply_object(
         StatusCode::OK
     };
     Ok(with_warnings(
-        object_response(code, strategy.as_ref(), &stored, encoding, &call.query),
+        object_response(code, strategy.as_ref(), &stored, verb.encoding, &call.query),
         &warnings,
     ))
 }

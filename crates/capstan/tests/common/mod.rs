@@ -257,13 +257,30 @@ pub async fn raw_accepting(
     accept: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, serde_json::Value, http::HeaderMap) {
+    let headers: Vec<(&str, &str)> = [("content-type", content_type), ("accept", accept)]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+        .collect();
+    let (status, headers, bytes) = send(client, method, uri, &headers, body).await;
+    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::String(
+        String::from_utf8_lossy(&bytes).into_owned(),
+    ));
+    (status, value, headers)
+}
+
+/// A request through the kube client with these headers: the status, the headers and the body
+/// as sent.
+pub async fn send(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
     use http_body_util::BodyExt;
     let mut builder = http::Request::builder().method(method).uri(uri);
-    if let Some(ct) = content_type {
-        builder = builder.header("content-type", ct);
-    }
-    if let Some(accept) = accept {
-        builder = builder.header("accept", accept);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
     }
     let request = builder
         .body(kube::client::Body::from(body))
@@ -277,10 +294,7 @@ pub async fn raw_accepting(
         .await
         .expect("body")
         .to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::String(
-        String::from_utf8_lossy(&bytes).into_owned(),
-    ));
-    (status, value, headers)
+    (status, headers, bytes.to_vec())
 }
 
 /// The texts of the `Warning: 299 - "<text>"` headers of a response.

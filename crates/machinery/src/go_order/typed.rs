@@ -41,6 +41,76 @@ impl Ordered<'_> {
     }
 }
 
+/// The `serde::Serializer` methods for what no Kubernetes type holds (tuples, enum variants with
+/// data), each refusing with `$error`; the serializer's associated types for them are
+/// `serde::ser::Impossible`.
+#[macro_export]
+macro_rules! refuse_tuples_and_variants {
+    ($error:expr) => {
+        fn serialize_newtype_variant<T: ::serde::Serialize + ?Sized>(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: &T,
+        ) -> Result<Self::Ok, Self::Error> {
+            Err($error)
+        }
+        fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Self::Error> {
+            Err($error)
+        }
+        fn serialize_tuple_struct(
+            self,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleStruct, Self::Error> {
+            Err($error)
+        }
+        fn serialize_tuple_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleVariant, Self::Error> {
+            Err($error)
+        }
+        fn serialize_struct_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeStructVariant, Self::Error> {
+            Err($error)
+        }
+    };
+}
+
+/// Calls `$callback!` with the `serde::Serializer` methods of one scalar argument, as
+/// `method(type)`: for a serializer that treats them all alike.
+#[macro_export]
+macro_rules! with_scalar_methods {
+    ($callback:ident) => {
+        $callback!(
+            serialize_bool(bool),
+            serialize_i8(i8),
+            serialize_i16(i16),
+            serialize_i32(i32),
+            serialize_i64(i64),
+            serialize_u8(u8),
+            serialize_u16(u16),
+            serialize_u32(u32),
+            serialize_u64(u64),
+            serialize_f32(f32),
+            serialize_f64(f64),
+            serialize_char(char),
+            serialize_str(&str),
+            serialize_bytes(&[u8]),
+        );
+    };
+}
+
 macro_rules! scalars {
     ($($method:ident($type:ty)),* $(,)?) => {
         $(fn $method(self, value: $type) -> Result<(), Error> {
@@ -60,22 +130,9 @@ impl<'a> ser::Serializer for Ordered<'a> {
     type SerializeStruct = Struct<'a>;
     type SerializeStructVariant = ser::Impossible<(), Error>;
 
-    scalars!(
-        serialize_bool(bool),
-        serialize_i8(i8),
-        serialize_i16(i16),
-        serialize_i32(i32),
-        serialize_i64(i64),
-        serialize_u8(u8),
-        serialize_u16(u16),
-        serialize_u32(u32),
-        serialize_u64(u64),
-        serialize_f32(f32),
-        serialize_f64(f64),
-        serialize_char(char),
-        serialize_str(&str),
-        serialize_bytes(&[u8]),
-    );
+    crate::refuse_tuples_and_variants!(unwritten());
+
+    crate::with_scalar_methods!(scalars);
 
     fn serialize_none(self) -> Result<(), Error> {
         self.out.extend_from_slice(b"null");
@@ -111,16 +168,6 @@ impl<'a> ser::Serializer for Ordered<'a> {
         value.serialize(self)
     }
 
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<(), Error> {
-        Err(unwritten())
-    }
-
     fn serialize_seq(self, _: Option<usize>) -> Result<Seq<'a>, Error> {
         let items = match self.node() {
             Some(Node::List(items)) => items,
@@ -132,28 +179,6 @@ impl<'a> ser::Serializer for Ordered<'a> {
             items,
             first: true,
         })
-    }
-
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Error> {
-        Err(unwritten())
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, Error> {
-        Err(unwritten())
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, Error> {
-        Err(unwritten())
     }
 
     fn serialize_map(self, _: Option<usize>) -> Result<MapWriter<'a>, Error> {
@@ -181,16 +206,6 @@ impl<'a> ser::Serializer for Ordered<'a> {
             fields: Vec::with_capacity(len),
             scratch: Vec::with_capacity(32 * len),
         })
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, Error> {
-        Err(unwritten())
     }
 }
 
