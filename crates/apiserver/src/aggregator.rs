@@ -202,16 +202,12 @@ impl Aggregator {
 
     /// `/apis/<group>` for a group APIServices claim.
     pub async fn legacy_group(&self, group: &str) -> Option<Value> {
-        let mut entry = self
+        let entry = self
             .legacy_groups()
             .await
             .into_iter()
             .find(|g| g.get("name").and_then(Value::as_str) == Some(group))?;
-        if let Value::Object(map) = &mut entry {
-            map.insert("kind".into(), json!("APIGroup"));
-            map.insert("apiVersion".into(), json!("v1"));
-        }
-        Some(entry)
+        Some(discovery::with_group_type(entry))
     }
 
     /// Aggregated discovery of the APIService groups: `(priority, group, discovery)`.

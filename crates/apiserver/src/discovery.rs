@@ -157,10 +157,19 @@ pub fn local_group(registries: &[Arc<Registry>], group: &str) -> Value {
         .collect();
     versions.sort_by(|a, b| version_order(a, b));
     versions.dedup();
-    let mut document = api_group(group, &versions);
-    document["kind"] = json!("APIGroup");
-    document["apiVersion"] = json!("v1");
-    document
+    with_group_type(api_group(group, &versions))
+}
+
+/// An `APIGroup` served on its own (`/apis/<group>`): with its kind and apiVersion first, where
+/// Go writes TypeMeta.
+pub fn with_group_type(group: Value) -> Value {
+    let mut document = serde_json::Map::new();
+    document.insert("kind".into(), json!("APIGroup"));
+    document.insert("apiVersion".into(), json!("v1"));
+    if let Value::Object(members) = group {
+        document.extend(members);
+    }
+    Value::Object(document)
 }
 
 /// One `APIGroup` of legacy discovery: versions in the given order, the first preferred.

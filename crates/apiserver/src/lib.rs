@@ -126,7 +126,7 @@ impl ApiServer {
                 .unwrap_or_else(|_| panicked())
         } else {
             match limits::deadline(&self.limits, &query) {
-                Err(error) => error_response(&error, Encoding::json()),
+                Err(error) => error_response(&error, Encoding::plain(request.headers(), &query)),
                 Ok(timeout) => {
                     let deadline = tokio::time::Instant::now() + timeout;
                     let routed = std::panic::AssertUnwindSafe(self.route(
@@ -169,7 +169,8 @@ impl ApiServer {
             || path.starts_with("/livez/")
             || path.starts_with("/readyz/");
         if !public && !self.authenticated(&request) {
-            return error_response(&ApiError::unauthorized(), Encoding::json());
+            let encoding = Encoding::plain(request.headers(), &query);
+            return error_response(&ApiError::unauthorized(), encoding);
         }
         let permit = match admission.map(|(class, _)| self.in_flight.admit(class)) {
             Some(Err(limits::Overloaded)) => return limits::too_many_requests(),
@@ -210,18 +211,19 @@ impl ApiServer {
         let accept = request::header_text(request.headers(), header::ACCEPT).to_string();
         if path.starts_with("/openapi/") {
             if request.method() != Method::GET {
-                return error_response(&ApiError::method_not_allowed(), Encoding::json());
+                let encoding = Encoding::plain(request.headers(), &query);
+                return error_response(&ApiError::method_not_allowed(), encoding);
             }
             if let Some(response) = openapi::serve(&self.openapi, &path, &query, &accept) {
                 return response;
             }
         }
-        let pretty = query.flag("pretty").unwrap_or(false);
+        let pretty = request::pretty_requested(request.headers(), &query);
         let discovery = |value: serde_json::Value| document_response(&accept, &value, pretty);
         match path.trim_end_matches('/') {
             // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
             "/version" => {
-                return request::json_response(StatusCode::OK, &discovery::version(), pretty);
+                return request::raw_json_response(StatusCode::OK, &discovery::version());
             }
             "/api" => {
                 return match discovery::wants_aggregated(&accept) {
@@ -265,7 +267,8 @@ impl ApiServer {
         // Under `/api` upstream's router (go-restful's `/api` web service) answers every other
         // path with the NotFound Status; outside the API, Go's plain 404.
         if path.starts_with("/api/") {
-            return error_response(&ApiError::resource_not_found(), Encoding::json());
+            let encoding = Encoding::plain(request.headers(), &query);
+            return error_response(&ApiError::resource_not_found(), encoding);
         }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
@@ -305,9 +308,10 @@ impl ApiServer {
                 Some(apiservice) => self.aggregator.proxy(&apiservice, request).await,
                 // A group served here routes all of `/apis/<group>/` (upstream's go-restful
                 // group web service): an unknown version is the NotFound Status.
-                None if discovery::serves_group(&self.registries, group) => {
-                    error_response(&ApiError::resource_not_found(), Encoding::json())
-                }
+                None if discovery::serves_group(&self.registries, group) => error_response(
+                    &ApiError::resource_not_found(),
+                    Encoding::plain(request.headers(), &query),
+                ),
                 None => not_found(),
             };
         }
@@ -334,7 +338,8 @@ impl ApiServer {
         admission: limits::Admission,
     ) -> Response<Body> {
         let Some(resource) = self.resource_request(group, version, rest) else {
-            return error_response(&ApiError::resource_not_found(), Encoding::json());
+            let encoding = Encoding::plain(request.headers(), &query);
+            return error_response(&ApiError::resource_not_found(), encoding);
         };
         let (parts, body) = request.into_parts();
         let call = Call {
@@ -507,7 +512,7 @@ fn aggregated(
     value: serde_json::Value,
     version: &str,
 ) -> Response<Body> {
-    let body = serde_json::to_vec(&value).unwrap_or_default();
+    let body = capstan_machinery::json::to_vec(&value);
     let etag = format!("\"{}\"", discovery::sha512_hex(&body));
     let matches = request
         .headers()

@@ -224,7 +224,7 @@ pub fn timed_out() -> Response<Body> {
         map.shift_remove("kind");
         map.shift_remove("apiVersion");
     }
-    let mut body = serde_json::to_vec(&value).unwrap_or_default();
+    let mut body = capstan_machinery::json::to_vec(&value);
     body.push(b'\n');
     let mut response = Response::new(crate::request::full(body));
     *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;

@@ -99,7 +99,7 @@ pub fn serve(
                     serde_json::json!({"serverRelativeURL": format!("/openapi/v3/{}?hash={}", doc.path, doc.hash)}),
                 );
             }
-            let body = serde_json::to_vec(&serde_json::json!({"paths": paths})).unwrap_or_default();
+            let body = capstan_machinery::json::to_vec(&serde_json::json!({"paths": paths}));
             let etag = sha512_hex(&body);
             Some(json(StatusCode::OK, Bytes::from(body), &etag))
         }

@@ -126,26 +126,41 @@ pub fn header_text(headers: &HeaderMap, name: header::HeaderName) -> &str {
         .unwrap_or_default()
 }
 
+/// Whether the request asks for indented JSON, as upstream's `isPrettyPrint` reads it:
+/// `?pretty=` when it has a value (`strconv.ParseBool`, anything else false), else whether the
+/// client is curl, Wget or a browser.
+pub fn pretty_requested(headers: &HeaderMap, query: &Query) -> bool {
+    match query.get("pretty").filter(|v| !v.is_empty()) {
+        Some(v) => matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True"),
+        None => {
+            let agent = header_text(headers, header::USER_AGENT);
+            agent.starts_with("curl")
+                || agent.starts_with("Wget")
+                || agent.starts_with("Mozilla/5.0")
+        }
+    }
+}
+
 impl Encoding {
-    /// Negotiates from the request; `pretty` from the query, Accept or User-Agent.
+    /// Negotiates from the request; indented when the Accept header's `pretty` parameter or
+    /// [`pretty_requested`] says so (never for a watch).
     pub fn negotiate(headers: &HeaderMap, query: &Query, watch: bool) -> Result<Self, ApiError> {
         let accept = header_text(headers, header::ACCEPT);
         let negotiated = media::negotiate(accept, watch)?;
-        let pretty = match query.get("pretty") {
-            Some(v) => matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True"),
-            None => {
-                negotiated.pretty || {
-                    let agent = header_text(headers, header::USER_AGENT);
-                    agent.starts_with("curl")
-                        || agent.starts_with("Wget")
-                        || agent.starts_with("Mozilla/5.0")
-                }
-            }
-        };
+        let pretty = negotiated.pretty || pretty_requested(headers, query);
         Ok(Encoding {
             negotiated,
             pretty: pretty && !watch,
         })
+    }
+
+    /// JSON, indented as [`pretty_requested`] says: errors answered before (or without) the
+    /// negotiation of a resource request.
+    pub fn plain(headers: &HeaderMap, query: &Query) -> Self {
+        Encoding {
+            pretty: pretty_requested(headers, query),
+            ..Encoding::json()
+        }
     }
 
     /// JSON with no negotiation (errors before negotiation, discovery).
@@ -163,9 +178,9 @@ impl Encoding {
 /// Serializes JSON: compact with a trailing newline, or indented without one.
 pub fn json_bytes(value: &Value, pretty: bool) -> Bytes {
     if pretty {
-        Bytes::from(serde_json::to_vec_pretty(value).unwrap_or_default())
+        Bytes::from(capstan_machinery::json::to_vec_pretty(value))
     } else {
-        let mut out = serde_json::to_vec(value).unwrap_or_default();
+        let mut out = capstan_machinery::json::to_vec(value);
         out.push(b'\n');
         Bytes::from(out)
     }
@@ -192,6 +207,22 @@ pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Respons
     response(status, "application/json", full(json_bytes(value, pretty)))
 }
 
+/// What upstream writes with `WriteRawJSON` (`/version`, and a Status when negotiation
+/// fails): `value` indented, without a trailing newline, whatever the request asked for.
+pub fn raw_json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let body = capstan_machinery::json::to_vec_pretty(value);
+    response(status, "application/json", full(body))
+}
+
+/// An error whose answer could not be negotiated (406), written as [`raw_json_response`].
+pub fn unnegotiated_error(error: &ApiError) -> Response<Body> {
+    let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    with_warnings(
+        raw_json_response(status, &error.to_status()),
+        &error.warnings,
+    )
+}
+
 /// A discovery document as JSON or YAML, whichever the client accepts, else the 406 Status.
 pub fn document_response(accept: &str, value: &Value, pretty: bool) -> Response<Body> {
     match capstan_machinery::media::negotiate_plain(accept) {
@@ -201,7 +232,7 @@ pub fn document_response(accept: &str, value: &Value, pretty: bool) -> Response<
             full(yaml::to_string(value).unwrap_or_default()),
         ),
         Ok(negotiated) => json_response(StatusCode::OK, value, pretty || negotiated.pretty),
-        Err(error) => error_response(&error, Encoding::json()),
+        Err(error) => unnegotiated_error(&error),
     }
 }
 
@@ -487,7 +518,7 @@ pub fn table_bytes(
         Some(strategy.columns().as_slice()),
         Vec::new(),
     );
-    let mut out = serde_json::to_vec(&head).unwrap_or_default();
+    let mut out = capstan_machinery::json::to_vec(&head);
     // `head` ends with `"rows":[]}`: reopen the rows array.
     out.truncate(out.len().saturating_sub(2));
     let api_version = info.api_version();
@@ -499,7 +530,7 @@ pub fn table_bytes(
         item.clear();
         object.write_item_for_rules(&mut item);
         out.extend_from_slice(b"{\"cells\":");
-        let _ = serde_json::to_writer(&mut out, &strategy.cells_json(&item));
+        let _ = capstan_machinery::json::to_writer(&mut out, &strategy.cells_json(&item));
         out.extend_from_slice(b",\"object\":");
         match include {
             IncludeObject::Metadata => {

@@ -818,3 +818,166 @@ async fn objects_come_in_kube_apiservers_member_order() {
     }
     assert_eq!(keys(&created)[..2], ["kind", "apiVersion"]);
 }
+
+/// The body of a GET as text, with these request headers.
+async fn text_of(client: &kube::Client, uri: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let (code, _, body) = common::send(client, "GET", uri, headers, Vec::new()).await;
+    (code, String::from_utf8(body).expect("UTF-8"))
+}
+
+#[tokio::test]
+async fn strings_are_escaped_as_gos_encoder_escapes_them() {
+    let server = Server::start();
+    let client = server.client().await;
+    let path = "/api/v1/namespaces/default/services";
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "esc", "annotations": {"note": "a<b>&c\u{2028}d"}},
+        "spec": {"ports": [{"port": 80}]}}))
+    .expect("a Service");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    let created = api
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("create");
+    let created = serde_json::to_value(created).expect("JSON");
+    // What the client sent reads back the same; Go's encoder wrote `<`, `>`, `&` and U+2028
+    // as escapes.
+    assert_eq!(
+        created["metadata"]["annotations"]["note"],
+        "a<b>&c\u{2028}d"
+    );
+    let escaped = r#""note":"a\u003cb\u003e\u0026c\u2028d""#;
+    for uri in [
+        format!("{path}/esc"),
+        path.to_string(),
+        format!("{path}/esc?pretty=true"),
+    ] {
+        let (_, text) = text_of(&client, &uri, &[]).await;
+        assert!(
+            text.replace("\": ", "\":").contains(escaped),
+            "{uri}: {text}"
+        );
+    }
+    // A Table's `<none>` (no selector) and `<pending>`-style cells too.
+    let table = [("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")];
+    let (_, text) = text_of(&client, &format!("{path}/esc"), &table).await;
+    assert!(text.contains(r#""\u003cnone\u003e""#), "{text}");
+    assert!(!text.contains("<none>"), "{text}");
+}
+
+#[tokio::test]
+async fn raw_json_pretty_for_curl_and_the_api_groups_type_first() {
+    let server = Server::start();
+    let client = server.client().await;
+    // `/version` is always indented, with no newline after it (upstream's WriteRawJSON).
+    let (code, version) = text_of(&client, "/version", &[]).await;
+    assert_eq!(code, 200);
+    assert!(version.starts_with("{\n  \"major\": \"1\",\n"), "{version}");
+    assert!(version.ends_with('}'), "{version:?}");
+    // Discovery, as every negotiated answer, is indented for curl, Wget and browsers.
+    let (_, compact) = text_of(&client, "/api", &[]).await;
+    assert!(
+        compact.starts_with(r#"{"kind":"APIVersions","#),
+        "{compact}"
+    );
+    let (_, indented) = text_of(&client, "/api", &[("user-agent", "curl/8.5.0")]).await;
+    assert!(
+        indented.starts_with("{\n  \"kind\": \"APIVersions\",\n"),
+        "{indented}"
+    );
+    let (code, not_found) =
+        text_of(&client, "/api/v1/nothing", &[("user-agent", "Wget/1.21")]).await;
+    assert_eq!(code, 404);
+    assert!(
+        not_found.starts_with("{\n  \"kind\": \"Status\""),
+        "{not_found}"
+    );
+    let (_, quiet) = text_of(&client, "/api?pretty=false", &[("user-agent", "curl/8")]).await;
+    assert!(quiet.starts_with(r#"{"kind":"#), "{quiet}");
+    // An APIGroup's TypeMeta comes first, as Go writes it.
+    let (_, group) = text_of(&client, "/apis/discovery.k8s.io", &[]).await;
+    assert!(
+        group.starts_with(r#"{"kind":"APIGroup","apiVersion":"v1","name":"discovery.k8s.io","#),
+        "{group}"
+    );
+    // A Status that could not be negotiated is written raw: indented, whatever was asked.
+    let (code, refused) = text_of(
+        &client,
+        "/api/v1/namespaces/default/services",
+        &[("accept", "application/unknown")],
+    )
+    .await;
+    assert_eq!(code, 406, "{refused}");
+    assert!(
+        refused.starts_with("{\n  \"kind\": \"Status\",\n"),
+        "{refused}"
+    );
+    assert!(refused.ends_with('}'), "{refused:?}");
+}
+
+#[tokio::test]
+async fn bookmarks_carry_the_kinds_zero_value_and_come_before_the_deadline() {
+    // No writes but the test's: no controllers, no Lease renewals.
+    let server = Server::start_with(&["--leader-elect=false", "--disable-endpoints-controller"]);
+    let client = server.client().await;
+    let path = "/api/v1/namespaces/default/services";
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &service("marked"))
+        .await
+        .expect("create");
+    let (_, list, _) = raw(&client, "GET", path, None, Vec::new()).await;
+    let start = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a list revision")
+        .to_string();
+    // Two watches from the list's revision that time out after 4 s: upstream's cacher sends
+    // a bookmark 2 s before the deadline, if the watch has seen a revision past its start.
+    let watch = |uri: String| {
+        let client = client.clone();
+        tokio::spawn(async move { text_of(&client, &uri, &[]).await })
+    };
+    let changed = watch(format!(
+        "{path}?watch=true&resourceVersion={start}&allowWatchBookmarks=true&timeoutSeconds=4"
+    ));
+    let quiet = watch(format!(
+        "/api/v1/namespaces/kube-system/services?watch=true&resourceVersion={start}&allowWatchBookmarks=true&timeoutSeconds=4"
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let patched = api
+        .patch(
+            "marked",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .expect("patch");
+    let revision = patched.metadata.resource_version.expect("a revision");
+    let (code, lines) = changed.await.expect("watch");
+    assert_eq!(code, 200);
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with(r#"{"type":"MODIFIED","#), "{lines:?}");
+    assert_eq!(
+        lines[1],
+        format!(
+            r#"{{"type":"BOOKMARK","object":{{"kind":"Service","apiVersion":"v1","metadata":{{"resourceVersion":"{revision}"}},"spec":{{}},"status":{{"loadBalancer":{{}}}}}}}}"#
+        )
+    );
+    // The other namespace's watch saw the same revision go by: its bookmark says so.
+    let (_, quiet) = quiet.await.expect("watch");
+    assert_eq!(quiet.lines().count(), 1, "{quiet}");
+    assert!(
+        quiet.contains(&format!(r#""resourceVersion":"{revision}""#)),
+        "{quiet}"
+    );
+    // A watch at the latest revision that sees nothing newer gets no bookmark.
+    let (_, idle) = text_of(
+        &client,
+        &format!(
+            "{path}?watch=true&resourceVersion={revision}&allowWatchBookmarks=true&timeoutSeconds=3"
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(idle, "", "{idle}");
+}

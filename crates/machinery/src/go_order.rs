@@ -211,7 +211,7 @@ pub fn write<W: std::io::Write>(
             }
             out.write_all(b"]")
         }
-        _ => serde_json::to_writer(out, value).map_err(std::io::Error::other),
+        _ => crate::json::to_writer(out, value).map_err(std::io::Error::other),
     }
 }
 
@@ -263,7 +263,7 @@ pub fn write_member<W: std::io::Write>(
 
 /// `"key":`.
 pub fn write_key<W: std::io::Write>(out: &mut W, key: &str) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *out, key).map_err(std::io::Error::other)?;
+    crate::json::to_writer(&mut *out, key).map_err(std::io::Error::other)?;
     out.write_all(b":")
 }
 

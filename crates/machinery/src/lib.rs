@@ -18,6 +18,7 @@ pub mod go_json;
 pub mod go_order;
 pub mod hash;
 pub mod ip;
+pub mod json;
 pub mod labels;
 pub mod media;
 pub mod meta;

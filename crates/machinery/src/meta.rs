@@ -164,9 +164,9 @@ pub fn strip_type_meta(object: &mut Value) {
 pub fn type_head(kind: &str, api_version: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"kind\":");
-    out.extend_from_slice(&serde_json::to_vec(kind).unwrap_or_default());
+    out.extend_from_slice(&crate::json::to_vec(kind));
     out.extend_from_slice(b",\"apiVersion\":");
-    out.extend_from_slice(&serde_json::to_vec(api_version).unwrap_or_default());
+    out.extend_from_slice(&crate::json::to_vec(api_version));
     out
 }
 

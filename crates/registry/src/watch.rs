@@ -108,6 +108,11 @@ impl Registry {
 }
 
 impl Watcher {
+    /// The revision the watch began at: it delivers only changes after it.
+    pub fn start(&self) -> Revision {
+        self.start
+    }
+
     /// The revision up to which every matching change has been delivered.
     pub fn progress(&self) -> Revision {
         self.safe

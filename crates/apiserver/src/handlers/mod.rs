@@ -128,7 +128,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
             && call.query.flag("watch") == Some(true));
     let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
         Ok(encoding) => encoding,
-        Err(error) => return error_response(&error, Encoding::json()),
+        Err(error) => return crate::request::unnegotiated_error(&error),
     };
     let info = request.registry.strategy().info();
     let subresource = match request.subresource.as_deref() {

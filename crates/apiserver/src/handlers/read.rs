@@ -122,7 +122,7 @@ impl ListBody {
     const PIECE: usize = 64 * 1024;
 
     fn new(head: &Value, items: Vec<Arc<capstan_registry::cache::CachedObject>>) -> Self {
-        let mut open = serde_json::to_vec(head).unwrap_or_default();
+        let mut open = capstan_machinery::json::to_vec(head);
         open.pop();
         open.extend_from_slice(b",\"items\":[");
         let commas = items.len().saturating_sub(1);

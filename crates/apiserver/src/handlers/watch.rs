@@ -97,11 +97,9 @@ pub(super) async fn start_watch(
     );
     let strategy = registry.strategy().clone();
     let include = IncludeObject::parse(query)?;
-    let mut bookmark_timer = tokio::time::interval_at(
-        tokio::time::Instant::now() + Duration::from_secs(60),
-        Duration::from_secs(60),
-    );
-    bookmark_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let now = tokio::time::Instant::now();
+    let deadline = now + timeout;
+    let next_bookmark = next_bookmark(now, deadline).filter(|_| bookmarks);
     let state = WatchStream {
         watcher,
         strategy,
@@ -109,9 +107,10 @@ pub(super) async fn start_watch(
         include,
         bookmarks,
         ended: ended(timeout, call.shutdown.clone()),
-        bookmark_timer,
+        bookmark_due: next_bookmark.is_some(),
+        bookmark: Box::pin(tokio::time::sleep_until(next_bookmark.unwrap_or(deadline))),
+        deadline,
         first_table: true,
-        last_bookmark: 0,
         finished: false,
     };
     // The response body polls the watch itself: no task or channel between the watch cache
@@ -125,6 +124,20 @@ pub(super) async fn start_watch(
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
     Ok(response(StatusCode::OK, "application/json", body))
+}
+
+/// How often a watch that allows bookmarks gets one (upstream's cacher: every minute).
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// When a watch's next bookmark is due, as upstream's `nextBookmarkTime` has it: a minute from
+/// `now`, or two seconds before the watch's `deadline` if that comes first; none once that
+/// has passed.
+fn next_bookmark(
+    now: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let due = (now + BOOKMARK_EVERY).min(deadline.checked_sub(Duration::from_secs(2))?);
+    (due >= now).then_some(due)
 }
 
 /// Ready after `timeout`, or when `shutdown` turns true.
@@ -150,9 +163,12 @@ pub(super) struct WatchStream {
     /// Ready when the watch times out or the server shuts down. One future for the life of the
     /// watch: polled after every event, it registers with the timer and the shutdown signal once.
     ended: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>,
-    bookmark_timer: tokio::time::Interval,
+    /// Whether [`Self::bookmark`] is set for the next bookmark.
+    bookmark_due: bool,
+    bookmark: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// When the watch times out.
+    deadline: tokio::time::Instant,
     first_table: bool,
-    last_bookmark: i64,
     finished: bool,
 }
 
@@ -169,9 +185,14 @@ impl WatchStream {
                     Some(item) => item,
                     None => return None,
                 },
-                _ = self.bookmark_timer.tick(), if self.bookmarks => {
+                _ = &mut self.bookmark, if self.bookmark_due => {
+                    match next_bookmark(tokio::time::Instant::now(), self.deadline) {
+                        Some(at) => self.bookmark.as_mut().reset(at),
+                        None => self.bookmark_due = false,
+                    }
+                    // Upstream's watcher passes on only a bookmark newer than where it began.
                     let revision = self.watcher.progress();
-                    if revision <= self.last_bookmark {
+                    if revision <= self.watcher.start() {
                         continue;
                     }
                     WatchItem::Bookmark(revision, false)
@@ -197,17 +218,13 @@ impl WatchStream {
                                 self.first_table,
                             );
                             self.first_table = false;
-                            event_line(
-                                kind.as_str(),
-                                &serde_json::to_vec(&table).unwrap_or_default(),
-                            )
+                            event_line(kind.as_str(), &capstan_machinery::json::to_vec(&table))
                         }
                         Output::Metadata => event_line(
                             kind.as_str(),
-                            &serde_json::to_vec(&crate::request::partial_metadata(
+                            &capstan_machinery::json::to_vec(&crate::request::partial_metadata(
                                 &object.object(),
-                            ))
-                            .unwrap_or_default(),
+                            )),
                         ),
                         // Every watcher of this change shares one encoded line.
                         _ => object.watch_line(kind, || {
@@ -222,31 +239,52 @@ impl WatchStream {
                     if !self.bookmarks {
                         continue;
                     }
-                    self.last_bookmark = revision;
-                    let mut metadata = Map::new();
-                    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
-                    if initial_end {
-                        metadata.insert(
-                            "annotations".into(),
-                            json!({"k8s.io/initial-events-end": "true"}),
-                        );
-                    }
-                    let object = json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": metadata});
-                    return Some(event_line(
-                        "BOOKMARK",
-                        &serde_json::to_vec(&object).unwrap_or_default(),
-                    ));
+                    let object = bookmark_object(self.strategy.as_ref(), revision, initial_end);
+                    let json = match self.output {
+                        Output::Metadata => capstan_machinery::json::to_vec(
+                            &crate::request::partial_metadata(&object),
+                        ),
+                        _ => capstan_machinery::go_order::to_vec(&object, self.strategy.schema()),
+                    };
+                    return Some(event_line("BOOKMARK", &json));
                 }
                 WatchItem::Error(error) => {
                     self.finished = true;
                     return Some(event_line(
                         "ERROR",
-                        &serde_json::to_vec(&error.to_status()).unwrap_or_default(),
+                        &capstan_machinery::json::to_vec(&error.to_status()),
                     ));
                 }
             }
         }
     }
+}
+
+/// A bookmark's object, as upstream's cacher makes it: the kind's Go zero value (the structs
+/// Go always writes, `"spec":{}` …) with only the revision in its metadata, and the
+/// `k8s.io/initial-events-end` annotation on the one that ends a watch's initial events.
+fn bookmark_object(
+    strategy: &dyn capstan_registry::DynStrategy,
+    revision: i64,
+    initial_end: bool,
+) -> Value {
+    let info = strategy.info();
+    let mut metadata = Map::new();
+    metadata.insert("resourceVersion".into(), json!(revision.to_string()));
+    if initial_end {
+        metadata.insert(
+            "annotations".into(),
+            json!({"k8s.io/initial-events-end": "true"}),
+        );
+    }
+    let mut object = Map::new();
+    object.insert("kind".into(), json!(info.kind));
+    object.insert("apiVersion".into(), json!(info.api_version()));
+    object.insert("metadata".into(), Value::Object(metadata));
+    if let Ok(Value::Object(zero)) = serde_json::from_str::<Value>(info.zero) {
+        object.extend(zero.into_iter().filter(|(key, _)| key != "metadata"));
+    }
+    Value::Object(object)
 }
 
 pub(super) fn event_line(kind: &str, object: &[u8]) -> Bytes {

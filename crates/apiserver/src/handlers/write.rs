@@ -217,7 +217,8 @@ pub(super) fn patched_object(
     let problems = strategy.unknown_fields(&result);
     match validation {
         FieldValidation::Strict if !problems.is_empty() => {
-            let rendered = serde_json::to_string(&result).unwrap_or_default();
+            let rendered =
+                String::from_utf8(capstan_machinery::json::to_vec(&result)).unwrap_or_default();
             let errors = capstan_machinery::field::FieldErrors(vec![
                 capstan_machinery::field::FieldError::invalid(
                     "patch",

@@ -33,7 +33,7 @@ struct Ordered<'a> {
 
 impl Ordered<'_> {
     fn scalar<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Error> {
-        value.serialize(&mut serde_json::Serializer::new(self.out))
+        crate::json::to_writer(self.out, value)
     }
 
     fn node(&self) -> Option<Node> {
@@ -319,7 +319,7 @@ impl ser::SerializeMap for MapWriter<'_> {
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
         let start = self.scratch.len();
-        key.serialize(&mut serde_json::Serializer::new(&mut self.scratch))?;
+        crate::json::to_writer(&mut self.scratch, key)?;
         self.entries.push((start..self.scratch.len(), 0..0));
         Ok(())
     }
