@@ -25,7 +25,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 
 use crate::handlers::{Call, ResourceRequest};
-use crate::request::{Body, Encoding, Query, document_response, error_response, text_response};
+use crate::request::{Body, Query, document_response, text_response};
 
 /// The API server's state.
 pub struct ApiServer {
@@ -126,7 +126,7 @@ impl ApiServer {
                 .unwrap_or_else(|_| panicked())
         } else {
             match limits::deadline(&self.limits, &query) {
-                Err(error) => error_response(&error, Encoding::plain(request.headers(), &query)),
+                Err(error) => request::negotiated_error(&error, request.headers(), &query),
                 Ok(timeout) => {
                     let deadline = tokio::time::Instant::now() + timeout;
                     let routed = std::panic::AssertUnwindSafe(self.route(
@@ -169,8 +169,7 @@ impl ApiServer {
             || path.starts_with("/livez/")
             || path.starts_with("/readyz/");
         if !public && !self.authenticated(&request) {
-            let encoding = Encoding::plain(request.headers(), &query);
-            return error_response(&ApiError::unauthorized(), encoding);
+            return request::negotiated_error(&ApiError::unauthorized(), request.headers(), &query);
         }
         let permit = match admission.map(|(class, _)| self.in_flight.admit(class)) {
             Some(Err(limits::Overloaded)) => return limits::too_many_requests(),
@@ -211,8 +210,11 @@ impl ApiServer {
         let accept = request::header_text(request.headers(), header::ACCEPT).to_string();
         if path.starts_with("/openapi/") {
             if request.method() != Method::GET {
-                let encoding = Encoding::plain(request.headers(), &query);
-                return error_response(&ApiError::method_not_allowed(), encoding);
+                return request::negotiated_error(
+                    &ApiError::method_not_allowed(),
+                    request.headers(),
+                    &query,
+                );
             }
             if let Some(response) = openapi::serve(&self.openapi, &path, &query, &accept) {
                 return response;
@@ -267,8 +269,11 @@ impl ApiServer {
         // Under `/api` upstream's router (go-restful's `/api` web service) answers every other
         // path with the NotFound Status; outside the API, Go's plain 404.
         if path.starts_with("/api/") {
-            let encoding = Encoding::plain(request.headers(), &query);
-            return error_response(&ApiError::resource_not_found(), encoding);
+            return request::negotiated_error(
+                &ApiError::resource_not_found(),
+                request.headers(),
+                &query,
+            );
         }
         text_response(StatusCode::NOT_FOUND, "404 page not found\n")
     }
@@ -308,10 +313,13 @@ impl ApiServer {
                 Some(apiservice) => self.aggregator.proxy(&apiservice, request).await,
                 // A group served here routes all of `/apis/<group>/` (upstream's go-restful
                 // group web service): an unknown version is the NotFound Status.
-                None if discovery::serves_group(&self.registries, group) => error_response(
-                    &ApiError::resource_not_found(),
-                    Encoding::plain(request.headers(), &query),
-                ),
+                None if discovery::serves_group(&self.registries, group) => {
+                    request::negotiated_error(
+                        &ApiError::resource_not_found(),
+                        request.headers(),
+                        &query,
+                    )
+                }
                 None => not_found(),
             };
         }
@@ -338,8 +346,11 @@ impl ApiServer {
         admission: limits::Admission,
     ) -> Response<Body> {
         let Some(resource) = self.resource_request(group, version, rest) else {
-            let encoding = Encoding::plain(request.headers(), &query);
-            return error_response(&ApiError::resource_not_found(), encoding);
+            return request::negotiated_error(
+                &ApiError::resource_not_found(),
+                request.headers(),
+                &query,
+            );
         };
         let (parts, body) = request.into_parts();
         let call = Call {

@@ -154,15 +154,6 @@ impl Encoding {
         })
     }
 
-    /// JSON, indented as [`pretty_requested`] says: errors answered before (or without) the
-    /// negotiation of a resource request.
-    pub fn plain(headers: &HeaderMap, query: &Query) -> Self {
-        Encoding {
-            pretty: pretty_requested(headers, query),
-            ..Encoding::json()
-        }
-    }
-
     /// JSON with no negotiation (errors before negotiation, discovery).
     pub fn json() -> Self {
         Encoding {
@@ -212,6 +203,16 @@ pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Respons
 pub fn raw_json_response(status: StatusCode, value: &Value) -> Response<Body> {
     let body = capstan_machinery::json::to_vec_pretty(value);
     response(status, "application/json", full(body))
+}
+
+/// An error answered outside a resource's handler (401, 404, a bad `timeout`), negotiated as
+/// upstream's `ErrorNegotiated` does: in the representation the request accepts, indented as
+/// it asks; written raw when it accepts none.
+pub fn negotiated_error(error: &ApiError, headers: &HeaderMap, query: &Query) -> Response<Body> {
+    match Encoding::negotiate(headers, query, false) {
+        Ok(encoding) => error_response(error, encoding),
+        Err(_) => unnegotiated_error(error),
+    }
 }
 
 /// An error whose answer could not be negotiated (406), written as [`raw_json_response`].

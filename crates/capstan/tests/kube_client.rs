@@ -892,6 +892,27 @@ async fn raw_json_pretty_for_curl_and_the_api_groups_type_first() {
         not_found.starts_with("{\n  \"kind\": \"Status\""),
         "{not_found}"
     );
+    // Errors answered outside a resource's handler are negotiated too (upstream's
+    // ErrorNegotiated); one that accepts nothing served is written raw, with its own code.
+    let (code, yaml) = text_of(
+        &client,
+        "/api/v1/nothing",
+        &[("accept", "application/yaml")],
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert!(yaml.starts_with("apiVersion: v1\n"), "{yaml}");
+    let (code, raw_404) = text_of(
+        &client,
+        "/api/v1/nothing",
+        &[("accept", "application/unknown")],
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert!(
+        raw_404.starts_with("{\n  \"kind\": \"Status\""),
+        "{raw_404}"
+    );
     let (_, quiet) = text_of(&client, "/api?pretty=false", &[("user-agent", "curl/8")]).await;
     assert!(quiet.starts_with(r#"{"kind":"#), "{quiet}");
     // An APIGroup's TypeMeta comes first, as Go writes it.

@@ -238,9 +238,13 @@ impl std::fmt::Display for FieldError {
     }
 }
 
-/// How 1.36 prints a bad value inside a field error: as JSON.
+/// How 1.36 prints a bad value inside a field error (`ErrorBody`): a string quoted as Go's
+/// `%q` quotes it, anything else as JSON (Go's escapes and all).
 pub fn render(value: &Value) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+    match value {
+        Value::String(text) => crate::status::quote(text),
+        _ => String::from_utf8(crate::json::to_vec(value)).unwrap_or_else(|_| "null".into()),
+    }
 }
 
 /// An ordered list of field errors.

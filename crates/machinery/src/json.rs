@@ -98,7 +98,9 @@ pub fn to_writer<W: Write, T: Serialize + ?Sized>(writer: W, value: &T) -> serde
 /// non-string keys or failing `Serialize` impl is written here).
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
-    let _ = to_writer(&mut out, value);
+    if to_writer(&mut out, value).is_err() {
+        out.clear();
+    }
     out
 }
 
@@ -106,7 +108,9 @@ pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 pub fn to_vec_pretty<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut serializer = serde_json::Serializer::with_formatter(&mut out, indented());
-    let _ = value.serialize(&mut serializer);
+    if value.serialize(&mut serializer).is_err() {
+        out.clear();
+    }
     out
 }
 

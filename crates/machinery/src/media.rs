@@ -113,9 +113,7 @@ pub const SERVED_STREAM_TYPES: &[&str] = &["application/json;stream=watch"];
 /// Picks the response representation for an API request. `watch` requests cannot have YAML.
 pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
     for range in parse_accept(accept) {
-        let pretty = range
-            .param("pretty")
-            .is_some_and(|v| v == "1" || v == "true");
+        let pretty = range.param("pretty").is_some_and(|v| v == "1");
         let target = range.param("as");
         match target {
             None => {
@@ -172,9 +170,7 @@ pub fn negotiate_plain(accept: &str) -> Result<Negotiated, ApiError> {
 
 /// JSON or YAML (not for watches), if the clause accepts either.
 fn plain(range: &MediaRange, watch: bool) -> Option<Negotiated> {
-    let pretty = range
-        .param("pretty")
-        .is_some_and(|v| v == "1" || v == "true");
+    let pretty = range.param("pretty").is_some_and(|v| v == "1");
     let json_like = range.kind == "*"
         || (range.kind == "application" && (range.subtype == "*" || range.subtype == "json"));
     if json_like {

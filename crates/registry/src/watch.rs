@@ -59,6 +59,9 @@ pub struct Watcher {
     receiver: Option<broadcast::Receiver<CacheMessage>>,
     start: Revision,
     safe: Revision,
+    /// The revision of the last change of the kind this watcher has been through (matching or
+    /// not), where upstream's cacher takes a bookmark's revision from.
+    last_event: Revision,
     error: Option<ApiError>,
 }
 
@@ -81,6 +84,7 @@ impl Registry {
             receiver: None,
             start: after,
             safe: after,
+            last_event: after,
             error: None,
         };
         match self.cache().subscribe(initial, after) {
@@ -92,6 +96,7 @@ impl Registry {
                     .collect();
                 watcher.start = subscription.start_revision;
                 watcher.safe = subscription.start_revision;
+                watcher.last_event = subscription.start_revision;
                 watcher.end_bookmark = end_bookmark.then_some(subscription.start_revision);
                 watcher.replay = subscription.replay.into();
                 watcher.receiver = Some(subscription.receiver);
@@ -111,6 +116,12 @@ impl Watcher {
     /// The revision the watch began at: it delivers only changes after it.
     pub fn start(&self) -> Revision {
         self.start
+    }
+
+    /// The revision of the last change of the kind (matching this watch or not) the watcher
+    /// has been through: what upstream's bookmarks carry.
+    pub fn last_event(&self) -> Revision {
+        self.last_event
     }
 
     /// The revision up to which every matching change has been delivered.
@@ -163,6 +174,7 @@ impl Watcher {
         }
         while let Some(event) = self.replay.pop_front() {
             self.safe = self.safe.max(event.revision());
+            self.last_event = self.last_event.max(event.revision());
             if let Some(item) = self.translate(&event) {
                 return Some(item);
             }
@@ -180,6 +192,7 @@ impl Watcher {
                         continue;
                     }
                     self.safe = self.safe.max(event.revision());
+                    self.last_event = self.last_event.max(event.revision());
                     if let Some(item) = self.translate(&event) {
                         return Some(item);
                     }

@@ -98,8 +98,11 @@ pub(super) async fn start_watch(
     let strategy = registry.strategy().clone();
     let include = IncludeObject::parse(query)?;
     let now = tokio::time::Instant::now();
-    let deadline = now + timeout;
-    let next_bookmark = next_bookmark(now, deadline).filter(|_| bookmarks);
+    // A timeout too long to add is as good as none.
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+    let next_bookmark = next_bookmark(now, deadline, false).filter(|_| bookmarks);
     let state = WatchStream {
         watcher,
         strategy,
@@ -131,13 +134,14 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
 /// When a watch's next bookmark is due, as upstream's `nextBookmarkTime` has it: a minute from
 /// `now`, or two seconds before the watch's `deadline` if that comes first; none once that
-/// has passed.
+/// has passed (or, `after_one` just went out, is now).
 fn next_bookmark(
     now: tokio::time::Instant,
     deadline: tokio::time::Instant,
+    after_one: bool,
 ) -> Option<tokio::time::Instant> {
     let due = (now + BOOKMARK_EVERY).min(deadline.checked_sub(Duration::from_secs(2))?);
-    (due >= now).then_some(due)
+    (due > now || (due == now && !after_one)).then_some(due)
 }
 
 /// Ready after `timeout`, or when `shutdown` turns true.
@@ -186,12 +190,13 @@ impl WatchStream {
                     None => return None,
                 },
                 _ = &mut self.bookmark, if self.bookmark_due => {
-                    match next_bookmark(tokio::time::Instant::now(), self.deadline) {
+                    match next_bookmark(tokio::time::Instant::now(), self.deadline, true) {
                         Some(at) => self.bookmark.as_mut().reset(at),
                         None => self.bookmark_due = false,
                     }
-                    // Upstream's watcher passes on only a bookmark newer than where it began.
-                    let revision = self.watcher.progress();
+                    // Upstream's bookmark carries the last change of the kind its cache went
+                    // through, and its watcher passes on only one newer than where it began.
+                    let revision = self.watcher.last_event();
                     if revision <= self.watcher.start() {
                         continue;
                     }

@@ -374,7 +374,8 @@ impl CachedObject {
             Json::Item(_) => {
                 let object = self.object();
                 let empty = Value::Object(serde_json::Map::new());
-                let _ = serde_json::to_writer(out, object.get("metadata").unwrap_or(&empty));
+                let metadata = object.get("metadata").unwrap_or(&empty);
+                let _ = capstan_machinery::json::to_writer(out, metadata);
             }
         }
     }

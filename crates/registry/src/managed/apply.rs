@@ -229,7 +229,7 @@ fn prune(
             });
         }
         (Shape::Set, Value::Array(list)) => {
-            list.retain_mut(|element| visit(format!("v:{element}"), element, None, path));
+            list.retain_mut(|element| visit(super::set_step(element), element, None, path));
         }
         _ => {}
     }

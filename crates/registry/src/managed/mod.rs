@@ -181,7 +181,15 @@ fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String 
     }
     // Written straight into the step (`format!` through `Display` costs several times more).
     let mut step = b"k:".to_vec();
-    let _ = serde_json::to_writer(&mut step, &Value::Object(key));
+    let _ = capstan_machinery::json::to_writer(&mut step, &Value::Object(key));
+    String::from_utf8(step).unwrap_or_default()
+}
+
+/// The step of a set's element: `v:` and the element's JSON, as structured-merge-diff writes
+/// it (with Go's escapes: its encoder escapes `<`, `>` and `&`, as the key's `k:` does).
+pub(crate) fn set_step(element: &Value) -> String {
+    let mut step = b"v:".to_vec();
+    let _ = capstan_machinery::json::to_writer(&mut step, element);
     String::from_utf8(step).unwrap_or_default()
 }
 
@@ -235,7 +243,7 @@ fn to_field_set(value: &Value, schema: Option<&'static Value>, path: &mut Path, 
         }
         (Shape::Set, Value::Array(list)) => {
             for element in list {
-                path.push(format!("v:{element}"));
+                path.push(set_step(element));
                 out.insert(path.clone());
                 path.pop();
             }
@@ -286,7 +294,7 @@ fn entries<'v>(list: Option<&'v Vec<Value>>, node: &Shape<'static>) -> Vec<(Stri
         .map(|element| {
             let step = match node {
                 Shape::ListMap(items, keys) => entry_step(element, items, keys),
-                _ => format!("v:{element}"),
+                _ => set_step(element),
             };
             (step, element)
         })
