@@ -894,25 +894,14 @@ async fn raw_json_pretty_for_curl_and_the_api_groups_type_first() {
     );
     // Errors answered outside a resource's handler are negotiated too (upstream's
     // ErrorNegotiated); one that accepts nothing served is written raw, with its own code.
-    let (code, yaml) = text_of(
-        &client,
-        "/api/v1/nothing",
-        &[("accept", "application/yaml")],
-    )
-    .await;
-    assert_eq!(code, 404);
-    assert!(yaml.starts_with("apiVersion: v1\n"), "{yaml}");
-    let (code, raw_404) = text_of(
-        &client,
-        "/api/v1/nothing",
-        &[("accept", "application/unknown")],
-    )
-    .await;
-    assert_eq!(code, 404);
-    assert!(
-        raw_404.starts_with("{\n  \"kind\": \"Status\""),
-        "{raw_404}"
-    );
+    for (accept, begins) in [
+        ("application/yaml", "apiVersion: v1\n"),
+        ("application/unknown", "{\n  \"kind\": \"Status\""),
+    ] {
+        let (code, text) = text_of(&client, "/api/v1/nothing", &[("accept", accept)]).await;
+        assert_eq!(code, 404);
+        assert!(text.starts_with(begins), "{accept}: {text}");
+    }
     let (_, quiet) = text_of(&client, "/api?pretty=false", &[("user-agent", "curl/8")]).await;
     assert!(quiet.starts_with(r#"{"kind":"#), "{quiet}");
     // An APIGroup's TypeMeta comes first, as Go writes it.
