@@ -54,25 +54,37 @@ impl<F: Formatter> Formatter for GoEscapes<F> {
     );
 }
 
+/// The bytes that may start what Go escapes and `serde_json` does not: `<`, `>`, `&`, and
+/// the first byte of U+2028 and U+2029.
+static GO_ONLY: [bool; 256] = {
+    let mut table = [false; 256];
+    table[b'<' as usize] = true;
+    table[b'>' as usize] = true;
+    table[b'&' as usize] = true;
+    table[0xE2] = true;
+    table
+};
+
 /// Writes a run of a string that `serde_json` leaves unescaped, escaping what Go escapes
 /// besides.
 fn write_fragment<W: ?Sized + Write>(writer: &mut W, fragment: &str) -> io::Result<()> {
     let bytes = fragment.as_bytes();
     let (mut start, mut at) = (0, 0);
-    while at < bytes.len() {
-        let (escape, length): (&[u8], usize) = match bytes[at] {
-            b'<' => (b"\\u003c", 1),
-            b'>' => (b"\\u003e", 1),
-            b'&' => (b"\\u0026", 1),
+    loop {
+        // One table look-up a byte: most strings hold none of these.
+        while at < bytes.len() && !GO_ONLY[bytes[at] as usize] {
+            at += 1;
+        }
+        let Some(&byte) = bytes.get(at) else {
+            break;
+        };
+        let (escape, length): (&[u8], usize) = match (byte, bytes.get(at + 1..at + 3)) {
+            (b'<', _) => (b"\\u003c", 1),
+            (b'>', _) => (b"\\u003e", 1),
+            (b'&', _) => (b"\\u0026", 1),
             // U+2028 and U+2029 are E2 80 A8 and E2 80 A9.
-            0xE2 if bytes.get(at + 1) == Some(&0x80) => match bytes.get(at + 2) {
-                Some(0xA8) => (b"\\u2028", 3),
-                Some(0xA9) => (b"\\u2029", 3),
-                _ => {
-                    at += 1;
-                    continue;
-                }
-            },
+            (_, Some([0x80, 0xA8])) => (b"\\u2028", 3),
+            (_, Some([0x80, 0xA9])) => (b"\\u2029", 3),
             _ => {
                 at += 1;
                 continue;
