@@ -18,14 +18,7 @@ async fn create(client: &kube::Client, name: &str, kind: &str) -> (u16, Value) {
 
 /// POSTs a Service as JSON; the status code and the answer.
 async fn post(client: &kube::Client, body: &Value) -> (u16, Value) {
-    let (code, value, _) = raw(
-        client,
-        "POST",
-        SERVICES,
-        Some("application/json"),
-        body.to_string().into_bytes(),
-    )
-    .await;
+    let (code, value, _) = common::post_json(client, SERVICES, body).await;
     (code, value)
 }
 

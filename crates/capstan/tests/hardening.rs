@@ -717,14 +717,8 @@ async fn warnings_stop_at_upstreams_bound_on_errors_too() {
     }
     let service =
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "w"}, "spec": spec});
-    let (code, body, headers) = raw(
-        &client,
-        "POST",
-        "/api/v1/namespaces/default/services",
-        Some("application/json"),
-        serde_json::to_vec(&service).expect("encode"),
-    )
-    .await;
+    let (code, body, headers) =
+        common::post_json(&client, "/api/v1/namespaces/default/services", &service).await;
     assert_eq!(code, 422, "{body}");
     let sent = common::warnings(&headers);
     assert!(

@@ -377,20 +377,23 @@ async fn lists_at_a_compacted_revision_are_410() {
     );
 }
 
+/// The Service `web` of the reference transcripts, as their client sent it.
+fn web_service() -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+}
+
 #[tokio::test]
 async fn created_objects_carry_upstreams_managed_fields() {
     let server = Server::start();
     let client = server.client().await;
     // The request and the fieldsV1 kube-apiserver 1.36 answered (reference transcript).
-    let body = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
-    let (code, created, _) = raw(
+    let body = web_service();
+    let (code, created, _) = common::post_json(
         &client,
-        "POST",
         "/api/v1/namespaces/default/services?fieldManager=curl",
-        Some("application/json"),
-        body.to_string().into_bytes(),
+        &body,
     )
     .await;
     assert_eq!(code, 201, "{created}");
@@ -428,14 +431,7 @@ async fn an_unavailable_apiservice_is_listed_and_answers_503() {
         "spec": {"group": "foo.example.com", "version": "v1beta1", "groupPriorityMinimum": 100,
                  "versionPriority": 15, "insecureSkipTLSVerify": true,
                  "service": {"namespace": "ext", "name": "api"}}});
-    let (code, created, _) = raw(
-        &client,
-        "POST",
-        base,
-        Some("application/json"),
-        serde_json::to_vec(&remote).expect("json"),
-    )
-    .await;
+    let (code, created, _) = common::post_json(&client, base, &remote).await;
     assert_eq!(code, 201, "{created}");
     // Legacy /apis lists it (available or not) after the aggregator's own group and, by
     // groupPriorityMinimum, after coordination.k8s.io and discovery.k8s.io (16500 and 16200
@@ -551,14 +547,7 @@ async fn listed_and_watched_objects_carry_their_resource_version_in_written_orde
     let base = "/api/v1/namespaces/default/services";
     let body = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "order"},
         "spec": {"selector": {"app": "v1"}, "ports": [{"port": 80}]}});
-    let (code, created, _) = raw(
-        &client,
-        "POST",
-        base,
-        Some("application/json"),
-        serde_json::to_vec(&body).expect("json"),
-    )
-    .await;
+    let (code, created, _) = common::post_json(&client, base, &body).await;
     assert_eq!(code, 201, "{created}");
     let keys = |v: &serde_json::Value| -> Vec<String> {
         v.as_object()
@@ -746,18 +735,9 @@ async fn a_list_tables_rows_are_the_single_objects_rows() {
 async fn objects_come_in_kube_apiservers_member_order() {
     let server = Server::start();
     let client = server.client().await;
-    let service = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
+    let service = web_service();
     let path = "/api/v1/namespaces/default/services";
-    let (code, created, _) = raw(
-        &client,
-        "POST",
-        path,
-        Some("application/json"),
-        serde_json::to_vec(&service).expect("encode"),
-    )
-    .await;
+    let (code, created, _) = common::post_json(&client, path, &service).await;
     assert_eq!(code, 201, "{created}");
     let (_, got, _) = raw(&client, "GET", &format!("{path}/web"), None, Vec::new()).await;
     let (_, list, _) = raw(&client, "GET", path, None, Vec::new()).await;

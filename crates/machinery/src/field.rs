@@ -329,6 +329,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A string as Go's `%q` quotes it (no HTML escapes, `\x` for control bytes), anything
+    /// else as Go's encoder writes JSON.
+    #[test]
+    fn bad_values_render_as_upstreams_error_body() {
+        assert_eq!(render(&json!("a<b>&\u{1}")), r#""a<b>&\x01""#);
+        assert_eq!(render(&json!({"k": "a<b"})), r#"{"k":"a\u003cb"}"#);
+        assert_eq!(render(&json!(5)), "5");
+        assert_eq!(render(&Value::Null), "null");
+    }
+
     #[test]
     fn bodies_read_like_upstream() {
         assert_eq!(

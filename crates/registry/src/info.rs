@@ -1,5 +1,8 @@
 //! A kind's identity: what discovery, URLs, storage keys and error messages call it.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use capstan_machinery::status::GroupResource;
 
 /// Whether a `k8s_openapi` scope is namespaced.
@@ -272,6 +275,11 @@ impl ResourceInfo {
         self.kind.to_ascii_lowercase()
     }
 
+    /// [`ResourceInfo::zero`] parsed (once per kind for the life of the process).
+    pub fn zero_value(&self) -> &'static serde_json::Value {
+        parsed_zero(self.zero)
+    }
+
     /// `group/version`, or `version` for core.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -325,4 +333,21 @@ impl ResourceInfo {
         }
         key
     }
+}
+
+/// A kind's Go zero value ([`ResourceInfo::zero`]) parsed, once per kind for the life of the
+/// process.
+pub(crate) fn parsed_zero(json: &'static str) -> &'static serde_json::Value {
+    type Zeros = Mutex<HashMap<&'static str, &'static serde_json::Value>>;
+    static ZEROS: OnceLock<Zeros> = OnceLock::new();
+    let mut zeros = ZEROS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    zeros.entry(json).or_insert_with(|| {
+        // One per kind, kept for the life of the process.
+        Box::leak(Box::new(
+            serde_json::from_str(json).unwrap_or_else(|_| serde_json::json!({})),
+        ))
+    })
 }

@@ -109,7 +109,7 @@ pub(super) async fn start_watch(
         output: encoding.negotiated.output,
         include,
         bookmarks,
-        ended: ended(timeout, call.shutdown.clone()),
+        ended: ended(deadline, call.shutdown.clone()),
         bookmark_due: next_bookmark.is_some(),
         bookmark: Box::pin(tokio::time::sleep_until(next_bookmark.unwrap_or(deadline))),
         deadline,
@@ -144,14 +144,14 @@ fn next_bookmark(
     (due > now || (due == now && !after_one)).then_some(due)
 }
 
-/// Ready after `timeout`, or when `shutdown` turns true.
+/// Ready at `deadline`, or when `shutdown` turns true.
 pub(super) fn ended(
-    timeout: Duration,
+    deadline: tokio::time::Instant,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> {
     Box::pin(async move {
         tokio::select! {
-            _ = tokio::time::sleep(timeout) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
             _ = shutdown.wait_for(|down| *down) => {}
         }
     })
@@ -286,8 +286,9 @@ fn bookmark_object(
     object.insert("kind".into(), json!(info.kind));
     object.insert("apiVersion".into(), json!(info.api_version()));
     object.insert("metadata".into(), Value::Object(metadata));
-    if let Ok(Value::Object(zero)) = serde_json::from_str::<Value>(info.zero) {
-        object.extend(zero.into_iter().filter(|(key, _)| key != "metadata"));
+    if let Value::Object(zero) = info.zero_value() {
+        let members = zero.iter().filter(|(key, _)| *key != "metadata");
+        object.extend(members.map(|(key, value)| (key.clone(), value.clone())));
     }
     Value::Object(object)
 }

@@ -248,6 +248,22 @@ pub async fn raw(
     raw_accepting(client, method, uri, content_type, None, body).await
 }
 
+/// [`raw`] POSTing `body` as JSON to `uri`.
+pub async fn post_json(
+    client: &kube::Client,
+    uri: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value, http::HeaderMap) {
+    raw(
+        client,
+        "POST",
+        uri,
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
 /// [`raw`] with an `Accept` header.
 pub async fn raw_accepting(
     client: &kube::Client,

@@ -93,20 +93,9 @@ impl Tracking {
         }
     }
 
-    /// The kind's Go zero value, parsed once per kind for the life of the process.
+    /// The kind's Go zero value.
     fn zero(&self) -> &'static Value {
-        static ZEROS: std::sync::OnceLock<std::sync::Mutex<HashMap<&'static str, &'static Value>>> =
-            std::sync::OnceLock::new();
-        let mut zeros = ZEROS
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        zeros.entry(self.zero).or_insert_with(|| {
-            // One per kind, kept for the life of the process.
-            Box::leak(Box::new(
-                serde_json::from_str(self.zero).unwrap_or_else(|_| json!({})),
-            ))
-        })
+        crate::info::parsed_zero(self.zero)
     }
 
     /// Whether a path is a reset field or lies under one.
@@ -179,17 +168,20 @@ fn entry_step(element: &Value, items: &'static Value, keys: &[Value]) -> String 
             key.insert(name.to_string(), v.clone());
         }
     }
-    // Written straight into the step (`format!` through `Display` costs several times more).
-    let mut step = b"k:".to_vec();
-    let _ = capstan_machinery::json::to_writer(&mut step, &Value::Object(key));
-    String::from_utf8(step).unwrap_or_default()
+    json_step(b"k:", &Value::Object(key))
 }
 
-/// The step of a set's element: `v:` and the element's JSON, as structured-merge-diff writes
-/// it (with Go's escapes: its encoder escapes `<`, `>` and `&`, as the key's `k:` does).
+/// The step of a set's element: `v:` and the element's JSON.
 pub(crate) fn set_step(element: &Value) -> String {
-    let mut step = b"v:".to_vec();
-    let _ = capstan_machinery::json::to_writer(&mut step, element);
+    json_step(b"v:", element)
+}
+
+/// `prefix` and `value`'s JSON, as structured-merge-diff writes a step (with Go's escapes: its
+/// encoder escapes `<`, `>` and `&`). Written straight into the step (`format!` through
+/// `Display` costs several times more).
+fn json_step(prefix: &[u8], value: &Value) -> String {
+    let mut step = prefix.to_vec();
+    let _ = capstan_machinery::json::to_writer(&mut step, value);
     String::from_utf8(step).unwrap_or_default()
 }
 
