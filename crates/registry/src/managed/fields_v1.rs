@@ -163,3 +163,17 @@ pub(super) fn from_fields_v1(value: &Value) -> Set {
     walk(value, &mut Vec::new(), &mut out);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::set_step;
+
+    /// Steps are written as structured-merge-diff writes them, with Go's escapes.
+    #[test]
+    fn steps_carry_gos_escapes() {
+        assert_eq!(set_step(&json!("a<b>&c")), r#"v:"a\u003cb\u003e\u0026c""#);
+        assert_eq!(set_step(&json!(80)), "v:80");
+    }
+}

@@ -697,10 +697,3 @@ fn a_stored_entry_with_steps_of_any_shape_is_rewritten_without_a_panic() {
         .expect("kept");
     assert_eq!(odd["fieldsV1"], json!({"aé": {}, "x": {}, "y": {}}));
 }
-
-/// Steps are written as structured-merge-diff writes them, with Go's escapes.
-#[test]
-fn steps_carry_gos_escapes() {
-    assert_eq!(set_step(&json!("a<b>&c")), r#"v:"a\u003cb\u003e\u0026c""#);
-    assert_eq!(set_step(&json!(80)), "v:80");
-}
