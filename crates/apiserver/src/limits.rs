@@ -202,7 +202,7 @@ pub fn deadline(limits: &Limits, query: &Query) -> Result<Duration, ApiError> {
     let Some(text) = query.get("timeout").filter(|t| !t.is_empty()) else {
         return Ok(limits.request_timeout);
     };
-    let nanos = capstan_machinery::duration::parse_go_duration(text).map_err(|e| {
+    let nanos = capstan_gostd::duration::parse_go_duration(text).map_err(|e| {
         ApiError::bad_request(format!(
             "invalid timeout specified in the request URL - {e}"
         ))

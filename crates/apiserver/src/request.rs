@@ -102,7 +102,7 @@ impl Query {
             Some(v) => v.parse::<i64>().map(Some).map_err(|_| {
                 ApiError::bad_request(format!(
                     "strconv.ParseInt: parsing {}: invalid syntax",
-                    capstan_machinery::status::quote(v)
+                    capstan_gostd::quote(v)
                 ))
             }),
         }
@@ -413,7 +413,7 @@ impl IncludeObject {
             "None" => Ok(IncludeObject::None),
             other => Err(ApiError::bad_request(format!(
                 "Unable to convert to Table as requested: includeObject: Invalid value: {}: must be 'Metadata', 'Object', 'None', or empty",
-                capstan_machinery::status::quote(other)
+                capstan_gostd::quote(other)
             ))),
         }
     }

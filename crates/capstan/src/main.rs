@@ -244,7 +244,7 @@ fn descriptor_budget() -> usize {
 
 /// Parses Go durations as kube-apiserver flags take them: `300ms`, `90s`, `5m`, `1m0s`, `0`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    capstan_machinery::duration::parse_flag_duration(text)
+    capstan_gostd::duration::parse_flag_duration(text)
 }
 
 async fn open_storage(args: &ServeArgs) -> anyhow::Result<Arc<dyn Storage>> {

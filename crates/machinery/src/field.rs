@@ -182,7 +182,7 @@ impl FieldError {
         let detail = if supported.is_empty() {
             String::new()
         } else {
-            let list: Vec<String> = supported.iter().map(|s| crate::status::quote(s)).collect();
+            let list: Vec<String> = supported.iter().map(|s| capstan_gostd::quote(s)).collect();
             format!("supported values: {}", list.join(", "))
         };
         Self::new(ErrorType::NotSupported, field, render(value), detail)
@@ -242,7 +242,7 @@ impl std::fmt::Display for FieldError {
 /// `%q` quotes it, anything else as JSON (Go's escapes and all).
 pub fn render(value: &Value) -> String {
     match value {
-        Value::String(text) => crate::status::quote(text),
+        Value::String(text) => capstan_gostd::quote(text),
         _ => String::from_utf8(crate::json::to_vec(value)).unwrap_or_else(|_| "null".into()),
     }
 }

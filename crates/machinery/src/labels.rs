@@ -350,7 +350,7 @@ impl Parser {
             if value.parse::<i64>().is_err() {
                 return Err(format!(
                     "values[0]: Invalid value: {}: for 'Gt', 'Lt' operators, the value must be an integer",
-                    crate::status::quote(&value)
+                    capstan_gostd::quote(&value)
                 ));
             }
         }

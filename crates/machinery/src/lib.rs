@@ -11,7 +11,6 @@
 
 pub mod continue_token;
 mod definitions;
-pub mod duration;
 pub mod field;
 pub mod fields;
 pub mod go_json;

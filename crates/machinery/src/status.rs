@@ -3,6 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::field::FieldErrors;
+use capstan_gostd::quote;
 
 /// `metav1.StatusReason` values Capstan produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,27 +136,6 @@ impl std::fmt::Display for GroupResource<'_> {
             write!(f, "{}.{}", self.resource, self.group)
         }
     }
-}
-
-/// Go's `%q` for the strings that appear in messages.
-pub fn quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// The cause reason of a create refused because its namespace is being deleted

@@ -27,7 +27,7 @@ pub fn duplicate_key(bytes: &[u8]) -> Option<String> {
     Some(format!(
         "error converting YAML to JSON: yaml: unmarshal errors:\n  line {}: key {} already set in map",
         location.line(),
-        crate::status::quote(key.as_deref().unwrap_or_default()),
+        capstan_gostd::quote(key.as_deref().unwrap_or_default()),
     ))
 }
 

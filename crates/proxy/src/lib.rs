@@ -85,7 +85,7 @@ pub struct ProxyArgs {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    capstan_machinery::duration::parse_flag_duration(text)
+    capstan_gostd::duration::parse_flag_duration(text)
 }
 
 impl ProxyArgs {

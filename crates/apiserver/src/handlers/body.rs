@@ -70,7 +70,7 @@ pub(super) async fn decode_body(
     if !body_kind.is_empty() && body_kind != info.kind {
         return Err(ApiError::bad_request(format!(
             "{body_kind} in version {} cannot be handled as a {}: the object provided is of kind {body_kind}",
-            capstan_machinery::status::quote(if body_version.is_empty() {
+            capstan_gostd::quote(if body_version.is_empty() {
                 &api_version
             } else {
                 &body_version
@@ -93,7 +93,7 @@ pub(super) async fn decode_body(
             return Err(ApiError::bad_request(format!(
                 "{} in version {} cannot be handled as a {}: strict decoding error: {}",
                 info.kind,
-                capstan_machinery::status::quote(info.version),
+                capstan_gostd::quote(info.version),
                 info.kind,
                 problems.join(", ")
             )));
@@ -120,7 +120,7 @@ pub(super) async fn decode_body(
         ApiError::bad_request(format!(
             "{} in version {} cannot be handled as a {}: {why}",
             info.kind,
-            capstan_machinery::status::quote(info.version),
+            capstan_gostd::quote(info.version),
             info.kind
         ))
     })?;
@@ -158,9 +158,9 @@ fn not_registered(info: &ResourceInfo, version: &str, kind: &str) -> ApiError {
     let kind = if kind.is_empty() { info.kind } else { kind };
     let why = format!(
         "no kind {} is registered for version {} in scheme {}",
-        capstan_machinery::status::quote(kind),
-        capstan_machinery::status::quote(version),
-        capstan_machinery::status::quote(info.scheme.0)
+        capstan_gostd::quote(kind),
+        capstan_gostd::quote(version),
+        capstan_gostd::quote(info.scheme.0)
     );
     cannot_handle(info, version, kind, &why)
 }
@@ -170,7 +170,7 @@ fn cannot_handle(info: &ResourceInfo, version: &str, kind: &str, why: &str) -> A
     let short_version = version.rsplit('/').next().unwrap_or(version);
     ApiError::bad_request(format!(
         "{kind} in version {} cannot be handled as a {}: {why}",
-        capstan_machinery::status::quote(short_version),
+        capstan_gostd::quote(short_version),
         info.kind
     ))
 }

@@ -214,7 +214,7 @@ pub(super) async fn delete_options(
         options.grace_period_seconds = Some(grace.parse::<i64>().map_err(|_| {
             ApiError::bad_request(format!(
                 "gracePeriodSeconds: invalid value {}",
-                capstan_machinery::status::quote(grace)
+                capstan_gostd::quote(grace)
             ))
         })?);
     }

@@ -18,10 +18,7 @@ impl Registry {
             return Err(ApiError::new(
                 403,
                 capstan_machinery::Reason::Forbidden,
-                format!(
-                    "{gr} {} is forbidden: {why}",
-                    capstan_machinery::status::quote(name)
-                ),
+                format!("{gr} {} is forbidden: {why}", capstan_gostd::quote(name)),
             )
             .with_details(capstan_machinery::Details {
                 name: name.to_string(),
@@ -41,7 +38,7 @@ impl Registry {
                 err.message = format!(
                     "Operation cannot be fulfilled on {} {}: {why}",
                     info.kind,
-                    capstan_machinery::status::quote(name)
+                    capstan_gostd::quote(name)
                 );
                 if let Some(details) = err.details.as_mut() {
                     details.kind = info.kind.to_string();

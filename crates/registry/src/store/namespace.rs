@@ -43,7 +43,7 @@ impl Registry {
                 capstan_machinery::Reason::Forbidden,
                 format!(
                     "{gr} {} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
-                    capstan_machinery::status::quote(name),
+                    capstan_gostd::quote(name),
                 ),
             )
             .with_details(capstan_machinery::Details {

@@ -124,10 +124,7 @@ impl Registry {
             added.dedup();
             if !added.is_empty() {
                 // Go's `%#v` of the sorted set.
-                let quoted: Vec<String> = added
-                    .iter()
-                    .map(|f| capstan_machinery::status::quote(f))
-                    .collect();
+                let quoted: Vec<String> = added.iter().map(|f| capstan_gostd::quote(f)).collect();
                 errors.push(FieldError::forbidden(
                     "metadata.finalizers",
                     format!(

@@ -17,7 +17,7 @@ const NANOS: &[(&str, u64)] = &[
 /// Go's quoting in its duration errors: `"` + text + `"` (the texts here are short and
 /// printable in practice; anything else is escaped as `%q` would).
 fn quote(text: &str) -> String {
-    crate::status::quote(text)
+    crate::quote(text)
 }
 
 /// Parses a Go duration (`300ms`, `-1.5h`, `2h45m`, `0`) into signed nanoseconds; the error is
