@@ -8,7 +8,10 @@ from the upstream API definitions. Usage:
     scripts/gen-proto-schema.py OUT.json core/v1/generated.proto meta/v1/generated.proto ...
 
 (The .proto files come from kubernetes/api and kubernetes/apimachinery at the release whose
-wire format Capstan targets.)
+wire format Capstan targets.) A group's table is crates/resources/src/<group>/protobuf.json:
+its own messages and those of other groups they refer to (core/v1's ObjectReference for
+discovery/v1); the apimachinery messages every group uses (meta/v1, runtime, resource, intstr)
+are crates/machinery/data/proto-apimachinery.json.
 """
 import json
 import re

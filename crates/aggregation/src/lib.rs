@@ -9,9 +9,9 @@
 mod client;
 
 /// Whether an APIService is Available, or local: the kind's own rules, shared with the proxy.
-pub use capstan_resources::apiservice::{is_available, is_local};
+pub use capstan_resources::apiregistration::apiservice::{is_available, is_local};
 /// The EndpointSlices a Service's backends are found in.
-pub use capstan_resources::endpointslice::of_service as service_slices;
+pub use capstan_resources::discovery::endpointslice::of_service as service_slices;
 pub use client::{Backends, Connector, TlsConnection};
 
 use std::net::{IpAddr, SocketAddr};

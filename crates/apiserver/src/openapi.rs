@@ -8,8 +8,10 @@ use http::{HeaderValue, Response, StatusCode, header};
 use crate::discovery::sha512_hex;
 use crate::request::{Body, Query, full};
 
-use capstan_machinery::schema::SWAGGER;
 use capstan_registry::Registry;
+
+/// `/openapi/v2`: the one document of every kind kube-apiserver 1.36 serves, byte for byte.
+static SWAGGER: &[u8] = include_bytes!("../data/swagger.json");
 
 struct Document {
     path: &'static str,
@@ -26,7 +28,8 @@ impl Documents {
     pub fn of(registries: &[std::sync::Arc<Registry>]) -> Self {
         let mut documents: Vec<Document> = Vec::new();
         for registry in registries {
-            let (path, bytes) = registry.strategy().info().openapi;
+            let data = registry.strategy().info().data;
+            let (path, bytes) = (data.openapi_path, data.openapi);
             if !documents.iter().any(|d| d.path == path) {
                 documents.push(Document {
                     path,

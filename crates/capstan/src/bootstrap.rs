@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use capstan_registry::{Registry, Subresource, WriteOptions};
-use capstan_resources::service::ServiceStrategy;
+use capstan_resources::core::service::ServiceStrategy;
 
 use crate::registry_for;
 
@@ -21,7 +21,7 @@ pub(crate) async fn bootstrap(
         applied: false,
     };
     let namespaces = registry_for(registries, "namespaces")?;
-    for name in capstan_resources::namespace::BUILT_IN {
+    for name in capstan_resources::core::namespace::BUILT_IN {
         let object = serde_json::json!({"metadata": {"name": name}});
         match namespaces.create("", object, &options).await {
             Ok(_) => {}
@@ -93,7 +93,7 @@ async fn register_local_apiservice(
     spec: serde_json::Value,
     options: &WriteOptions,
 ) -> anyhow::Result<()> {
-    use capstan_resources::apiservice::AUTOMANAGED;
+    use capstan_resources::apiregistration::apiservice::AUTOMANAGED;
     match apiservices
         .get("", name, capstan_registry::ReadAt::Latest)
         .await

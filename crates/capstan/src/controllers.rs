@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use capstan_controllers::Group;
 use capstan_registry::Registry;
-use capstan_resources::service::ServiceStrategy;
+use capstan_resources::core::service::ServiceStrategy;
 use capstan_storage::Storage;
 
 use crate::registry_for;

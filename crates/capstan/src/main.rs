@@ -11,7 +11,7 @@ use anyhow::Context;
 use capstan_apiserver::ApiServer;
 use capstan_registry::Registry;
 use capstan_registry::cache::CacheSet;
-use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+use capstan_resources::core::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{Compactor, EmbeddedOptions, EmbeddedStore, Storage};
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -325,7 +325,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     store.clone(),
                     cache,
                     info.namespaced
-                        .then(|| capstan_resources::namespace::NAMESPACE_PREFIX.to_string()),
+                        .then(|| capstan_resources::core::namespace::NAMESPACE_PREFIX.to_string()),
                 )
                 .with_max_object_bytes(args.max_request_bytes),
             )

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+use capstan_resources::core::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use common::{Server, raw, raw_accepting};
 use serde_json::Value;
 
@@ -76,7 +76,7 @@ async fn every_registered_kind_is_discovered_described_and_cleanable() {
             );
         }
         // The OpenAPI document it names is served and defines it.
-        let (path, _) = info.openapi;
+        let path = info.data.openapi_path;
         let url = index["paths"][path]["serverRelativeURL"]
             .as_str()
             .unwrap_or_else(|| panic!("/openapi/v3 does not list {path}"))

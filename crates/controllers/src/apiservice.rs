@@ -16,7 +16,7 @@ use capstan_registry::cache::ByRevision;
 use capstan_registry::strategy::{from_typed, to_typed};
 use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
-use capstan_resources::apiservice::{LOCAL_MESSAGE, is_local, set_available};
+use capstan_resources::apiregistration::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -106,7 +106,8 @@ impl AvailabilityController {
                         if let WatchItem::Event(_, object) = item {
                             let s = &object.selectable;
                             let service = if by_label {
-                                let label = capstan_resources::endpointslice::SERVICE_NAME_LABEL;
+                                let label =
+                                    capstan_resources::discovery::endpointslice::SERVICE_NAME_LABEL;
                                 let Some(service) = s.label(label) else {
                                     continue;
                                 };

@@ -1190,7 +1190,7 @@ pub fn build_subsets<P: std::borrow::Borrow<Pod>>(
                     .filter_map(|(i, p)| target_port(p, pod).map(|number| Some((i, number)))),
             );
         }
-        let is_ready = publish || capstan_resources::pod::is_ready(pod);
+        let is_ready = publish || capstan_resources::core::pod::is_ready(pod);
         let key = (
             address.ip.clone(),
             pod.metadata.uid.clone().unwrap_or_default(),

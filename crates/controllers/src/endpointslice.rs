@@ -17,7 +17,9 @@ use capstan_machinery::hash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use capstan_registry::typed::from_json_without_managed_fields;
-use capstan_resources::endpointslice::{CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use capstan_resources::discovery::endpointslice::{
+    CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
+};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -160,7 +162,7 @@ fn pod_endpoint(
     zone: Option<String>,
     address_type: &str,
 ) -> Endpoint {
-    let serving = capstan_resources::pod::is_ready(pod);
+    let serving = capstan_resources::core::pod::is_ready(pod);
     let terminating = pod.metadata.deletion_timestamp.is_some();
     let publish = service
         .spec
@@ -1063,7 +1065,7 @@ impl SliceWriter {
                 } else {
                     let zone = object
                         .selectable
-                        .label(capstan_resources::node::ZONE_LABEL)
+                        .label(capstan_resources::core::node::ZONE_LABEL)
                         // An empty zone label is no zone (upstream's podToEndpoint).
                         .filter(|zone| !zone.is_empty())
                         .map(str::to_string);
@@ -1205,7 +1207,7 @@ impl SliceWriter {
             return;
         }
         slice.metadata = metadata;
-        capstan_resources::endpointslice::EndpointSliceStrategy.default(&mut slice);
+        capstan_resources::discovery::endpointslice::EndpointSliceStrategy.default(&mut slice);
         // The stored JSON leaves empty lists out: they decode as absent.
         fn none_if_empty<T>(list: &mut Option<Vec<T>>) {
             if list.as_ref().is_some_and(Vec::is_empty) {

@@ -16,7 +16,7 @@ use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
 use capstan_registry::strategy::from_typed;
 use capstan_registry::{Registry, Subresource, WriteOptions};
-use capstan_resources::endpointslice::{
+use capstan_resources::discovery::endpointslice::{
     MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,
 };
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};

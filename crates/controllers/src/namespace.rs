@@ -9,7 +9,7 @@ use std::time::Duration;
 use capstan_machinery::ApiError;
 use capstan_registry::strategy::from_typed;
 use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, Subresource, WriteOptions};
-use capstan_resources::namespace::FINALIZER;
+use capstan_resources::core::namespace::FINALIZER;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

@@ -43,6 +43,13 @@ impl<V: ?Sized> Definitions<V> {
         loaded.definitions.get(name).copied()
     }
 
+    /// Every definition loaded so far, with its name.
+    pub(crate) fn entries(&self) -> Vec<(String, &'static V)> {
+        let loaded = self.tables.read().unwrap_or_else(|e| e.into_inner());
+        let entries = loaded.definitions.iter();
+        entries.map(|(name, v)| (name.clone(), *v)).collect()
+    }
+
     /// Adds a document's definitions (once per document).
     pub(crate) fn load(&self, document: &'static [u8]) {
         let address = document.as_ptr() as usize;

@@ -239,7 +239,7 @@ mod tests {
     use serde_json::json;
 
     fn service(body: Value) -> Option<String> {
-        let schema = crate::schema::named("io.k8s.api.core.v1.Service").expect("schema");
+        let schema = crate::testdata::service().expect("schema");
         type_error("Service", schema, &body)
     }
 

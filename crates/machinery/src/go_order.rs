@@ -2,29 +2,55 @@
 //! fields in the order its type declares them, and a map's keys sorted; Capstan's objects come
 //! from `k8s-openapi`'s types (fields in alphabetical order) or from request bodies (in the
 //! client's order). [`write`] writes a value as the Go type of its schema would be written,
-//! from the member order of each definition in `data/go_field_order.txt`.
+//! from the member order of each definition: apimachinery's in `data/member_order_apimachinery.txt`,
+//! each group's in its folder of `capstan-resources` ([`load`]).
 
-use std::collections::HashMap;
 use std::sync::{LazyLock, RwLock};
 
 use serde_json::{Map, Value};
 
+use crate::definitions::Definitions;
 use crate::schema;
 
 mod typed;
 pub use typed::to_vec as typed_to_vec;
 
-/// The member order of each definition, by its OpenAPI name.
-static ORDERS: LazyLock<HashMap<&'static str, Vec<&'static str>>> = LazyLock::new(|| {
-    include_str!("../data/go_field_order.txt")
+/// The member order of each definition, by its OpenAPI name: apimachinery's, and those of
+/// each group loaded so far ([`load`]).
+static ORDERS: LazyLock<Definitions<[&'static str]>> = LazyLock::new(|| {
+    Definitions::new(
+        parse_orders,
+        include_bytes!("../data/member_order_apimachinery.txt"),
+    )
+});
+
+/// The definitions of a member-order text: a line a definition, its name then its members.
+fn parse_orders(text: &'static [u8]) -> Vec<(String, &'static [&'static str])> {
+    std::str::from_utf8(text)
+        .unwrap_or_default()
         .lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
             let mut words = line.split_whitespace();
-            Some((words.next()?, words.collect()))
+            let name = words.next()?.to_string();
+            let members: &'static [&'static str] = Box::leak(words.collect::<Box<[_]>>());
+            Some((name, members))
         })
         .collect()
-});
+}
+
+/// The member order known for the definition `name` (`None`: none is, and the writer leaves
+/// its members in the order they come).
+pub fn declared(name: &str) -> Option<&'static [&'static str]> {
+    ORDERS.get(name)
+}
+
+/// Makes a group's member orders known (once per text). A group loads its orders with its
+/// OpenAPI document ([`crate::GroupVersionData::definition`]), before any of its definitions
+/// can reach the writer: a definition met without an order is remembered as having none.
+pub fn load(member_order: &'static str) {
+    ORDERS.load(member_order.as_bytes());
+}
 
 /// `metadata`'s definition, which every kind shares.
 const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
@@ -103,8 +129,8 @@ fn members(definition: &'static Value) -> Option<Members> {
     if let Some(known) = table.get(&address) {
         return *known;
     }
-    for (name, order) in ORDERS.iter() {
-        let Some(node) = schema::named(name) else {
+    for (name, order) in ORDERS.entries() {
+        let Some(node) = schema::named(&name) else {
             continue;
         };
         let at = schema::address(node);
@@ -272,50 +298,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Every definition's order names exactly the properties its OpenAPI schema declares.
-    #[test]
-    fn each_order_names_its_definitions_properties() {
-        for document in [
-            schema::CORE_V1_OPENAPI,
-            schema::APIREGISTRATION_V1_OPENAPI,
-            schema::DISCOVERY_V1_OPENAPI,
-            schema::COORDINATION_V1_OPENAPI,
-        ] {
-            let _ = schema::definition(document, "io.k8s.api.core.v1.Service");
-        }
-        assert!(ORDERS.len() > 150, "{}", ORDERS.len());
-        // Written without escaping: every member name is a plain identifier.
-        for (name, order) in ORDERS.iter() {
-            for member in order {
-                assert!(
-                    member.bytes().all(|b| b.is_ascii_alphanumeric()),
-                    "{name}.{member}"
-                );
-            }
-        }
-        for (name, order) in ORDERS.iter() {
-            let definition = [
-                schema::CORE_V1_OPENAPI,
-                schema::APIREGISTRATION_V1_OPENAPI,
-                schema::DISCOVERY_V1_OPENAPI,
-                schema::COORDINATION_V1_OPENAPI,
-            ]
-            .into_iter()
-            .find_map(|document| schema::definition(document, name))
-            .unwrap_or_else(|| panic!("{name} is in no OpenAPI document"));
-            let mut declared: Vec<&str> = definition
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|p| p.keys().map(String::as_str).collect())
-                .unwrap_or_default();
-            let mut listed = order.clone();
-            declared.sort_unstable();
-            listed.sort_unstable();
-            assert_eq!(listed, declared, "{name}");
-        }
-    }
-
     fn written(value: &Value, definition: &str) -> String {
+        let _ = crate::testdata::SERVICE.definition("io.k8s.api.core.v1.Service");
         String::from_utf8(to_vec(value, schema::named(definition))).expect("JSON is UTF-8")
     }
 
@@ -350,23 +334,6 @@ mod tests {
         assert_eq!(
             before,
             ["name", "generateName", "namespace", "selfLink", "uid"]
-        );
-    }
-
-    #[test]
-    fn the_same_name_in_two_groups_keeps_each_groups_order() {
-        let port = json!({"port": 80, "protocol": "TCP", "name": "p"});
-        assert_eq!(
-            written(&port, "io.k8s.api.core.v1.EndpointPort"),
-            r#"{"name":"p","port":80,"protocol":"TCP"}"#
-        );
-        let _ = schema::definition(
-            schema::DISCOVERY_V1_OPENAPI,
-            "io.k8s.api.discovery.v1.EndpointSlice",
-        );
-        assert_eq!(
-            written(&port, "io.k8s.api.discovery.v1.EndpointPort"),
-            r#"{"name":"p","protocol":"TCP","port":80}"#
         );
     }
 }

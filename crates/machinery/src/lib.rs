@@ -15,6 +15,7 @@ pub mod field;
 pub mod fields;
 pub mod go_json;
 pub mod go_order;
+pub mod group;
 pub mod hash;
 pub mod ip;
 pub mod json;
@@ -28,8 +29,11 @@ pub mod smp;
 pub mod status;
 pub mod strict;
 pub mod table;
+#[cfg(any(test, feature = "testdata"))]
+pub mod testdata;
 pub mod uid;
 pub mod validation;
 pub mod yaml;
 
+pub use group::GroupVersionData;
 pub use status::{ApiError, Details, Reason};

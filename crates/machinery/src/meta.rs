@@ -437,7 +437,7 @@ mod tests {
     }
 
     fn service_schema() -> Option<&'static Value> {
-        crate::schema::named("io.k8s.api.core.v1.Service")
+        crate::testdata::service()
     }
 
     #[test]

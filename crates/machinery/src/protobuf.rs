@@ -1,10 +1,10 @@
 //! Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`), decoded to JSON.
 //!
 //! kubectl's typed clients send these (e.g. `kubectl create service`). A kind names its
-//! messages ([`Messages`]: its package and its group's field table); the tables are derived
-//! from upstream's `generated.proto` files by `scripts/gen-proto-schema.py` (field names there
-//! are the JSON names). core/v1's table ([`CORE_V1_PROTO`]) also holds the apimachinery
-//! messages every group uses.
+//! messages ([`Messages`]: its package and its group's field table, which the group's folder
+//! holds); the tables are derived from upstream's `generated.proto` files by
+//! `scripts/gen-proto-schema.py` (field names there are the JSON names). The apimachinery
+//! messages every group uses are the machinery's own.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -16,46 +16,26 @@ use serde_json::{Map, Value, json};
 
 type Field = (u32, String, String, bool);
 
-/// The field table of core/v1 and of the apimachinery messages (meta/v1, runtime, resource,
-/// intstr).
-pub static CORE_V1_PROTO: &[u8] = include_bytes!("../data/proto-schema.json");
+/// The field table of the apimachinery messages (meta/v1, runtime, resource, intstr), which
+/// every group's messages use.
+static APIMACHINERY: &[u8] = include_bytes!("../data/proto-apimachinery.json");
 
-/// Where a kind's protobuf messages are described.
+/// Where a group version's protobuf messages are described.
 #[derive(Debug, Clone, Copy)]
 pub struct Messages {
     /// The API version whose bodies use these messages (`v1`).
     pub api_version: &'static str,
     /// The protobuf package of the group's messages (`k8s.io.api.core.v1`).
     pub package: &'static str,
-    /// The group's field table (JSON, as `scripts/gen-proto-schema.py` writes it).
+    /// The group's field table (JSON, as `scripts/gen-proto-schema.py` writes it), with the
+    /// messages of other groups it refers to.
     pub table: &'static [u8],
 }
-
-/// core/v1's messages.
-pub const CORE_V1: Messages = Messages {
-    api_version: "v1",
-    package: "k8s.io.api.core.v1",
-    table: CORE_V1_PROTO,
-};
-
-/// discovery.k8s.io/v1's messages.
-pub const DISCOVERY_V1: Messages = Messages {
-    api_version: "discovery.k8s.io/v1",
-    package: "k8s.io.api.discovery.v1",
-    table: include_bytes!("../data/proto-discovery-v1.json"),
-};
-
-/// coordination.k8s.io/v1's messages.
-pub const COORDINATION_V1: Messages = Messages {
-    api_version: "coordination.k8s.io/v1",
-    package: "k8s.io.api.coordination.v1",
-    table: include_bytes!("../data/proto-coordination-v1.json"),
-};
 
 /// Every message known: the apimachinery ones and those of each group a decode was asked
 /// for.
 static TABLES: LazyLock<Definitions<[Field]>> =
-    LazyLock::new(|| Definitions::new(message_table, CORE_V1_PROTO));
+    LazyLock::new(|| Definitions::new(message_table, APIMACHINERY));
 
 /// The messages of a field table.
 fn message_table(table: &'static [u8]) -> Vec<(String, &'static [Field])> {
@@ -390,7 +370,8 @@ mod tests {
         let type_meta = [field(1, b"v1"), field(2, b"Service")].concat();
         let unknown = [field(1, &type_meta), field(2, &service)].concat();
         let body = [MAGIC.to_vec(), unknown].concat();
-        let (version, kind, object) = decode(&body, Some(CORE_V1)).expect("decodes");
+        let (version, kind, object) =
+            decode(&body, crate::testdata::SERVICE.protobuf).expect("decodes");
         assert_eq!((version.as_str(), kind.as_str()), ("v1", "Service"));
         assert_eq!(
             object,
@@ -401,7 +382,7 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(decode(b"k8s\x00\xff\xff\xff", Some(CORE_V1)).is_err());
+        assert!(decode(b"k8s\x00\xff\xff\xff", crate::testdata::SERVICE.protobuf).is_err());
         assert!(decode(b"nope", None).is_err());
     }
 }

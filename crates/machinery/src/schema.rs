@@ -1,5 +1,7 @@
-//! The OpenAPI documents kube-apiserver 1.36 serves, and what the machinery reads from them:
-//! which fields a kind declares (for `fieldValidation`).
+//! The schemas of the OpenAPI documents kube-apiserver 1.36 serves, as the machinery reads
+//! them: which fields a kind declares (for `fieldValidation`), what shape a member has (for the
+//! patch engines and Go's member order). Each group brings its own document
+//! ([`crate::GroupVersionData`]); apimachinery's definitions are known from the start.
 
 use std::fmt::Write;
 use std::sync::LazyLock;
@@ -8,27 +10,14 @@ use crate::definitions::Definitions;
 
 use serde_json::Value;
 
-/// `/openapi/v3/api/v1`, byte for byte.
-pub static CORE_V1_OPENAPI: &[u8] = include_bytes!("../data/openapi/api__v1_openapi.json");
-/// `/openapi/v2`, byte for byte.
-pub static SWAGGER: &[u8] = include_bytes!("../data/openapi/swagger.json");
+/// apimachinery's definitions (meta/v1, runtime, resource, intstr), which every group's
+/// document shares: known before any group's document is loaded.
+static APIMACHINERY: &[u8] = include_bytes!("../data/openapi-apimachinery.json");
 
-/// `/openapi/v3/apis/apiregistration.k8s.io/v1`, byte for byte.
-pub static APIREGISTRATION_V1_OPENAPI: &[u8] =
-    include_bytes!("../data/openapi/apis__apiregistration.k8s.io__v1_openapi.json");
-
-/// `/openapi/v3/apis/discovery.k8s.io/v1`, byte for byte.
-pub static DISCOVERY_V1_OPENAPI: &[u8] =
-    include_bytes!("../data/openapi/apis__discovery.k8s.io__v1_openapi.json");
-
-/// `/openapi/v3/apis/coordination.k8s.io/v1`, byte for byte.
-pub static COORDINATION_V1_OPENAPI: &[u8] =
-    include_bytes!("../data/openapi/apis__coordination.k8s.io__v1_openapi.json");
-
-/// Every schema definition the machinery knows, by name: those of core/v1, and of each OpenAPI
-/// document a kind brings ([`definition`] loads it the first time).
+/// Every schema definition the machinery knows, by name: apimachinery's, and those of each
+/// OpenAPI document a group brings ([`definition`] loads it the first time).
 static TABLE: LazyLock<Definitions<Value>> =
-    LazyLock::new(|| Definitions::new(openapi_schemas, CORE_V1_OPENAPI));
+    LazyLock::new(|| Definitions::new(openapi_schemas, APIMACHINERY));
 
 /// The `components/schemas` of an OpenAPI v3 document.
 fn openapi_schemas(document: &'static [u8]) -> Vec<(String, &'static Value)> {
@@ -185,17 +174,17 @@ mod tests {
 
     #[test]
     fn a_kinds_document_is_loaded_with_its_definition() {
-        const APISERVICE: &str = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService";
-        let schema =
-            definition(APIREGISTRATION_V1_OPENAPI, APISERVICE).expect("in its own document");
+        const SERVICE: &str = "io.k8s.api.core.v1.Service";
+        let document = crate::testdata::SERVICE.openapi;
+        let schema = definition(document, SERVICE).expect("in its own document");
         // Its references resolve within the table, so its unknown fields are found.
-        let apiservice = json!({"metadata": {"name": "v1.x"}, "spec": {"group": "x", "grup": 1}});
+        let service = json!({"metadata": {"name": "x"}, "spec": {"type": "x", "tpye": 1}});
         assert_eq!(
-            unknown_fields(schema, &apiservice),
-            ["unknown field \"spec.grup\""]
+            unknown_fields(schema, &service),
+            ["unknown field \"spec.tpye\""]
         );
-        assert!(named(APISERVICE).is_some());
-        assert_eq!(definition(APIREGISTRATION_V1_OPENAPI, ""), None);
+        assert!(named(SERVICE).is_some());
+        assert_eq!(definition(document, ""), None);
     }
 
     #[test]
@@ -206,10 +195,7 @@ mod tests {
             "spec": {"foo": 1, "ports": [{"port": 80, "nodeport": 3}], "selector": {"a": "b"}},
         });
         assert_eq!(
-            unknown_fields(
-                named("io.k8s.api.core.v1.Service").expect("schema"),
-                &service
-            ),
+            unknown_fields(crate::testdata::service().expect("schema"), &service),
             [
                 "unknown field \"metadata.bogus\"",
                 "unknown field \"spec.foo\"",

@@ -949,7 +949,7 @@ mod tests {
     use serde_json::json;
 
     fn service() -> Option<&'static Value> {
-        crate::schema::named("io.k8s.api.core.v1.Service")
+        crate::testdata::service()
     }
 
     fn ports(out: &Value) -> Vec<i64> {

@@ -8,6 +8,14 @@ use capstan_machinery::{
 use proptest::prelude::*;
 use serde_json::Value;
 
+// The machinery's test data, as its unit tests have it (the `testdata` feature is for the
+// crates above).
+#[path = "../src/testdata.rs"]
+#[allow(dead_code)]
+mod testdata;
+use capstan_machinery::GroupVersionData;
+use testdata::SERVICE;
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -47,8 +55,8 @@ proptest! {
     fn protobuf_bodies_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let mut body = b"k8s\x00".to_vec();
         body.extend_from_slice(&bytes);
-        let _ = protobuf::decode(&body, Some(protobuf::CORE_V1));
-        let _ = protobuf::decode(&bytes, Some(protobuf::CORE_V1));
+        let _ = protobuf::decode(&body, SERVICE.protobuf);
+        let _ = protobuf::decode(&bytes, SERVICE.protobuf);
     }
 
     #[test]
@@ -90,7 +98,7 @@ proptest! {
 
     #[test]
     fn patch_engines_never_panic(original in json_value(), patch_doc in json_value()) {
-        let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+        let schema = SERVICE.definition("io.k8s.api.core.v1.Service");
         let _ = smp::apply(original.clone(), &patch_doc, schema);
         let bytes = serde_json::to_vec(&patch_doc).unwrap_or_default();
         let _ = patch::merge_patch(original.clone(), &bytes);

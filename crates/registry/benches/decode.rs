@@ -16,8 +16,11 @@ use capstan_registry::{ResourceInfo, Subresource};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-static SLICE: ResourceInfo =
-    ResourceInfo::of::<EndpointSlice>().zero(r#"{"metadata":{"creationTimestamp":null}}"#);
+static SLICE: ResourceInfo = ResourceInfo::of::<EndpointSlice>(
+    &capstan_machinery::testdata::ENDPOINT_SLICE,
+    "io.k8s.api.discovery.v1.EndpointSlice",
+)
+.zero(r#"{"metadata":{"creationTimestamp":null}}"#);
 
 /// A slice of 50 ready endpoints on 5 nodes, as the controller writes it.
 fn slice() -> Value {
@@ -44,7 +47,7 @@ fn slice() -> Value {
 
 fn main() {
     let iterations = common::iterations();
-    let schema = capstan_machinery::schema::named("io.k8s.api.discovery.v1.EndpointSlice");
+    let schema = capstan_machinery::testdata::endpoint_slice();
     let tracking = Tracking::new(&SLICE, schema, Subresource::Main);
     let mut stored = slice();
     record_update(&mut stored, None, "kube-controller-manager", &tracking);

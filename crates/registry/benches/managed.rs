@@ -11,9 +11,12 @@ use capstan_registry::{ResourceInfo, Subresource};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
-static SERVICE: ResourceInfo = ResourceInfo::of::<Service>()
-    .with_status()
-    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
+static SERVICE: ResourceInfo = ResourceInfo::of::<Service>(
+    &capstan_machinery::testdata::SERVICE,
+    "io.k8s.api.core.v1.Service",
+)
+.with_status()
+.zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
 
 /// A Service as the create handler hands it over: defaulted, without managedFields.
 fn created() -> Value {
@@ -29,7 +32,7 @@ fn created() -> Value {
 
 fn main() {
     let iterations = common::iterations();
-    let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+    let schema = capstan_machinery::testdata::service();
     let tracking = Tracking::new(&SERVICE, schema, Subresource::Main);
     let template = created();
     common::time(

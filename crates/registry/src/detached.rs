@@ -365,7 +365,7 @@ mod tests {
     /// written in that order is (what a detached list is compared with, and stored as).
     #[test]
     fn typed_values_are_written_as_their_trees_are() {
-        use capstan_machinery::{go_order, schema};
+        use capstan_machinery::go_order;
         let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
             "metadata": {"name": "s", "labels": {"b": "1", "a": "2"},
                 "managedFields": [{"manager": "m", "fieldsV1": {"f:z": {}, "k:{\"x\":1}": {}, "i:0": {}, "f:a": {}}}]},
@@ -377,11 +377,7 @@ mod tests {
             "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
         }))
         .expect("a slice");
-        let _ = schema::definition(
-            schema::DISCOVERY_V1_OPENAPI,
-            "io.k8s.api.discovery.v1.EndpointSlice",
-        );
-        let definition = schema::named("io.k8s.api.discovery.v1.EndpointSlice");
+        let definition = capstan_machinery::testdata::endpoint_slice();
         let typed = go_order::typed_to_vec(&slice, definition).expect("writes");
         let tree = go_order::to_vec(&serde_json::to_value(&slice).expect("a tree"), definition);
         assert_eq!(

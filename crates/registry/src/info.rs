@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use capstan_machinery::GroupVersionData;
 use capstan_machinery::status::GroupResource;
 
 /// Whether a `k8s_openapi` scope is namespaced.
@@ -73,10 +74,9 @@ pub struct ResourceInfo {
     pub delete_returns_object: bool,
     /// The OpenAPI definition of the kind (`io.k8s.api.core.v1.Service`).
     pub definition: &'static str,
-    /// The `/openapi/v3` document of its group version: path (`api/v1`) and bytes.
-    pub openapi: (&'static str, &'static [u8]),
-    /// The protobuf messages request bodies decode as (`None`: JSON and YAML only).
-    pub protobuf: Option<capstan_machinery::protobuf::Messages>,
+    /// What upstream generates from its group version's types: the `/openapi/v3` document,
+    /// the protobuf messages request bodies decode as, Go's member order.
+    pub data: &'static GroupVersionData,
     /// Aggregated discovery's group and version priorities (upstream's
     /// `groupVersionPriority` for the kube-apiserver's own groups).
     pub priority: (i64, i64),
@@ -94,9 +94,10 @@ pub struct ResourceInfo {
 }
 
 impl ResourceInfo {
-    /// The identity of `T`'s kind, with upstream's defaults: every verb, no status, no short
-    /// names or categories, stored under its resource name, the core/v1 OpenAPI document.
-    pub const fn of<T>() -> Self
+    /// The identity of `T`'s kind, its definition in its group version's `data`, with
+    /// upstream's defaults: every verb, no status, no short names or categories, stored under
+    /// its resource name.
+    pub const fn of<T>(data: &'static GroupVersionData, definition: &'static str) -> Self
     where
         T: k8s_openapi::Resource,
         T::Scope: Scope,
@@ -119,13 +120,8 @@ impl ResourceInfo {
             allow_create_on_update: false,
             allow_unconditional_update: false,
             delete_returns_object: false,
-            definition: "",
-            openapi: ("api/v1", capstan_machinery::schema::CORE_V1_OPENAPI),
-            protobuf: if T::GROUP.is_empty() {
-                Some(capstan_machinery::protobuf::CORE_V1)
-            } else {
-                None
-            },
+            definition,
+            data,
             priority: (0, 0),
             zero: r#"{"metadata":{"creationTimestamp":null}}"#,
             status_resets: &[&["spec"]],
@@ -239,24 +235,9 @@ impl ResourceInfo {
         self
     }
 
-    /// Its OpenAPI definition, in the `/openapi/v3` document at `path`.
-    pub const fn openapi(
-        mut self,
-        definition: &'static str,
-        path: &'static str,
-        document: &'static [u8],
-    ) -> Self {
-        self.definition = definition;
-        self.openapi = (path, document);
-        self
-    }
-
-    /// Request bodies in Kubernetes protobuf decode as these messages (a core/v1 kind's are
-    /// core/v1's; a kind of another group names its group's table, or takes JSON and YAML
-    /// only).
-    pub const fn protobuf(mut self, messages: capstan_machinery::protobuf::Messages) -> Self {
-        self.protobuf = Some(messages);
-        self
+    /// Its OpenAPI definition, with its group's member order known to the writer.
+    pub fn schema(&self) -> Option<&'static serde_json::Value> {
+        self.data.definition(self.definition)
     }
 
     /// Aggregated discovery's group and version priorities.

@@ -411,8 +411,7 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn schema(&self) -> Option<&'static Value> {
-        let info = Strategy::info(self);
-        capstan_machinery::schema::definition(info.openapi.1, info.definition)
+        Strategy::info(self).schema()
     }
 
     fn request_warnings(&self) -> Vec<String> {

@@ -45,10 +45,14 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 static SERVICE: capstan_registry::ResourceInfo =
-    capstan_registry::ResourceInfo::of::<k8s_openapi::api::core::v1::Service>().with_status();
+    capstan_registry::ResourceInfo::of::<k8s_openapi::api::core::v1::Service>(
+        &capstan_machinery::testdata::SERVICE,
+        "io.k8s.api.core.v1.Service",
+    )
+    .with_status();
 
 fn tracking() -> managed::Tracking {
-    let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+    let schema = capstan_machinery::testdata::service();
     managed::Tracking::new(&SERVICE, schema, capstan_registry::Subresource::Main)
 }
 

@@ -10,14 +10,13 @@
 //! Discovery, OpenAPI, storage, the watch cache, Tables, selectors and the conformance clean-up
 //! all follow from the registration.
 
-pub mod apiservice;
-pub mod endpoints;
-pub mod endpointslice;
-pub mod lease;
-pub mod namespace;
-pub mod node;
-pub mod pod;
-pub mod service;
+pub mod apiregistration;
+pub mod coordination;
+pub mod core;
+pub mod discovery;
+
+#[cfg(test)]
+mod generated_tests;
 
 use std::sync::Arc;
 
@@ -26,16 +25,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Every kind Capstan serves, in the order discovery lists them per group. The Service kind
 /// is built by the caller, which also runs its allocator's repair.
-pub fn registered(services: Arc<service::ServiceStrategy>) -> Vec<Arc<dyn DynStrategy>> {
+pub fn registered(services: Arc<core::service::ServiceStrategy>) -> Vec<Arc<dyn DynStrategy>> {
     vec![
-        Arc::new(namespace::NamespaceStrategy),
+        Arc::new(core::namespace::NamespaceStrategy),
         services,
-        Arc::new(endpoints::EndpointsStrategy),
-        Arc::new(pod::PodStrategy),
-        Arc::new(node::NodeStrategy),
-        Arc::new(endpointslice::EndpointSliceStrategy),
-        Arc::new(lease::LeaseStrategy),
-        Arc::new(apiservice::ApiServiceStrategy),
+        Arc::new(core::endpoints::EndpointsStrategy),
+        Arc::new(core::pod::PodStrategy),
+        Arc::new(core::node::NodeStrategy),
+        Arc::new(discovery::endpointslice::EndpointSliceStrategy),
+        Arc::new(coordination::lease::LeaseStrategy),
+        Arc::new(apiregistration::apiservice::ApiServiceStrategy),
     ]
 }
 
@@ -132,8 +131,8 @@ pub(crate) fn assert_selects_as_whole<S: capstan_registry::Strategy>(
 
 /// The Service strategy over a test's ranges (10.96.0.0/16, ports 30000-32767).
 #[cfg(test)]
-pub(crate) fn test_services() -> service::ServiceStrategy {
-    use service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+pub(crate) fn test_services() -> core::service::ServiceStrategy {
+    use core::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
     let ranges = vec![IpRange::parse("10.96.0.0/16").expect("range")];
     let ports = PortRange::parse("30000-32767").expect("ports");
     ServiceStrategy::new(ServiceAllocator::new(ranges, ports))

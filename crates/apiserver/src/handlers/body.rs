@@ -32,9 +32,8 @@ pub(super) async fn decode_body(
             })
             .map_err(|e| format!("json parse error: {e}")),
         BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
-        BodyFormat::Protobuf => {
-            capstan_machinery::protobuf::decode(&bytes, info.protobuf).map(|(_, _, object)| object)
-        }
+        BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes, info.data.protobuf)
+            .map(|(_, _, object)| object),
     };
     let unrecognized = |detail: String| {
         let shown: String = if bytes.is_empty() {

@@ -287,7 +287,7 @@ fn the_history_is_bounded_in_bytes_and_an_overrun_watcher_gets_nothing_stale() {
 fn stored_values_in_kube_apiservers_order_are_served_as_reencoded() {
     let object = json!({"metadata": {"labels": {"k": "v"}, "uid": "u-1", "name": "a",
         "managedFields": [{"manager": "m"}], "namespace": "n"}, "spec": {"type": "ClusterIP"}});
-    let schema = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+    let schema = capstan_machinery::testdata::service();
     let stored = meta::typed_json_bytes(&object, ("v1", "Service"), true, schema);
     let stored: Value = serde_json::from_slice(&stored).expect("stored JSON");
     same_as_reencoded(&stored);
@@ -548,7 +548,7 @@ proptest::proptest! {
     ) {
         let metadata: serde_json::Map<String, Value> = members.into_iter().collect();
         let object = json!({"metadata": metadata, "spec": spec});
-        let service = capstan_machinery::schema::named("io.k8s.api.core.v1.Service");
+        let service = capstan_machinery::testdata::service();
         for schema in [None, service] {
             let (bytes, layout) =
                 meta::typed_json_bytes_laid_out(&object, ("v1", "Service"), true, &|_| None, schema);

@@ -6,12 +6,15 @@ use crate::current::Current;
 use crate::detached::Detached;
 
 fn service_schema() -> Option<&'static Value> {
-    capstan_machinery::schema::named("io.k8s.api.core.v1.Service")
+    capstan_machinery::testdata::service()
 }
 
-static SERVICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::core::v1::Service>()
-    .with_status()
-    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
+static SERVICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::core::v1::Service>(
+    &capstan_machinery::testdata::SERVICE,
+    "io.k8s.api.core.v1.Service",
+)
+.with_status()
+.zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
 
 fn tracking(subresource: Subresource) -> Tracking {
     Tracking::new(&SERVICE, service_schema(), subresource)
@@ -567,8 +570,10 @@ mod from_current {
             )
     }
 
-    static SLICE: ResourceInfo =
-        ResourceInfo::of::<k8s_openapi::api::discovery::v1::EndpointSlice>();
+    static SLICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        &capstan_machinery::testdata::ENDPOINT_SLICE,
+        "io.k8s.api.discovery.v1.EndpointSlice",
+    );
 
     /// Entries owning a slice's atomic lists: none, the writing manager's alone, another's
     /// alone, both, or two of the writer's (the lists are compared last only when the writer's
@@ -659,10 +664,7 @@ mod from_current {
             old in slice(),
             new in slice(),
         ) {
-            let schema = capstan_machinery::schema::definition(
-                capstan_machinery::schema::DISCOVERY_V1_OPENAPI,
-                "io.k8s.api.discovery.v1.EndpointSlice",
-            );
+            let schema = capstan_machinery::testdata::endpoint_slice();
             assert!(crate::detached::atomic_member(schema, "endpoints"));
             let tracking = Tracking::new(&SLICE, schema, Subresource::Main);
             same_from_current(&new, Some(&old), "m", &tracking);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use capstan_registry::cache::{CacheSet, HistoryLimits};
 use capstan_registry::{DynStrategy, Registry};
-use capstan_resources::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
+use capstan_resources::core::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{EmbeddedOptions, EmbeddedStore, Storage};
 
 /// Opens the store in `dir` and starts its Service allocator and watch caches; the result

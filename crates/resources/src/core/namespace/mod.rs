@@ -14,21 +14,17 @@ use serde_json::{Value, json};
 pub const BUILT_IN: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Namespace's identity.
-pub static NAMESPACE_INFO: ResourceInfo = ResourceInfo::of::<Namespace>()
-    .short_names(&["ns"])
-    .verbs(&[
-        "create", "delete", "get", "list", "patch", "update", "watch",
-    ])
-    .with_status()
-    .with_finalize()
-    .storage_version_hash("Q3oi5N2YM8M=")
-    .unconditional_update()
-    .openapi(
-        "io.k8s.api.core.v1.Namespace",
-        "api/v1",
-        capstan_machinery::schema::CORE_V1_OPENAPI,
-    )
-    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{}}"#);
+pub static NAMESPACE_INFO: ResourceInfo =
+    ResourceInfo::of::<Namespace>(&super::V1, "io.k8s.api.core.v1.Namespace")
+        .short_names(&["ns"])
+        .verbs(&[
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ])
+        .with_status()
+        .with_finalize()
+        .storage_version_hash("Q3oi5N2YM8M=")
+        .unconditional_update()
+        .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{}}"#);
 
 /// The storage prefix namespaced kinds check for their namespace.
 pub const NAMESPACE_PREFIX: &str = "namespaces/";

@@ -11,17 +11,13 @@ use k8s_openapi::api::core::v1::Endpoints;
 use serde_json::Value;
 
 /// Endpoints' identity.
-pub static ENDPOINTS_INFO: ResourceInfo = ResourceInfo::of::<Endpoints>()
-    .short_names(&["ep"])
-    .storage_version_hash("fWeeMqaN/OA=")
-    .storage_prefix("services/endpoints")
-    .create_on_update()
-    .unconditional_update()
-    .openapi(
-        "io.k8s.api.core.v1.Endpoints",
-        "api/v1",
-        capstan_machinery::schema::CORE_V1_OPENAPI,
-    );
+pub static ENDPOINTS_INFO: ResourceInfo =
+    ResourceInfo::of::<Endpoints>(&super::V1, "io.k8s.api.core.v1.Endpoints")
+        .short_names(&["ep"])
+        .storage_version_hash("fWeeMqaN/OA=")
+        .storage_prefix("services/endpoints")
+        .create_on_update()
+        .unconditional_update();
 
 /// The storage key of the Endpoints named like a Service: deleting a Service deletes them in
 /// the same transaction.

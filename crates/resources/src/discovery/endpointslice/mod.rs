@@ -10,27 +10,22 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use serde_json::{Value, json};
 
 /// EndpointSlice's identity.
-pub static ENDPOINTSLICE_INFO: ResourceInfo = ResourceInfo::of::<EndpointSlice>()
-    .storage_version_hash("qgS0xkrxYAI=")
-    .storage_prefix("endpointslices")
-    .unconditional_update()
-    .openapi(
-        "io.k8s.api.discovery.v1.EndpointSlice",
-        "apis/discovery.k8s.io/v1",
-        capstan_machinery::schema::DISCOVERY_V1_OPENAPI,
-    )
-    .protobuf(capstan_machinery::protobuf::DISCOVERY_V1)
-    .priority(16200, 15)
-    // EndpointSlice's endpoints and ports have no omitempty.
-    .always_present(&["endpoints", "ports"])
-    .zero(
-        r#"{"metadata":{"creationTimestamp":null},"addressType":"","endpoints":null,"ports":null}"#,
-    )
-    // pkg/api/legacyscheme: every built-in group decodes through the one scheme.
-    .scheme(
-        "pkg/api/legacyscheme/scheme.go:30",
-        &["discovery.k8s.io/v1", "discovery.k8s.io/v1beta1"],
-    );
+pub static ENDPOINTSLICE_INFO: ResourceInfo = ResourceInfo::of::<EndpointSlice>(
+    &super::V1,
+    "io.k8s.api.discovery.v1.EndpointSlice",
+)
+.storage_version_hash("qgS0xkrxYAI=")
+.storage_prefix("endpointslices")
+.unconditional_update()
+.priority(16200, 15)
+// EndpointSlice's endpoints and ports have no omitempty.
+.always_present(&["endpoints", "ports"])
+.zero(r#"{"metadata":{"creationTimestamp":null},"addressType":"","endpoints":null,"ports":null}"#)
+// pkg/api/legacyscheme: every built-in group decodes through the one scheme.
+.scheme(
+    "pkg/api/legacyscheme/scheme.go:30",
+    &["discovery.k8s.io/v1", "discovery.k8s.io/v1beta1"],
+);
 
 /// The label naming the Service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

@@ -10,18 +10,13 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodIP, PodStatus};
 use serde_json::{Value, json};
 
 /// Pod's identity.
-pub static POD_INFO: ResourceInfo = ResourceInfo::of::<Pod>()
+pub static POD_INFO: ResourceInfo = ResourceInfo::of::<Pod>(&super::V1, "io.k8s.api.core.v1.Pod")
     .short_names(&["po"])
     .categories(&["all"])
     .with_status()
     .storage_version_hash("xPOwRZ+Yhw8=")
     .unconditional_update()
     .delete_returns_object()
-    .openapi(
-        "io.k8s.api.core.v1.Pod",
-        "api/v1",
-        capstan_machinery::schema::CORE_V1_OPENAPI,
-    )
     // PodSpec's containers are not omitempty.
     .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{"containers":null},"status":{}}"#)
     // podStatusStrategy.GetResetFields.

@@ -11,22 +11,18 @@ use k8s_openapi::api::core::v1::{
 use serde_json::{Value, json};
 
 /// Node's identity. Stored where upstream keeps it (`/registry/minions`).
-pub static NODE_INFO: ResourceInfo = ResourceInfo::of::<Node>()
-    .short_names(&["no"])
-    .with_status()
-    .status_on_create()
-    .storage_version_hash("XwShjMxG9Fs=")
-    .storage_prefix("minions")
-    .unconditional_update()
-    .openapi(
-        "io.k8s.api.core.v1.Node",
-        "api/v1",
-        capstan_machinery::schema::CORE_V1_OPENAPI,
-    )
-    // NodeStatus's daemonEndpoints and nodeInfo are structs without omitempty.
-    .zero(NODE_ZERO)
-    // nodeStatusStrategy.GetResetFields.
-    .status_resets(&[&["spec"]]);
+pub static NODE_INFO: ResourceInfo =
+    ResourceInfo::of::<Node>(&super::V1, "io.k8s.api.core.v1.Node")
+        .short_names(&["no"])
+        .with_status()
+        .status_on_create()
+        .storage_version_hash("XwShjMxG9Fs=")
+        .storage_prefix("minions")
+        .unconditional_update()
+        // NodeStatus's daemonEndpoints and nodeInfo are structs without omitempty.
+        .zero(NODE_ZERO)
+        // nodeStatusStrategy.GetResetFields.
+        .status_resets(&[&["spec"]]);
 
 /// The description of the address columns (`status.addresses`).
 const ADDRESSES: &str = "List of addresses reachable to the node. Queried from cloud provider, if available. More info: https://kubernetes.io/docs/reference/node/node-status/#addresses Note: This field is declared as mergeable, but the merge key is not sufficiently unique, which can cause data corruption when it is merged. Callers should instead use a full-replacement patch. See https://pr.k8s.io/79391 for an example. Consumers should assume that addresses can change during the lifetime of a Node. However, there are some exceptions where this may not be possible, such as Pods that inherit a Node's address in its own status or consumers of the downward API (status.hostIP).";

@@ -25,22 +25,18 @@ pub use allocator::{Allocations, ServiceAllocator};
 pub use range::{IpRange, PortRange};
 
 /// Service's identity.
-pub static SERVICE_INFO: ResourceInfo = ResourceInfo::of::<Service>()
-    .short_names(&["svc"])
-    .categories(&["all"])
-    .with_status()
-    .storage_version_hash("0/CO1lhkEBI=")
-    .storage_prefix("services/specs")
-    .create_on_update()
-    .unconditional_update()
-    .delete_returns_object()
-    .openapi(
-        "io.k8s.api.core.v1.Service",
-        "api/v1",
-        capstan_machinery::schema::CORE_V1_OPENAPI,
-    )
-    // ServiceStatus.loadBalancer is a struct: Go always has it.
-    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
+pub static SERVICE_INFO: ResourceInfo =
+    ResourceInfo::of::<Service>(&super::V1, "io.k8s.api.core.v1.Service")
+        .short_names(&["svc"])
+        .categories(&["all"])
+        .with_status()
+        .storage_version_hash("0/CO1lhkEBI=")
+        .storage_prefix("services/specs")
+        .create_on_update()
+        .unconditional_update()
+        .delete_returns_object()
+        // ServiceStatus.loadBalancer is a struct: Go always has it.
+        .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
 
 /// The Service strategy.
 pub struct ServiceStrategy {
@@ -120,7 +116,7 @@ impl Strategy for ServiceStrategy {
         let mut extras = self.allocator.release(service);
         extras
             .ops
-            .push(capstan_storage::Op::Delete(crate::endpoints::key(
+            .push(capstan_storage::Op::Delete(crate::core::endpoints::key(
                 service.metadata.namespace.as_deref().unwrap_or_default(),
                 service.metadata.name.as_deref().unwrap_or_default(),
             )));

@@ -15,16 +15,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// APIService's identity.
-pub static APISERVICE_INFO: ResourceInfo = ResourceInfo::of::<APIService>()
+pub static APISERVICE_INFO: ResourceInfo = ResourceInfo::of::<APIService>(&super::V1, "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService")
     .categories(&["api-extensions"])
     .with_status()
     .storage_version_hash("InPBPD7+PqM=")
     .storage_prefix("apiregistration.k8s.io/apiservices")
-    .openapi(
-        "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService",
-        "apis/apiregistration.k8s.io/v1",
-        capstan_machinery::schema::APIREGISTRATION_V1_OPENAPI,
-    )
     .priority(20001, 15)
     // APIServiceSpec's priorities are not omitempty.
     .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{"groupPriorityMinimum":0,"versionPriority":0},"status":{}}"#)

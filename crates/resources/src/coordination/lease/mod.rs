@@ -11,28 +11,23 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use serde_json::{Value, json};
 
 /// Lease's identity.
-pub static LEASE_INFO: ResourceInfo = ResourceInfo::of::<Lease>()
-    .openapi(
-        "io.k8s.api.coordination.v1.Lease",
-        "apis/coordination.k8s.io/v1",
-        capstan_machinery::schema::COORDINATION_V1_OPENAPI,
-    )
-    .protobuf(capstan_machinery::protobuf::COORDINATION_V1)
-    .storage_version_hash("gqkMMb/YqFM=")
-    // leaseStrategy: AllowCreateOnUpdate, but not AllowUnconditionalUpdate.
-    .create_on_update()
-    // LeaseSpec is a struct without omitempty.
-    .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{}}"#)
-    .priority(16500, 15)
-    // pkg/api/legacyscheme: every built-in group decodes through the one scheme.
-    .scheme(
-        "pkg/api/legacyscheme/scheme.go:30",
-        &[
-            "coordination.k8s.io/v1",
-            "coordination.k8s.io/v1beta1",
-            "coordination.k8s.io/v1alpha2",
-        ],
-    );
+pub static LEASE_INFO: ResourceInfo =
+    ResourceInfo::of::<Lease>(&super::V1, "io.k8s.api.coordination.v1.Lease")
+        .storage_version_hash("gqkMMb/YqFM=")
+        // leaseStrategy: AllowCreateOnUpdate, but not AllowUnconditionalUpdate.
+        .create_on_update()
+        // LeaseSpec is a struct without omitempty.
+        .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{}}"#)
+        .priority(16500, 15)
+        // pkg/api/legacyscheme: every built-in group decodes through the one scheme.
+        .scheme(
+            "pkg/api/legacyscheme/scheme.go:30",
+            &[
+                "coordination.k8s.io/v1",
+                "coordination.k8s.io/v1beta1",
+                "coordination.k8s.io/v1alpha2",
+            ],
+        );
 
 /// The one strategy upstream knows (`OldestEmulationVersion`).
 const STRATEGIES: &[&str] = &["OldestEmulationVersion"];

@@ -1,0 +1,32 @@
+//! What upstream generates from a group version's Go types and the machinery reads: its OpenAPI
+//! document, its protobuf field table and the order its Go types declare their members in. A
+//! group brings its own (declared in its folder of `capstan-resources`, registered through each
+//! kind's `ResourceInfo`); the machinery holds only apimachinery's.
+
+use serde_json::Value;
+
+use crate::{go_order, protobuf, schema};
+
+/// The generated data of one group version.
+#[derive(Debug)]
+pub struct GroupVersionData {
+    /// The `/openapi/v3` path of its document (`api/v1`, `apis/discovery.k8s.io/v1`).
+    pub openapi_path: &'static str,
+    /// The OpenAPI v3 document kube-apiserver serves at that path, byte for byte.
+    pub openapi: &'static [u8],
+    /// The protobuf messages its request bodies decode as (`None`: JSON and YAML only).
+    pub protobuf: Option<protobuf::Messages>,
+    /// The member order of every definition its kinds reach but apimachinery's, one line a
+    /// definition: its OpenAPI name, then its members in Go's order (`#` starts a comment).
+    pub member_order: &'static str,
+}
+
+impl GroupVersionData {
+    /// A definition of the group's document (`io.k8s.api.core.v1.Service`), its document and
+    /// member order loaded first: whatever is written through the schema from then on is
+    /// written in Go's order.
+    pub fn definition(&'static self, name: &str) -> Option<&'static Value> {
+        go_order::load(self.member_order);
+        schema::definition(self.openapi, name)
+    }
+}

@@ -1,0 +1,121 @@
+//! Each registered kind's generated data holds together: its definition is in its group's
+//! document, every definition it reaches has its Go member order, and each order names exactly
+//! the properties its definition declares.
+
+use std::collections::BTreeSet;
+
+use capstan_machinery::{go_order, schema};
+use serde_json::{Value, json};
+
+use crate::test_services;
+
+/// The definitions a schema node refers to, by name, followed to the end.
+fn reached(from: &'static Value, names: &mut BTreeSet<String>) {
+    match from {
+        Value::Object(members) => {
+            for (key, value) in members {
+                if let (true, Some(target)) = (key == "$ref", value.as_str()) {
+                    let name = target.rsplit('/').next().unwrap_or_default().to_string();
+                    if let Some(definition) = schema::named(&name)
+                        && names.insert(name)
+                    {
+                        reached(definition, names);
+                    }
+                } else {
+                    reached(value, names);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| reached(item, names)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_definition_a_kind_reaches_has_its_member_order() {
+    for kind in crate::registered(std::sync::Arc::new(test_services())) {
+        let info = kind.info();
+        let definition = info
+            .schema()
+            .unwrap_or_else(|| panic!("{}", info.definition));
+        let mut names = BTreeSet::from([info.definition.to_string()]);
+        reached(definition, &mut names);
+        for name in names {
+            let Some(node) = schema::named(&name) else {
+                continue;
+            };
+            let Some(properties) = node.get("properties").and_then(Value::as_object) else {
+                continue;
+            };
+            let order = go_order::declared(&name)
+                .unwrap_or_else(|| panic!("{name}, reached from {}, has no order", info.kind));
+            let mut declared: Vec<&str> = properties.keys().map(String::as_str).collect();
+            let mut listed = order.to_vec();
+            declared.sort_unstable();
+            listed.sort_unstable();
+            assert_eq!(listed, declared, "{name}");
+            // Written without escaping: every member name is a plain identifier.
+            assert!(
+                order
+                    .iter()
+                    .all(|m| m.bytes().all(|b| b.is_ascii_alphanumeric()))
+            );
+        }
+    }
+}
+
+fn written(
+    value: &Value,
+    data: &'static capstan_machinery::GroupVersionData,
+    name: &str,
+) -> String {
+    let definition = data.definition(name);
+    String::from_utf8(go_order::to_vec(value, definition)).expect("JSON is UTF-8")
+}
+
+#[test]
+fn structs_in_declaration_order_maps_sorted_the_rest_as_it_is() {
+    let spec = json!({"type": "ClusterIP", "clusterIP": "10.0.0.1", "selector": {"b": "2", "a": "1"},
+        "ports": [{"targetPort": 8080, "port": 80, "protocol": "TCP", "name": "http"}],
+        "sessionAffinity": "None"});
+    let core = &crate::core::V1;
+    assert_eq!(
+        written(&spec, core, "io.k8s.api.core.v1.ServiceSpec"),
+        r#"{"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}],"selector":{"a":"1","b":"2"},"clusterIP":"10.0.0.1","type":"ClusterIP","sessionAffinity":"None"}"#
+    );
+    // A member the type does not declare comes last; a value of another shape is written as
+    // it is.
+    let odd = json!({"zzz": {"y": 1, "x": 2}, "ports": "text", "type": "NodePort"});
+    assert_eq!(
+        written(&odd, core, "io.k8s.api.core.v1.ServiceSpec"),
+        r#"{"ports":"text","type":"NodePort","zzz":{"y":1,"x":2}}"#
+    );
+    assert_eq!(written(&json!([1, "a"]), core, "nowhere"), r#"[1,"a"]"#);
+    // FieldsV1 is raw JSON to Go (structured-merge-diff's order, `i:` after `k:`): as it is.
+    let fields = json!({"f:b": {}, "k:{\"x\":1}": {".": {}}, "i:0": {}});
+    assert_eq!(
+        written(
+            &fields,
+            core,
+            "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1"
+        ),
+        fields.to_string()
+    );
+}
+
+#[test]
+fn the_same_name_in_two_groups_keeps_each_groups_order() {
+    let port = json!({"port": 80, "protocol": "TCP", "name": "p"});
+    assert_eq!(
+        written(&port, &crate::core::V1, "io.k8s.api.core.v1.EndpointPort"),
+        r#"{"name":"p","port":80,"protocol":"TCP"}"#
+    );
+    assert_eq!(
+        written(
+            &port,
+            &crate::discovery::V1,
+            "io.k8s.api.discovery.v1.EndpointPort"
+        ),
+        r#"{"name":"p","protocol":"TCP","port":80}"#
+    );
+}
