@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../capstan/tests/common/require.rs"]
+mod require;
+
 struct Capstan {
     child: std::process::Child,
     dir: tempfile::TempDir,
@@ -177,7 +180,10 @@ fn every_scenario_runs_and_cleans_up() {
                 "{proxy}"
             );
         }
-        None => eprintln!("apiservice-proxy not run: no non-loopback IPv4 address"),
+        // A partial skip, said as `require` says one, but in CI too: whether a machine has a
+        // global IPv4 address is up to where it runs (CI machines may have only loopback or
+        // IPv6), not something CI can install, so its absence is no reason to fail.
+        None => require::skipped("a global IPv4 address, for the apiservice-proxy scenario"),
     }
     // The endpoints controller reports its CPU under its own thread name.
     let threads = report["churn_server"]["threads"].to_string();

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use common::Server;
+use common::require::{have, is_root, require};
 
 const EXTENSION_IP: &str = "10.123.0.1";
 const EXTENSION_PORT: u16 = 8443;
@@ -21,7 +22,16 @@ const EXTENSION_PORT: u16 = 8443;
 struct Netns(String);
 
 impl Netns {
-    fn create(suffix: &str) -> Option<Netns> {
+    /// Whether a network namespace can be made here: root (`ip netns add` needs
+    /// CAP_SYS_ADMIN) and `ip`. Missing: fails under CI, skips visibly elsewhere.
+    #[track_caller]
+    fn possible() -> bool {
+        require("root, to make a network namespace", is_root())
+            && require("ip (iproute2)", have("ip", "-V"))
+    }
+
+    /// Makes the namespace; as root with `ip` ([`Netns::possible`]) that must work.
+    fn create(suffix: &str) -> Netns {
         let name = format!("capt{}{suffix}", std::process::id());
         let ok = |args: &[&str]| {
             Command::new("ip")
@@ -29,9 +39,7 @@ impl Netns {
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        if !ok(&["netns", "add", &name]) {
-            return None;
-        }
+        assert!(ok(&["netns", "add", &name]), "ip netns add {name} failed");
         let netns = Netns(name);
         assert!(ok(&[
             "netns", "exec", &netns.0, "ip", "link", "set", "lo", "up"
@@ -47,7 +55,7 @@ impl Netns {
             "dev",
             "lo"
         ]));
-        Some(netns)
+        netns
     }
 }
 
@@ -179,10 +187,10 @@ fn backing_services(server: &Server, services: &[(&str, u16)]) {
 #[test]
 fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
     // `ip netns add` needs CAP_SYS_ADMIN (CI runs as root).
-    let Some(netns) = Netns::create("a") else {
-        eprintln!("skipped: cannot create a network namespace (needs root, as CI has)");
+    if !Netns::possible() {
         return;
-    };
+    }
+    let netns = Netns::create("a");
     let server = Server::start_in(Some(&netns.0), &[]);
     // The core group's local APIService is registered at start.
     let listed = server.ok(&["get", "apiservices"]);
@@ -326,10 +334,10 @@ fn client_certificate(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>, name: &str) ->
 
 #[test]
 fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_nothing_up() {
-    let Some(netns) = Netns::create("b") else {
-        eprintln!("skipped: cannot create a network namespace (needs root, as CI has)");
+    if !Netns::possible() {
         return;
-    };
+    }
+    let netns = Netns::create("b");
     let dir = tempfile::tempdir().expect("dir");
     let (front_proxy_ca, front_proxy) = ca();
     let (cert, key) = client_certificate(&front_proxy, "front-proxy-client");

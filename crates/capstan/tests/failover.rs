@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::require::{have, require};
 use common::{Server, free_port, lease_holder, set_pod_status, until};
 
 /// One etcd member on loopback.
@@ -265,10 +266,12 @@ fn write_through(kubeconfigs: &[PathBuf], stop: &AtomicBool, log: &Mutex<Log>, b
     }
 }
 
-/// A directory for etcd members' data, when an `etcd` binary is there to run them.
+/// A directory for etcd members' data, when an `etcd` binary is there to run them: without
+/// one the test fails under CI and skips visibly elsewhere ([`require`]).
+#[track_caller]
 fn etcd_workspace() -> Option<tempfile::TempDir> {
-    if Command::new("etcd").arg("--version").output().is_err() {
-        eprintln!("no etcd binary; .ci/run installs etcd-server");
+    let installed = have("etcd", "--version");
+    if !require("an etcd binary (.ci/run installs etcd-server)", installed) {
         return None;
     }
     Some(tempfile::tempdir().expect("temp dir"))
@@ -276,6 +279,10 @@ fn etcd_workspace() -> Option<tempfile::TempDir> {
 
 #[test]
 fn three_replicas_on_three_etcd_members_survive_kills() {
+    // Who leads etcd is asked through its JSON gateway, with curl.
+    if !require("curl", have("curl", "--version")) {
+        return;
+    }
     let Some(dir) = etcd_workspace() else {
         return;
     };

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::require::{have, is_root, require};
 use common::{Server, watch_service_names as start_watcher};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, PostParams};
@@ -286,6 +287,7 @@ struct Confined {
 }
 
 impl Confined {
+    /// Starts the server confined; `None` when it did not write its kubeconfig in 20 s.
     fn start() -> Option<Confined> {
         let dir = tempfile::tempdir().expect("dir");
         let data = dir.path().join("data");
@@ -358,14 +360,10 @@ fn fill(dir: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_writes_fails_readiness_and_recovers_when_space_returns() {
-    let running_as_root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false);
-    if !running_as_root {
-        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+    // Mounting a tmpfs in a mount namespace of its own needs root (CI runs as root).
+    if !(require("root, to mount a tmpfs", is_root())
+        && require("unshare (util-linux)", have("unshare", "--version")))
+    {
         return;
     }
     let Some(server) = Confined::start() else {
@@ -403,7 +401,8 @@ struct Etcd {
 
 #[cfg(feature = "etcd")]
 impl Etcd {
-    fn start() -> Option<Etcd> {
+    /// Starts etcd, which must then work: a missing `etcd` is for [`require`] to catch first.
+    fn start() -> Etcd {
         let port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -416,13 +415,16 @@ impl Etcd {
             client_port: port(),
             peer_port: port(),
         };
-        etcd.launch().then_some(etcd)
+        let url = etcd.url();
+        assert!(etcd.launch(), "etcd did not listen on {url} within 20 s");
+        etcd
     }
 
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
+    /// Starts etcd on its data; whether it listens within 20 s.
     fn launch(&mut self) -> bool {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let Ok(child) = Command::new("etcd")
@@ -476,10 +478,11 @@ impl Drop for Etcd {
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_and_restarted_under_load_loses_nothing() {
-    let Some(mut etcd) = Etcd::start() else {
-        eprintln!("skipped: no etcd binary to start");
+    let installed = have("etcd", "--version");
+    if !require("an etcd binary (.ci/run installs etcd-server)", installed) {
         return;
-    };
+    }
+    let mut etcd = Etcd::start();
     let server = Server::start_with(&["--storage", "etcd", "--etcd-servers", &etcd.url()]);
     let load = Load::start(server.client().await, "etcd").await;
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::{Server, set_pod_status, until};
 
-/// The etcd to use, and a key prefix of this test's own there.
+/// The etcd to use, and a key prefix of this test's own there; without an etcd the test fails
+/// under CI and skips visibly elsewhere ([`common::etcd_endpoints`]).
+#[track_caller]
 fn cluster(name: &str) -> Option<(String, String)> {
     let endpoints = common::etcd_endpoints()?;
     Some((

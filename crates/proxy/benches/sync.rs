@@ -17,6 +17,9 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+#[path = "../../capstan/tests/common/require.rs"]
+mod require;
+
 const INNER: &str = "CAPSTAN_PROXY_BENCH_NETNS";
 
 fn main() {
@@ -28,12 +31,18 @@ fn main() {
     let endpoints: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10);
     if std::env::var_os(INNER).is_none() {
         // Run again inside a fresh network namespace, so the rules touch nothing else.
-        let netns = format!("capsync{}", std::process::id());
-        let made = Command::new("ip").args(["netns", "add", &netns]).status();
-        if !made.is_ok_and(|s| s.success()) {
-            eprintln!("the proxy sync benchmark needs root (ip netns add)");
+        // A benchmark, not a test: without root it says so and exits 0, in CI too (which runs
+        // no benchmarks). As root, making the namespace must work.
+        if !require::is_root() {
+            require::skipped("root, to make a network namespace (ip netns add)");
             return;
         }
+        let netns = format!("capsync{}", std::process::id());
+        let made = Command::new("ip").args(["netns", "add", &netns]).status();
+        assert!(
+            made.is_ok_and(|s| s.success()),
+            "ip netns add {netns} failed"
+        );
         let exe = std::env::current_exe().expect("own path");
         let status = Command::new("ip")
             .args(["netns", "exec", &netns])

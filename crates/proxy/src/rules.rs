@@ -806,6 +806,14 @@ mod tests {
     }
 }
 
+// The tests' prerequisite checks, shared with capstan's tests (a test that cannot run fails in
+// CI and skips visibly elsewhere). Declared here, at file level, because a `#[path]` inside the
+// inline `mod kernel` would resolve under a `rules/kernel/` directory that does not exist; here
+// it is relative to this file's directory, `crates/proxy/src`.
+#[cfg(test)]
+#[path = "../../capstan/tests/common/require.rs"]
+mod require;
+
 #[cfg(test)]
 mod kernel {
     //! The rules of both families, every feature on, checked by nftables itself (`nft -c` in a
@@ -813,6 +821,7 @@ mod kernel {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
 
+    use super::require::{have, is_root, require};
     use super::*;
     use crate::ruleset::{ElementRefs, Transaction};
     use crate::state::Protocol;
@@ -873,16 +882,10 @@ mod kernel {
 
     #[test]
     fn both_families_rules_are_valid_nftables() {
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        let nft = Command::new("nft")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !root || !nft {
-            eprintln!("skipped: needs root and nft");
+        if !(require("root, for a network namespace of its own", is_root())
+            && require("nft (nftables)", have("nft", "--version"))
+            && require("unshare (util-linux)", have("unshare", "--version")))
+        {
             return;
         }
         let text = script(

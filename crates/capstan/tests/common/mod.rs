@@ -2,6 +2,8 @@
 
 #![allow(dead_code, missing_docs)]
 
+pub mod require;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -389,11 +391,16 @@ pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
     kube::Client::try_from(config).expect("client")
 }
 
-/// The etcd the etcd tests use (`.ci/run` starts one); `None`, with a note, when unset.
+/// The etcd the etcd tests use (`CAPSTAN_TEST_ETCD_ENDPOINTS`; `.ci/run` starts one). Unset:
+/// fails the test under CI, else `None` with a `SKIPPED` note ([`require::require`]).
+#[track_caller]
 pub fn etcd_endpoints() -> Option<String> {
-    let endpoints = std::env::var("CAPSTAN_TEST_ETCD_ENDPOINTS").ok();
-    if endpoints.is_none() {
-        eprintln!("CAPSTAN_TEST_ETCD_ENDPOINTS is not set; .ci/run sets it");
+    let endpoints = std::env::var("CAPSTAN_TEST_ETCD_ENDPOINTS")
+        .ok()
+        .filter(|e| !e.trim().is_empty());
+    let what = "an etcd at CAPSTAN_TEST_ETCD_ENDPOINTS (.ci/run starts one)";
+    if !require::require(what, endpoints.is_some()) {
+        return None;
     }
     endpoints
 }
