@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
-use crate::{BackendError, ProxyClient, resolve, service_ref, tls_config};
+use crate::backend::{BackendError, ProxyClient, resolve, service_ref, tls_config};
 
 /// Idle connections kept per backend address.
 const IDLE_PER_BACKEND: usize = 32;
@@ -88,8 +88,8 @@ impl tower::Service<Uri> for Connector {
                 .authority()
                 .and_then(|a| a.as_str().parse().ok())
                 .ok_or_else(|| BackendError::Connect(format!("no backend address in {uri}")))?;
-            let stream = crate::dial(addr).await?;
-            let tls = crate::handshake(stream, name, config).await?;
+            let stream = crate::backend::dial(addr).await?;
+            let tls = crate::backend::handshake(stream, name, config).await?;
             Ok(TlsConnection(TokioIo::new(tls)))
         })
     }

@@ -5,7 +5,6 @@
 //! which call the kind's [`capstan_registry::Registry`]. [`serve`] runs it on a TLS listener
 //! and shuts down gracefully.
 
-pub mod aggregator;
 pub mod compression;
 pub mod connection;
 pub mod discovery;
@@ -14,6 +13,7 @@ mod held;
 pub mod limits;
 pub mod openapi;
 pub mod pki;
+pub mod remote;
 pub mod request;
 
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use crate::request::{Body, Query, document_response, text_response};
 pub struct ApiServer {
     registries: Vec<Arc<Registry>>,
     openapi: openapi::Documents,
-    aggregator: aggregator::Aggregator,
+    remote: Option<Arc<dyn remote::RemoteGroups>>,
     token: String,
     server_address: String,
     shutting_down: AtomicBool,
@@ -52,12 +52,7 @@ impl ApiServer {
     ) -> Self {
         let (shutdown, _) = tokio::sync::watch::channel(false);
         ApiServer {
-            // A second past the request deadline: a plain request gets the deadline's 504, a
-            // proxied watch (which has no deadline) this one's 503.
-            aggregator: aggregator::Aggregator::new(
-                &registries,
-                limits.request_timeout + std::time::Duration::from_secs(1),
-            ),
+            remote: None,
             openapi: openapi::Documents::of(&registries),
             registries,
             token,
@@ -77,14 +72,16 @@ impl ApiServer {
         self
     }
 
-    /// The aggregation proxy presents this client certificate to backends
-    /// (`--proxy-client-cert-file`, `--proxy-client-key-file`).
-    pub fn with_proxy_client(
-        mut self,
-        client: Option<Arc<capstan_aggregation::ProxyClient>>,
-    ) -> Self {
-        self.aggregator.set_proxy_client(client);
+    /// Group versions other servers serve (APIServices' backends) are discovered and reached
+    /// through `remote`.
+    pub fn with_remote_groups(mut self, remote: Arc<dyn remote::RemoteGroups>) -> Self {
+        self.remote = Some(remote);
         self
+    }
+
+    /// The kinds served here.
+    pub fn registries(&self) -> &[Arc<Registry>] {
+        &self.registries
     }
 
     /// The limits the server enforces.
@@ -241,17 +238,23 @@ impl ApiServer {
             "/apis" => {
                 return match discovery::wants_aggregated(&accept) {
                     Some(version) => {
-                        let remote = self.aggregator.aggregated_groups().await;
+                        let remote = match &self.remote {
+                            Some(remote) => remote.aggregated_groups().await,
+                            None => Vec::new(),
+                        };
                         aggregated(
                             &request,
                             discovery::aggregated_groups(&self.registries, version, remote),
                             version,
                         )
                     }
-                    None => discovery(discovery::api_groups(
-                        &self.registries,
-                        self.aggregator.legacy_groups().await,
-                    )),
+                    None => {
+                        let remote = match &self.remote {
+                            Some(remote) => remote.legacy_groups().await,
+                            None => Vec::new(),
+                        };
+                        discovery(discovery::api_groups(&self.registries, remote))
+                    }
                 };
             }
             _ => {}
@@ -302,26 +305,31 @@ impl ApiServer {
                     pretty,
                 );
             }
-            return match self.aggregator.legacy_group(group).await {
+            let remote = match &self.remote {
+                Some(remote) => remote.legacy_group(group).await,
+                None => None,
+            };
+            return match remote {
                 Some(document) => document_response(&accept, &document, pretty),
                 None => not_found(),
             };
         };
         // The server's own groups always win over an APIService claiming them.
         if !discovery::serves(&self.registries, group, version) {
-            return match self.aggregator.find_remote(group, version).await {
-                Some(apiservice) => self.aggregator.proxy(&apiservice, request).await,
-                // A group served here routes all of `/apis/<group>/` (upstream's go-restful
-                // group web service): an unknown version is the NotFound Status.
-                None if discovery::serves_group(&self.registries, group) => {
-                    request::negotiated_error(
-                        &ApiError::resource_not_found(),
-                        request.headers(),
-                        &query,
-                    )
-                }
-                None => not_found(),
+            let request = match &self.remote {
+                Some(remote) => match remote.proxy(group, version, request).await {
+                    Ok(response) => return response,
+                    Err(request) => request,
+                },
+                None => request,
             };
+            // A group served here routes all of `/apis/<group>/` (upstream's go-restful group
+            // web service): an unknown version is the NotFound Status.
+            if discovery::serves_group(&self.registries, group) {
+                let headers = request.headers();
+                return request::negotiated_error(&ApiError::resource_not_found(), headers, &query);
+            }
+            return not_found();
         }
         if tail.is_empty() {
             return document_response(

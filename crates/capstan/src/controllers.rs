@@ -107,7 +107,7 @@ impl Controllers {
                 .collect(),
         )
         .start();
-        capstan_controllers::apiservice::AvailabilityController::new(
+        capstan_aggregation::AvailabilityController::new(
             registry_for(registries, "apiservices")?,
             services.clone(),
             slices.clone(),

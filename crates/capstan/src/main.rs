@@ -403,14 +403,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let credentials =
         capstan_apiserver::pki::ensure(&args.data_dir, args.bind_address, &server_url)
             .context("setting up certificates and the admin token")?;
+    // Backends have a second past the request deadline to answer: a plain request gets the
+    // deadline's 504, a proxied watch (which has no deadline) the proxy's 503.
+    let limits = args.limits();
+    let aggregator = capstan_aggregation::Aggregator::new(
+        &registries,
+        limits.request_timeout + std::time::Duration::from_secs(1),
+        proxy_client,
+    );
     let server = Arc::new(
         ApiServer::new(
             registries,
             credentials.token.clone(),
             format!("{host}:{}", args.port),
-            args.limits(),
+            limits,
         )
-        .with_proxy_client(proxy_client)
+        .with_remote_groups(Arc::new(aggregator))
         .with_response_compression(args.gate(FeatureGate::ApiResponseCompression, true)),
     );
     tracing::info!(

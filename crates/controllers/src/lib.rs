@@ -8,7 +8,6 @@
 //! [`apiservice::AvailabilityController`] keeps the `Available` condition of APIServices; its
 //! module also resolves and connects to APIService backends for the aggregation proxy.
 
-pub mod apiservice;
 mod endpoints;
 mod endpointslice;
 mod garbage_collector;
@@ -39,7 +38,7 @@ pub(crate) fn decoded<T: serde::de::DeserializeOwned>(object: serde_json::Value)
 
 /// A watch over every object of a kind, from its current state (the initial events, then a
 /// bookmark marking their end when `end_bookmark`).
-pub(crate) fn watch_all(
+pub fn watch_all(
     registry: &capstan_registry::Registry,
     end_bookmark: bool,
 ) -> capstan_registry::watch::Watcher {
@@ -55,7 +54,7 @@ pub(crate) fn watch_all(
 
 /// Adds the name of every object of `registry` that is added or changes to `queue`, for the
 /// life of the process (the watch is restarted when it ends).
-pub(crate) fn enqueue_changes(
+pub fn enqueue_changes(
     registry: std::sync::Arc<capstan_registry::Registry>,
     queue: std::sync::Arc<queue::WorkQueue<String>>,
 ) {

@@ -7,7 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use capstan_aggregation::{Backends, ProxyClient, is_available, is_local, service_ref};
+use capstan_apiserver::discovery;
+use capstan_apiserver::remote::RemoteGroups;
+use capstan_apiserver::request::{Body, MAX_BODY, text_response};
+use capstan_resources::apiregistration::apiservice::{is_available, is_local};
+use capstan_resources::discovery::endpointslice::of_service as service_slices;
+
+use crate::backend::{ProxyClient, service_ref};
+use crate::client::Backends;
 use capstan_registry::{ReadAt, Registry};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -16,9 +23,6 @@ use hyper::body::Incoming;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{APIService, APIServiceSpec};
 use serde_json::{Value, json};
-
-use crate::discovery;
-use crate::request::{Body, MAX_BODY, text_response};
 
 /// How long fetched discovery of a backend is reused.
 const DISCOVERY_TTL: Duration = Duration::from_secs(60);
@@ -49,9 +53,6 @@ pub struct Aggregator {
     /// Discovery fetched from backends: APIService name → (its resourceVersion, when, the
     /// version's aggregated discovery).
     fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
-    /// How long a backend may take to send its response headers (`--request-timeout`: even
-    /// a proxied watch, which has no request deadline, must start within it).
-    response_header_timeout: Duration,
     /// Served groups (the server's own, never taken from APIServices).
     local_groups: Vec<&'static str>,
 }
@@ -101,16 +102,16 @@ fn unavailable(text: &str) -> Response<Body> {
 }
 
 impl Aggregator {
-    /// Backends are sent this client certificate.
-    pub fn set_proxy_client(&mut self, client: Option<Arc<ProxyClient>>) {
-        self.backends = Backends::new(client, self.response_header_timeout);
-    }
-
-    /// The aggregation layer over these registries (APIServices, Services, Endpoints).
-    pub fn new(registries: &[Arc<Registry>], response_header_timeout: Duration) -> Self {
+    /// The aggregation layer over these registries (APIServices, Services, EndpointSlices):
+    /// backends must send their response headers within `response_header_timeout`, and are
+    /// shown the proxy `client` certificate.
+    pub fn new(
+        registries: &[Arc<Registry>],
+        response_header_timeout: Duration,
+        client: Option<Arc<ProxyClient>>,
+    ) -> Self {
         Aggregator {
-            backends: Backends::new(None, response_header_timeout),
-            response_header_timeout,
+            backends: Backends::new(client, response_header_timeout),
             local_groups: discovery::local_groups(registries)
                 .into_iter()
                 .map(|(group, _, _)| group)
@@ -133,7 +134,7 @@ impl Aggregator {
 
     /// The service-backed APIService that claims `group/version`, if any (a local one is
     /// served by the server itself).
-    pub async fn find_remote(&self, group: &str, version: &str) -> Option<APIService> {
+    async fn find_remote(&self, group: &str, version: &str) -> Option<APIService> {
         let object = self
             .apiservices
             .as_ref()?
@@ -188,7 +189,7 @@ impl Aggregator {
     }
 
     /// The `APIGroup` entries legacy `/apis` adds for APIService groups.
-    pub async fn legacy_groups(&self) -> Vec<Value> {
+    async fn legacy_groups_of_apiservices(&self) -> Vec<Value> {
         self.groups()
             .await
             .into_iter()
@@ -201,9 +202,9 @@ impl Aggregator {
     }
 
     /// `/apis/<group>` for a group APIServices claim.
-    pub async fn legacy_group(&self, group: &str) -> Option<Value> {
+    async fn legacy_group_of_apiservices(&self, group: &str) -> Option<Value> {
         let entry = self
-            .legacy_groups()
+            .legacy_groups_of_apiservices()
             .await
             .into_iter()
             .find(|g| g.get("name").and_then(Value::as_str) == Some(group))?;
@@ -213,7 +214,7 @@ impl Aggregator {
     /// Aggregated discovery of the APIService groups: `(priority, group, discovery)`.
     /// Remote versions are fetched from their backends (reused for a minute, or until the
     /// APIService changes); a backend that cannot answer leaves its version `Stale`.
-    pub async fn aggregated_groups(&self) -> Vec<(i64, String, Value)> {
+    async fn aggregated_groups_of_apiservices(&self) -> Vec<(i64, String, Value)> {
         let mut out = Vec::new();
         let groups = self.groups().await;
         // Discovery fetched for APIServices that no longer exist is forgotten.
@@ -341,7 +342,7 @@ impl Aggregator {
             .await
             .map_err(|e| e.message)
             .and_then(|s| serde_json::from_value(s).map_err(|e| e.to_string()))?;
-        let slices = capstan_aggregation::service_slices(slices, &target.namespace, &target.name);
+        let slices = service_slices(slices, &target.namespace, &target.name);
         let headers = request.headers_mut();
         headers.insert("x-remote-user", HeaderValue::from_static(REMOTE_USER));
         for group in REMOTE_GROUPS {
@@ -353,7 +354,7 @@ impl Aggregator {
     }
 
     /// Proxies a request under `/apis/<group>/<version>` to the APIService's backend.
-    pub async fn proxy(
+    async fn proxy_to(
         &self,
         apiservice: &APIService,
         request: Request<Incoming>,
@@ -429,5 +430,32 @@ impl Aggregator {
             }
         }
         out
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteGroups for Aggregator {
+    async fn legacy_groups(&self) -> Vec<Value> {
+        self.legacy_groups_of_apiservices().await
+    }
+
+    async fn legacy_group(&self, group: &str) -> Option<Value> {
+        self.legacy_group_of_apiservices(group).await
+    }
+
+    async fn aggregated_groups(&self) -> Vec<(i64, String, Value)> {
+        self.aggregated_groups_of_apiservices().await
+    }
+
+    async fn proxy(
+        &self,
+        group: &str,
+        version: &str,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Request<Incoming>> {
+        match self.find_remote(group, version).await {
+            Some(apiservice) => Ok(self.proxy_to(&apiservice, request).await),
+            None => Err(request),
+        }
     }
 }

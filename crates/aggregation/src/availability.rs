@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::watch_all;
 use bytes::Bytes;
-use capstan_aggregation::{
+use capstan_controllers::queue::{Backoff, WorkQueue};
+use capstan_controllers::{enqueue_changes, watch_all};
+use capstan_resources::discovery::endpointslice::of_service as service_slices;
+
+use crate::backend::{
     BackendError, ProxyClient, ServiceRef, connect, has_available_endpoint, resolve,
     service_port_name, service_ref, tls_config,
 };
@@ -84,15 +87,13 @@ impl AvailabilityController {
     /// Runs in background tasks for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(crate::queue::WorkQueue::<String>::with_backoff(
-            crate::queue::Backoff {
-                max: Duration::from_secs(30),
-                max_retries: None,
-                ..crate::queue::Backoff::CONTROLLER
-            },
-        ));
+        let queue = Arc::new(WorkQueue::<String>::with_backoff(Backoff {
+            max: Duration::from_secs(30),
+            max_retries: None,
+            ..Backoff::CONTROLLER
+        }));
         // APIService changes check that APIService.
-        crate::enqueue_changes(controller.apiservices.clone(), queue.clone());
+        enqueue_changes(controller.apiservices.clone(), queue.clone());
         // Service and EndpointSlice changes check every APIService that names that Service.
         for (registry, by_label) in [
             (controller.services.clone(), false),
@@ -296,7 +297,7 @@ impl AvailabilityController {
         };
         // The Service's EndpointSlices, as the watch shows them (1.36's aggregator reads its
         // EndpointSlice informer).
-        let slices = capstan_aggregation::service_slices(&self.slices, namespace, name);
+        let slices = service_slices(&self.slices, namespace, name);
         let service_type = service.spec.as_ref().and_then(|s| s.type_.as_deref());
         if service_type.unwrap_or("ClusterIP") == "ClusterIP" {
             let Some(port_name) = service_port_name(&service, *port) else {
