@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use capstan_controllers::queue::{Backoff, WorkQueue};
-use capstan_controllers::{enqueue_changes, watch_all};
+use capstan_controllers::runtime::{Backoff, Controller, Informer, WorkQueue};
 use capstan_resources::discovery::endpointslice::of_service as service_slices;
 
 use crate::backend::{
@@ -17,7 +16,6 @@ use crate::backend::{
 use capstan_machinery::ApiError;
 use capstan_registry::cache::ByRevision;
 use capstan_registry::strategy::{from_typed, to_typed};
-use capstan_registry::watch::WatchItem;
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::apiregistration::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;
@@ -93,37 +91,32 @@ impl AvailabilityController {
             ..Backoff::CONTROLLER
         }));
         // APIService changes check that APIService.
-        enqueue_changes(controller.apiservices.clone(), queue.clone());
+        let apiservices = Informer::new(controller.apiservices.clone())
+            .enqueue_changes(queue.clone())
+            .start();
         // Service and EndpointSlice changes check every APIService that names that Service.
         for (registry, by_label) in [
             (controller.services.clone(), false),
             (controller.slices.clone(), true),
         ] {
             let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    let mut watcher = watch_all(&registry, false);
-                    while let Some(item) = watcher.next().await {
-                        if let WatchItem::Event(_, object) = item {
-                            let s = &object.selectable;
-                            let service = if by_label {
-                                let label =
-                                    capstan_resources::discovery::endpointslice::SERVICE_NAME_LABEL;
-                                let Some(service) = s.label(label) else {
-                                    continue;
-                                };
-                                service
-                            } else {
-                                s.name()
-                            };
-                            for name in controller.referencing(s.namespace(), service) {
-                                queue.add(name);
-                            }
-                        }
+            Informer::new(registry)
+                .on_change(move |_, object, _| {
+                    let s = &object.selectable;
+                    let label = capstan_resources::discovery::endpointslice::SERVICE_NAME_LABEL;
+                    let service = if by_label {
+                        s.label(label)
+                    } else {
+                        Some(s.name())
+                    };
+                    for name in service
+                        .map(|service| controller.referencing(s.namespace(), service))
+                        .unwrap_or_default()
+                    {
+                        queue.add(name);
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            });
+                })
+                .start();
         }
         // Periodic checks: service-backed APIServices every few seconds, all every 30 s.
         {
@@ -148,13 +141,13 @@ impl AvailabilityController {
         }
         // Workers over a per-key queue: a slow probe holds up only its own APIService.
         // Failures are retried with exponential back-off, 5 ms doubling to 30 s.
-        for _ in 0..WORKERS {
-            let controller = controller.clone();
-            tokio::spawn(queue.clone().work("apiservice check", move |name| {
+        Controller::new("apiservice check", queue)
+            .workers(WORKERS)
+            .after([apiservices])
+            .run(move |name: String| {
                 let controller = controller.clone();
                 async move { controller.sync(&name).await }
-            }));
-        }
+            });
     }
 
     /// Every APIService's name and spec (what finding the backing Service needs).

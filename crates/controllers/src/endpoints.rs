@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashMapExt, HashSet};
 
 use capstan_machinery::ApiError;
-use capstan_registry::cache::{CachedObject, EventType, Selectable};
+use capstan_registry::cache::EventType;
 use k8s_openapi::api::core::v1::{
     Container, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod,
     PodCondition, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
@@ -16,9 +16,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::queue::WorkQueue;
-use crate::watch_all;
-use capstan_registry::watch::WatchItem;
+use crate::runtime::{Informer, Key, WorkQueue, key_of, synced};
 use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
 
 const MAX_ADDRESSES: usize = 1000;
@@ -413,8 +411,6 @@ struct TriggerState {
     service: Option<Time>,
 }
 
-pub(crate) type Key = (String, String);
-
 /// One address as the repack sees it: ip, target uid, the address, ready.
 type Entry = (String, String, EndpointAddress, bool);
 /// Addresses of one port, keyed by (ip, target uid): the address and its ready flag.
@@ -459,73 +455,6 @@ fn time_text(time: &Time) -> String {
         Ok(serde_json::Value::String(text)) => text,
         _ => String::new(),
     }
-}
-
-/// How far a [`follow`] has got: `None` until its first replay of what exists is complete (an
-/// informer's `HasSynced`), then the revision up to which its callbacks have seen every change.
-pub(crate) type Progress = tokio::sync::watch::Receiver<Option<capstan_storage::Revision>>;
-
-/// Waits until every one of these follows has replayed what exists, as a controller waits for
-/// its informers' caches to sync before its workers start (a sync before would read an index
-/// still filling: Endpoints without their pods, slices created again).
-pub(crate) async fn synced(follows: &[Progress]) {
-    for progress in follows {
-        let _ = progress.clone().wait_for(Option::is_some).await;
-    }
-}
-
-pub(crate) fn key_of(selectable: &Selectable) -> Key {
-    (selectable.namespace().into(), selectable.name().into())
-}
-
-/// Follows every object of a kind for the life of the process, watching again whenever a
-/// watch ends: `event` sees each change (`true` while a (re)start replays what exists), and
-/// `replayed` the keys of that replay once it is complete, so what disappeared while no watch
-/// was open can be forgotten (as an informer's Replace does).
-///
-/// Answers how far the callbacks have got ([`Progress`]), so a caller that reads what the
-/// callbacks keep can wait until the first replay is in it, or its own write.
-pub(crate) fn follow<E, R>(registry: Arc<Registry>, event: E, replayed: R) -> Progress
-where
-    E: Fn(EventType, &CachedObject, bool) + Send + 'static,
-    R: Fn(HashSet<Key>) + Send + 'static,
-{
-    let (progress, seen) = tokio::sync::watch::channel(None);
-    let advance = move |revision| {
-        progress.send_if_modified(|r: &mut Option<capstan_storage::Revision>| {
-            let later = r.is_none_or(|r| revision > r);
-            *r = Some(r.map_or(revision, |r| r.max(revision)));
-            later
-        });
-    };
-    tokio::spawn(async move {
-        loop {
-            let mut watcher = watch_all(&registry, true);
-            let mut replay: Option<HashSet<Key>> = Some(HashSet::new());
-            while let Some(item) = watcher.next().await {
-                match item {
-                    WatchItem::Event(kind, object) => {
-                        if let Some(seen) = replay.as_mut() {
-                            seen.insert(key_of(&object.selectable));
-                        }
-                        event(kind, &object, replay.is_some());
-                        if replay.is_none() {
-                            advance(watcher.progress());
-                        }
-                    }
-                    WatchItem::Bookmark(revision, true) => {
-                        if let Some(seen) = replay.take() {
-                            replayed(seen);
-                        }
-                        advance(revision);
-                    }
-                    _ => {}
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
-    });
-    seen
 }
 
 impl EndpointsController {
@@ -593,7 +522,7 @@ impl EndpointsController {
             endpoints: Arc::new(WorkQueue::default()),
             slices: controller.slices.as_ref().map(|_| {
                 Arc::new(WorkQueue::with_backoff(
-                    crate::queue::Backoff::ENDPOINT_SLICES,
+                    crate::runtime::Backoff::ENDPOINT_SLICES,
                 ))
             }),
         });
@@ -604,9 +533,8 @@ impl EndpointsController {
         {
             let (on_event, on_replayed) = (controller.clone(), controller.clone());
             let (event_queue, replay_queue) = (queue.clone(), queue.clone());
-            services_synced = follow(
-                controller.services.clone(),
-                move |kind, object, _| {
+            services_synced = Informer::new(controller.services.clone())
+                .on_change(move |kind, object, _| {
                     // Only the selector is decoded, found without reading the rest.
                     let selector = (kind != EventType::Deleted)
                         .then(|| object.member(&["spec", "selector"]))
@@ -617,23 +545,22 @@ impl EndpointsController {
                     let key = key_of(&object.selectable);
                     on_event.index().set_selector(&key, selector.as_ref());
                     event_queue.add(key);
-                },
-                move |seen| {
-                    let gone = on_replayed.index().forget_services_except(&seen);
+                })
+                .on_replayed(move |seen| {
+                    let gone = on_replayed.index().forget_services_except(seen);
                     for key in gone {
                         replay_queue.add(key);
                     }
-                },
-            );
+                })
+                .start();
         }
         // Pods: a change wakes the Services whose selector matches the pod's labels now or
         // matched them before. Pods indexed before a restart and not replayed are gone.
         {
             let (on_event, on_replayed) = (controller.clone(), controller.clone());
             let (event_queue, replay_queue) = (queue.clone(), queue.clone());
-            pods_synced = follow(
-                controller.pods.clone(),
-                move |kind, object, _| {
+            pods_synced = Informer::new(controller.pods.clone())
+                .on_change(move |kind, object, _| {
                     let s = &object.selectable;
                     let view = (kind != EventType::Deleted)
                         .then(|| pod_view_of_json(&object.lean_json()))
@@ -643,22 +570,21 @@ impl EndpointsController {
                     for key in wake {
                         event_queue.add(key);
                     }
-                },
-                move |seen| {
-                    let wake = on_replayed.index().forget_pods_except(&seen);
+                })
+                .on_replayed(move |seen| {
+                    let wake = on_replayed.index().forget_pods_except(seen);
                     for key in wake {
                         replay_queue.add(key);
                     }
-                },
-            );
+                })
+                .start();
         }
         // Endpoints: at start-up every existing one is checked (orphans of deleted Services go);
         // later only deletions matter (a deleted Endpoints of a live Service is re-created).
         {
             let event_queue = queue.clone();
-            endpoints_synced = follow(
-                controller.endpoints.clone(),
-                move |kind, object, replaying| {
+            endpoints_synced = Informer::new(controller.endpoints.clone())
+                .on_change(move |kind, object, replaying| {
                     // Only the start-up pass reads the object (for the leader annotation);
                     // later events are not decoded at all.
                     let orphan_check = replaying
@@ -669,9 +595,8 @@ impl EndpointsController {
                     if orphan_check || kind == EventType::Deleted {
                         event_queue.endpoints.add(key_of(&object.selectable));
                     }
-                },
-                |_| {},
-            );
+                })
+                .start();
         }
         if let (Some(writer), Some(slices)) = (&controller.slices, &queue.slices) {
             let (controller, writer, slices) = (controller.clone(), writer.clone(), slices.clone());
@@ -1534,7 +1459,7 @@ mod tests {
         assert_eq!(names(&index, "web"), ["p1", "p3"]);
         // A Service not replayed after a watch restart was deleted meanwhile: forgotten.
         assert_eq!(
-            index.forget_services_except(&HashSet::new()),
+            index.forget_services_except(&HashSet::default()),
             vec![key.clone()]
         );
         assert!(names(&index, "web").is_empty());

@@ -984,9 +984,9 @@ pub(crate) struct SliceWriter {
     max: usize,
     state: std::sync::Mutex<SliceState>,
     /// The controller's queue (set when it starts).
-    queue: std::sync::OnceLock<Arc<crate::queue::WorkQueue<crate::endpoints::Key>>>,
+    queue: std::sync::OnceLock<Arc<crate::runtime::WorkQueue<crate::runtime::Key>>>,
     /// Each Service's last slice write, and how far the slice watch has filed them.
-    own: crate::tracker::OwnWrites<crate::endpoints::Key>,
+    own: crate::runtime::OwnWrites<crate::runtime::Key>,
 }
 
 #[derive(Default)]
@@ -998,9 +998,9 @@ struct SliceState {
     /// Whether the node watch has replayed what exists.
     nodes_replayed: bool,
     /// This controller's slices of each Service, by name, from the slice watch.
-    index: HashMap<crate::endpoints::Key, std::collections::BTreeSet<String>>,
+    index: HashMap<crate::runtime::Key, std::collections::BTreeSet<String>>,
     /// The other way: each indexed slice (namespace, name) → its Service.
-    service_of: HashMap<crate::endpoints::Key, crate::endpoints::Key>,
+    service_of: HashMap<crate::runtime::Key, crate::runtime::Key>,
     /// UID → the generation this controller last wrote (-1: it deleted it), so its own
     /// writes coming back through the watch do not sync the Service again.
     tracked: HashMap<String, i64>,
@@ -1014,7 +1014,7 @@ struct SliceState {
     /// instead of decoding its JSON again (a sixth of this controller's time in a churn), as
     /// upstream's controller reads its slices from its informer's typed cache. A sync takes
     /// them out; a slice's other events drop a stale one.
-    kept: HashMap<crate::endpoints::Key, EndpointSlice>,
+    kept: HashMap<crate::runtime::Key, EndpointSlice>,
 }
 
 /// A slice's identity as its watch event's metadata tells it.
@@ -1048,14 +1048,13 @@ impl SliceWriter {
     /// else changed or deleted one of its slices).
     pub(crate) fn start(
         self: &Arc<Self>,
-        queue: Arc<crate::queue::WorkQueue<crate::endpoints::Key>>,
-    ) -> [crate::endpoints::Progress; 2] {
+        queue: Arc<crate::runtime::WorkQueue<crate::runtime::Key>>,
+    ) -> [crate::runtime::Progress; 2] {
         use capstan_registry::cache::EventType;
         let _ = self.queue.set(queue.clone());
         let writer = self.clone();
-        let nodes = crate::endpoints::follow(
-            self.nodes.clone(),
-            move |kind, object, _| {
+        let nodes = crate::runtime::Informer::new(self.nodes.clone())
+            .on_change(move |kind, object, _| {
                 let name = object.selectable.name().to_string();
                 let mut state = writer.state();
                 if kind == EventType::Deleted {
@@ -1074,16 +1073,15 @@ impl SliceWriter {
                         Arc::make_mut(&mut state.zones).insert(name, zone);
                     }
                 }
-            },
-            {
+            })
+            .on_replayed({
                 let writer = self.clone();
                 move |_| writer.state().nodes_replayed = true
-            },
-        );
+            })
+            .start();
         let writer = self.clone();
-        let indexed = crate::endpoints::follow(
-            self.slices.clone(),
-            move |kind, object, _| {
+        let indexed = crate::runtime::Informer::new(self.slices.clone())
+            .on_change(move |kind, object, _| {
                 let s = &object.selectable;
                 let (namespace, name) = (s.namespace().to_string(), s.name().to_string());
                 let ours = s.label(MANAGED_BY_LABEL) == Some(CONTROLLER_NAME);
@@ -1145,9 +1143,8 @@ impl SliceWriter {
                 for key in wake {
                     queue.add(key);
                 }
-            },
-            |_| {},
-        );
+            })
+            .start();
         self.own.follow(indexed.clone());
         [nodes, indexed]
     }
@@ -1157,7 +1154,7 @@ impl SliceWriter {
     ///
     /// Each is the slice this controller kept when it wrote it, when the watch cache still
     /// holds it at that revision; otherwise it is decoded from the cache.
-    fn existing(&self, key: &crate::endpoints::Key) -> Vec<EndpointSlice> {
+    fn existing(&self, key: &crate::runtime::Key) -> Vec<EndpointSlice> {
         let names = self.state().index.get(key).cloned().unwrap_or_default();
         let info = self.slices.strategy().info();
         let mut slices = Vec::with_capacity(names.len());
@@ -1237,7 +1234,7 @@ impl SliceWriter {
     /// slice written.
     pub(crate) async fn sync(
         &self,
-        key: &crate::endpoints::Key,
+        key: &crate::runtime::Key,
         service: &Service,
         pods: &[Arc<Pod>],
         trigger: impl FnOnce() -> String,
@@ -1330,7 +1327,7 @@ impl SliceWriter {
     /// deletes, stopping at the first error.
     async fn finalize(
         &self,
-        key: &crate::endpoints::Key,
+        key: &crate::runtime::Key,
         service: &Service,
         (creates, updates, deletes): (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>),
         read: &mut Vec<EndpointSlice>,
@@ -1405,7 +1402,7 @@ impl SliceWriter {
     /// Deletes one of a Service's slices, expecting its deletion event.
     async fn delete(
         &self,
-        key: &crate::endpoints::Key,
+        key: &crate::runtime::Key,
         slice: &EndpointSlice,
     ) -> Result<(), capstan_machinery::ApiError> {
         let uid = slice.metadata.uid.clone().unwrap_or_default();
@@ -1414,14 +1411,14 @@ impl SliceWriter {
     }
 
     /// Remembers a slice this controller wrote.
-    fn record(&self, key: &crate::endpoints::Key, object: &serde_json::Value) {
+    fn record(&self, key: &crate::runtime::Key, object: &serde_json::Value) {
         let uid = capstan_machinery::meta::meta_str(object, "uid").to_string();
         self.state().tracked.insert(uid, generation_of(object));
         self.own.record(key, object);
     }
 
     /// Forgets a Service that is gone.
-    pub(crate) fn forget(&self, key: &crate::endpoints::Key) {
+    pub(crate) fn forget(&self, key: &crate::runtime::Key) {
         self.own.forget(key);
     }
 }
@@ -1458,8 +1455,8 @@ fn decode_cached(
 /// next sync of `key` waits for the index to show it.
 pub(crate) async fn delete_slice(
     slices: &capstan_registry::Registry,
-    own: &crate::tracker::OwnWrites<crate::endpoints::Key>,
-    key: &crate::endpoints::Key,
+    own: &crate::runtime::OwnWrites<crate::runtime::Key>,
+    key: &crate::runtime::Key,
     slice: &EndpointSlice,
 ) -> Result<(), capstan_machinery::ApiError> {
     let name = slice.metadata.name.as_deref().unwrap_or_default();

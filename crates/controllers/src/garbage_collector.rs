@@ -16,18 +16,16 @@
 //! the latest revision, so an owner created just before its dependent is never taken for
 //! absent.
 
-use capstan_machinery::hash::{HashMap, HashSet, HashSetExt};
+use capstan_machinery::hash::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
-use capstan_registry::watch::WatchItem;
 use capstan_registry::{DeleteOptions, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
-use crate::queue::WorkQueue;
-use crate::watch_all;
+use crate::runtime::{Controller, Informer, Key, WorkQueue, key_of};
 
 const ORPHAN: &str = "orphan";
 const FOREGROUND: &str = "foregroundDeletion";
@@ -203,61 +201,43 @@ impl GarbageCollector {
     pub fn start(self) {
         let collector = Arc::new(self);
         let queue = Arc::new(WorkQueue::<Work>::default());
+        // Each kind's informer feeds the graph. What the graph holds of a kind beyond what a
+        // (re)started watch lists was deleted while no watch ran, and is taken for deleted
+        // (upstream's DeletedFinalStateUnknown).
         for kind in 0..collector.kinds.len() {
-            let (collector, queue) = (collector.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    collector.follow(kind, &queue).await;
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-            });
+            let (on_change, on_replayed) = (collector.clone(), collector.clone());
+            let (change_queue, replay_queue) = (queue.clone(), queue.clone());
+            Informer::new(collector.kinds[kind].clone())
+                .on_change(move |event, object, _| {
+                    let (namespace, name) = key_of(&object.selectable);
+                    let meta = object.decode_metadata::<MetaFields>().unwrap_or_default();
+                    for work in on_change.observe(event, (kind, namespace, name), &meta) {
+                        change_queue.add(work);
+                    }
+                })
+                .on_replayed(move |listed| {
+                    for work in on_replayed.forget_unlisted(kind, listed) {
+                        replay_queue.add(work);
+                    }
+                })
+                .start();
         }
-        for _ in 0..WORKERS {
-            let (collector, queue) = (collector.clone(), queue.clone());
-            tokio::spawn(queue.work("garbage collection", move |work| {
+        Controller::new("garbage collection", queue)
+            .workers(WORKERS)
+            .run(move |work: Work| {
                 let collector = collector.clone();
                 async move { collector.process(work).await }
-            }));
-        }
-    }
-
-    /// Feeds one watch of `kind` into the graph until it ends. What the graph holds of the
-    /// kind beyond what the (re)started watch lists was deleted while no watch ran, and is
-    /// taken for deleted (upstream's DeletedFinalStateUnknown).
-    async fn follow(&self, kind: usize, queue: &WorkQueue<Work>) {
-        let mut watcher = watch_all(&self.kinds[kind], true);
-        let mut listed = Some(HashSet::new());
-        while let Some(item) = watcher.next().await {
-            let work = match item {
-                WatchItem::Event(event, object) => {
-                    let s = &object.selectable;
-                    let key = (kind, s.namespace().to_string(), s.name().to_string());
-                    if let Some(listed) = listed.as_mut() {
-                        listed.insert(key.clone());
-                    }
-                    let meta = object.decode_metadata::<MetaFields>().unwrap_or_default();
-                    self.observe(event, key, &meta)
-                }
-                WatchItem::Bookmark(_, true) => match listed.take() {
-                    Some(listed) => self.forget_unlisted(kind, &listed),
-                    None => Vec::new(),
-                },
-                _ => Vec::new(),
-            };
-            for each in work {
-                queue.add(each);
-            }
-        }
+            });
     }
 
     /// Takes every object of `kind` the graph holds and `listed` lacks for deleted; returns
     /// the work that calls for.
-    fn forget_unlisted(&self, kind: usize, listed: &HashSet<Ref>) -> Vec<Work> {
+    fn forget_unlisted(&self, kind: usize, listed: &HashSet<Key>) -> Vec<Work> {
         let gone: Vec<Ref> = self
             .graph()
             .uids
             .keys()
-            .filter(|r| r.0 == kind && !listed.contains(*r))
+            .filter(|r| r.0 == kind && !listed.contains(&(r.1.clone(), r.2.clone())))
             .cloned()
             .collect();
         gone.into_iter()
@@ -629,9 +609,10 @@ mod tests {
         assert_eq!(work, vec![Work::Dependent(dependent.clone())]);
         // A relist that no longer shows the owner takes it for deleted: its dependents come up.
         collector.observe(EventType::Added, dependent.clone(), &meta("d1", &["o2"]));
-        let listed = HashSet::from_iter([dependent.clone()]);
+        // Each kind's list: the dependents' shows the dependent, the owners' nothing.
+        let listed = HashSet::from_iter([(dependent.1.clone(), dependent.2.clone())]);
         assert!(collector.forget_unlisted(1, &listed).is_empty());
-        let work = collector.forget_unlisted(0, &listed);
+        let work = collector.forget_unlisted(0, &HashSet::default());
         assert_eq!(work, vec![Work::Dependent(dependent)]);
         assert!(collector.graph().find("o2").is_none());
     }

@@ -23,9 +23,9 @@ use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::endpoints::{Key, follow, key_of, repack};
+use crate::endpoints::repack;
 use crate::endpointslice::{EndpointKey, endpoint_key, equal_beyond_key};
-use crate::queue::WorkQueue;
+use crate::runtime::{Backoff, Controller, Informer, Key, OwnWrites, WorkQueue, key_of};
 
 /// The label that keeps an Endpoints from being mirrored.
 pub const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
@@ -53,7 +53,7 @@ pub struct MirroringController {
     /// Which Services have a selector, from the Service watch.
     selectors: Mutex<HashMap<Key, bool>>,
     /// Each Service's last slice write, and how far the slice watch has filed them.
-    own: crate::tracker::OwnWrites<Key>,
+    own: OwnWrites<Key>,
 }
 
 /// Whether a JSON object has any member, read without keeping any (`null` has none).
@@ -273,16 +273,13 @@ impl MirroringController {
     pub fn start(self) {
         let (services_synced, endpoints_synced, slices_synced);
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::<Key>::with_backoff(
-            crate::queue::Backoff::MIRRORING,
-        ));
+        let queue = Arc::new(WorkQueue::<Key>::with_backoff(Backoff::MIRRORING));
         {
             // Services: a sync when one without a selector comes or goes, or its selector
             // comes or goes.
             let (c, q) = (controller.clone(), queue.clone());
-            services_synced = follow(
-                controller.services.clone(),
-                move |kind, object, _| {
+            services_synced = Informer::new(controller.services.clone())
+                .on_change(move |kind, object, _| {
                     let key = key_of(&object.selectable);
                     let selector =
                         kind != EventType::Deleted && has_selector(object.member(SELECTOR));
@@ -294,25 +291,21 @@ impl MirroringController {
                     if before != Some(selector) || !selector {
                         q.add(key);
                     }
-                },
-                |_| {},
-            );
+                })
+                .start();
         }
         {
             // Endpoints: every change of one that is (or was) mirrored.
             let q = queue.clone();
-            endpoints_synced = follow(
-                controller.endpoints.clone(),
-                move |_, object, _| q.add(key_of(&object.selectable)),
-                |_| {},
-            );
+            endpoints_synced = Informer::new(controller.endpoints.clone())
+                .on_change(move |_, object, _| q.add(key_of(&object.selectable)))
+                .start();
         }
         {
             // Mirrored slices: kept in the index; a change by anyone else is undone.
             let (c, q) = (controller.clone(), queue.clone());
-            let indexed = follow(
-                controller.slices.clone(),
-                move |kind, object, _| {
+            let indexed = Informer::new(controller.slices.clone())
+                .on_change(move |kind, object, _| {
                     let s = &object.selectable;
                     let managed = s.label(MANAGED_BY_LABEL) == Some(MIRRORING_CONTROLLER_NAME);
                     let service = s.label(SERVICE_NAME_LABEL).map(str::to_string);
@@ -339,25 +332,19 @@ impl MirroringController {
                         index.entry(key.clone()).or_default().insert(name);
                         q.add(key);
                     }
-                },
-                |_| {},
-            );
+                })
+                .start();
             controller.own.follow(indexed.clone());
             slices_synced = indexed;
         }
         // Workers start once every index holds what exists (upstream's cache sync).
-        let follows = [services_synced, endpoints_synced, slices_synced];
-        for _ in 0..WORKERS {
-            let (c, q, follows) = (controller.clone(), queue.clone(), follows.clone());
-            tokio::spawn(async move {
-                crate::endpoints::synced(&follows).await;
-                let work = q.work("endpointslice mirroring", move |key: Key| {
-                    let c = c.clone();
-                    async move { c.sync(&key).await }
-                });
-                work.await
+        Controller::new("endpointslice mirroring", queue)
+            .workers(WORKERS)
+            .after([services_synced, endpoints_synced, slices_synced])
+            .run(move |key: Key| {
+                let controller = controller.clone();
+                async move { controller.sync(&key).await }
             });
-        }
     }
 
     /// The mirrored slices of a Service, as the slice watch last showed them.

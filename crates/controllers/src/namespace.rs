@@ -13,7 +13,7 @@ use capstan_resources::core::namespace::FINALIZER;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::queue::{Backoff, WorkQueue};
+use crate::runtime::{Backoff, Controller, Informer, WorkQueue};
 
 /// How often terminating namespaces are looked at again (content that waits on its own
 /// finalizers or grace periods).
@@ -49,7 +49,9 @@ impl NamespaceController {
             max_retries: None,
             ..Backoff::CONTROLLER
         }));
-        crate::enqueue_changes(controller.namespaces.clone(), queue.clone());
+        let namespaces = Informer::new(controller.namespaces.clone())
+            .enqueue_changes(queue.clone())
+            .start();
         {
             let (controller, queue) = (controller.clone(), queue.clone());
             tokio::spawn(async move {
@@ -65,10 +67,12 @@ impl NamespaceController {
                 }
             });
         }
-        tokio::spawn(queue.work("namespace deletion", move |name| {
-            let controller = controller.clone();
-            async move { controller.sync(&name).await.map_err(|e| e.message) }
-        }));
+        Controller::new("namespace deletion", queue)
+            .after([namespaces])
+            .run(move |name: String| {
+                let controller = controller.clone();
+                async move { controller.sync(&name).await.map_err(|e| e.message) }
+            });
     }
 
     /// One pass over a namespace: nothing to do unless it is being deleted. A namespace

@@ -19,9 +19,9 @@ use capstan_storage::Revision;
 const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// The revision of each key's last write, and how far the index has got.
-pub(crate) struct OwnWrites<K> {
+pub struct OwnWrites<K> {
     written: Mutex<HashMap<K, Revision>>,
-    indexed: OnceLock<crate::endpoints::Progress>,
+    indexed: OnceLock<crate::runtime::Progress>,
 }
 
 impl<K: Eq + Hash + Clone> Default for OwnWrites<K> {
@@ -38,13 +38,13 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The index's progress, as [`crate::endpoints::follow`] answers it.
-    pub(crate) fn follow(&self, indexed: crate::endpoints::Progress) {
+    /// The index's progress, as its [`crate::runtime::Informer`] answers it.
+    pub fn follow(&self, indexed: crate::runtime::Progress) {
         let _ = self.indexed.set(indexed);
     }
 
     /// Remembers a write for `key`: the object it returned.
-    pub(crate) fn record(&self, key: &K, object: &serde_json::Value) {
+    pub fn record(&self, key: &K, object: &serde_json::Value) {
         let revision = capstan_machinery::meta::meta_str(object, "resourceVersion").parse();
         if let Ok(revision) = revision {
             let mut written = self.written();
@@ -54,13 +54,13 @@ impl<K: Eq + Hash + Clone> OwnWrites<K> {
     }
 
     /// Forgets a key that is gone.
-    pub(crate) fn forget(&self, key: &K) {
+    pub fn forget(&self, key: &K) {
         self.written().remove(key);
     }
 
     /// Refuses a sync (to be retried) while the index does not show the last write for `key`,
     /// after waiting a little for it: upstream's stale-informer error.
-    pub(crate) async fn ensure_caught_up(&self, key: &K) -> Result<(), ApiError> {
+    pub async fn ensure_caught_up(&self, key: &K) -> Result<(), ApiError> {
         if self.caught_up(key).await {
             Ok(())
         } else {

@@ -1,4 +1,4 @@
-//! The work queue controllers share, with client-go's guarantees.
+//! The work queue controllers share, with client-go's guarantees and back-off.
 
 use capstan_machinery::hash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::hash::Hash;
