@@ -49,18 +49,24 @@ impl Controllers {
     fn start_on(&self, group: &Group) -> anyhow::Result<()> {
         let registries = &self.registries;
         if self.endpoints {
-            capstan_controllers::EndpointsController::new(
+            use capstan_controllers::{EndpointSliceController, EndpointsController, ServicePods};
+            let shared = Arc::new(ServicePods::new(
                 registry_for(registries, "services")?,
                 registry_for(registries, "pods")?,
-                registry_for(registries, "endpoints")?,
-            )
-            .with_endpoint_slices(
+            ));
+            let endpoints =
+                EndpointsController::new(shared.clone(), registry_for(registries, "endpoints")?)
+                    .with_workers(self.workers.0);
+            let slices = EndpointSliceController::new(
+                shared.clone(),
                 registry_for(registries, "endpointslices")?,
                 registry_for(registries, "nodes")?,
                 self.max_endpoints_per_slice,
             )
-            .with_concurrency(self.workers.0, self.workers.1)
-            .start(group)?;
+            .with_workers(self.workers.1);
+            let synced = shared.start(group, vec![endpoints.queue(), slices.queue()])?;
+            endpoints.start(group, synced.clone())?;
+            slices.start(group, synced)?;
         }
         let this = self.clone();
         group.spawn("controllers", async move {

@@ -65,6 +65,17 @@ impl Group {
         Ok(())
     }
 
+    /// A runtime on a thread of its own named `name`, running until the group stops: what is
+    /// spawned on it (`Handle::enter`, then `tokio::spawn`) runs there.
+    pub fn runtime(&self, name: &str) -> std::io::Result<tokio::runtime::Handle> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        self.spawn(name, async move {
+            let _ = sender.send(tokio::runtime::Handle::current());
+            std::future::pending::<()>().await
+        })?;
+        receiver.recv().map_err(std::io::Error::other)
+    }
+
     /// Whether the group was told to stop.
     pub fn stopped(&self) -> bool {
         *self.stop.borrow()

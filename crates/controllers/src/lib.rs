@@ -2,7 +2,9 @@
 //! through the registry, as any API client would (validation, resourceVersions, watch events).
 //!
 //! Start with [`EndpointsController`]: it keeps the Endpoints of every selector-based Service
-//! equal to the ready and not-ready addresses of the Pods it selects.
+//! equal to the ready and not-ready addresses of the Pods it selects; the
+//! [`EndpointSliceController`] keeps their EndpointSlices. Both read Services and Pods through
+//! the informers they share, [`ServicePods`].
 //! [`KubernetesServiceController`] keeps the built-in `default/kubernetes` Service.
 //! [`NamespaceController`] empties namespaces being deleted, then deletes them.
 //! Every controller stands on the [`runtime`]: informers, a work queue, a `Controller` shape.
@@ -19,14 +21,17 @@ pub mod masters;
 mod mirroring;
 mod namespace;
 pub mod runtime;
+mod service_pods;
 mod trafficdist;
 
 pub use endpoints::EndpointsController;
+pub use endpointslice::EndpointSliceController;
 pub use garbage_collector::GarbageCollector;
 pub use group::Group;
 pub use kubernetes_service::KubernetesServiceController;
 pub use mirroring::MirroringController;
 pub use namespace::NamespaceController;
+pub use service_pods::ServicePods;
 
 /// A test's object from its JSON.
 #[cfg(test)]

@@ -232,4 +232,36 @@ mod tests {
         assert_eq!(queue.retry_later(7), Some(Duration::from_millis(1)));
         assert_eq!(queue.next().await, 7);
     }
+
+    #[tokio::test]
+    async fn the_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() {
+        let queue = WorkQueue::<crate::runtime::Key>::default();
+        let a: crate::runtime::Key = ("ns".into(), "a".into());
+        let b: crate::runtime::Key = ("ns".into(), "b".into());
+        queue.add(a.clone());
+        queue.add(b.clone());
+        queue.add(a.clone());
+        assert_eq!(queue.next().await, a);
+        // Queued again while being synced: held back until done, then handed out again.
+        queue.add(a.clone());
+        assert_eq!(queue.next().await, b);
+        assert!(
+            queue
+                .state
+                .lock()
+                .map(|s| s.order.is_empty())
+                .unwrap_or(false)
+        );
+        queue.done(&a);
+        assert_eq!(queue.next().await, a);
+        queue.done(&a);
+        queue.done(&b);
+        assert!(
+            queue
+                .state
+                .lock()
+                .map(|s| s.order.is_empty() && s.dirty.is_empty())
+                .unwrap_or(false)
+        );
+    }
 }
