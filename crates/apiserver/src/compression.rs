@@ -9,16 +9,10 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
 
-use crate::request::{Body, full};
+use crate::request::{Body, Compressible, full};
 
 /// Responses larger than this are compressed (upstream's `defaultGzipThresholdBytes`).
 pub const THRESHOLD: u64 = 128 * 1024;
-
-/// Marks a response written by the API's own writers (objects, lists, Tables, `Status`,
-/// discovery): upstream compresses those; proxied responses, watches and the OpenAPI
-/// documents are not marked.
-#[derive(Debug, Clone, Copy)]
-pub struct Compressible;
 
 /// Upstream's `negotiateContentEncoding`: a `gzip` token in the (first) `Accept-Encoding`
 /// header, without parameters.

@@ -177,6 +177,12 @@ pub fn json_bytes(value: &Value, pretty: bool) -> Bytes {
     }
 }
 
+/// Marks a response written by the API's own writers (objects, lists, Tables, `Status`,
+/// discovery): upstream compresses those (`crate::compression`); proxied responses, watches
+/// and the OpenAPI documents are not marked.
+#[derive(Debug, Clone, Copy)]
+pub struct Compressible;
+
 /// A response with the headers every API response carries.
 pub fn response(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
     let mut response = Response::new(body);
@@ -187,9 +193,7 @@ pub fn response(status: StatusCode, content_type: &'static str, body: Body) -> R
         header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache, private"),
     );
-    response
-        .extensions_mut()
-        .insert(crate::compression::Compressible);
+    response.extensions_mut().insert(Compressible);
     response
 }
 

@@ -15,14 +15,10 @@ use bytes::{Buf, BytesMut};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::Bench;
-use crate::watch::{Chunked, Dialer};
-
-/// A connection, TLS or plain.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+use crate::watch::{Chunked, Dialer, Io};
 
 /// How long one exchange may take before the client gives up on it (watches included).
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -25,6 +25,10 @@ use tower::{ServiceBuilder, ServiceExt};
 use crate::process::Ticks;
 use crate::{Bench, histogram, latency_json, service};
 
+/// A connection, TLS or plain.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 type Request = http::Request<Empty<Bytes>>;
 
 /// Opens connections to the server of a kubeconfig, with its TLS settings and credentials.
@@ -78,7 +82,7 @@ impl Dialer {
     }
 
     /// A connection to the server (TLS when the server URL is https).
-    pub async fn connect(&self) -> anyhow::Result<Box<dyn crate::abuse::Io>> {
+    pub async fn connect(&self) -> anyhow::Result<Box<dyn Io>> {
         let tcp = tokio::net::TcpStream::connect(&self.address)
             .await
             .with_context(|| format!("connecting to {}", self.address))?;

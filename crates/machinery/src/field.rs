@@ -2,7 +2,16 @@
 
 use serde_json::Value;
 
-use crate::status::Cause;
+/// One entry of `details.causes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// `reason` (a `CauseType` such as `FieldValueInvalid`); empty is omitted.
+    pub reason: String,
+    /// Human-readable text.
+    pub message: String,
+    /// The field path; empty is omitted.
+    pub field: String,
+}
 
 /// A field's path, put into words only when an error names it (upstream's `field.Path`):
 /// `FieldPath::root("subsets").index(0).child("addresses")` reads `subsets[0].addresses`.

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::field::FieldErrors;
+use crate::field::{Cause, FieldErrors};
 use capstan_gostd::quote;
 
 /// `metav1.StatusReason` values Capstan produces.
@@ -70,17 +70,6 @@ impl Reason {
             Reason::ServiceUnavailable => "ServiceUnavailable",
         }
     }
-}
-
-/// One entry of `details.causes`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cause {
-    /// `reason` (a `CauseType` such as `FieldValueInvalid`); empty is omitted.
-    pub reason: String,
-    /// Human-readable text.
-    pub message: String,
-    /// The field path; empty is omitted.
-    pub field: String,
 }
 
 /// `metav1.StatusDetails`; empty members are omitted on the wire.

@@ -20,8 +20,6 @@ use crate::service_pods::{Labels, Selection, ServicePods, TriggerTimes};
 
 pub(crate) use subsets::{build_subsets, repack};
 
-/// The most addresses an Endpoints holds (upstream's `maxCapacity`).
-const MAX_ADDRESSES: usize = 1000;
 const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
 const MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
 const HEADLESS: &str = "service.kubernetes.io/headless";

@@ -10,8 +10,10 @@ use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, ObjectReference, Pod, ServicePort, ServiceSpec,
 };
 
-use super::MAX_ADDRESSES;
 use crate::service_pods::{canonical, target_port};
+
+/// The most addresses an Endpoints holds (upstream's `maxCapacity`).
+const MAX_ADDRESSES: usize = 1000;
 
 /// One address as the repack sees it: ip, target uid, the address, ready.
 type Entry = (String, String, EndpointAddress, bool);

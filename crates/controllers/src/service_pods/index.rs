@@ -6,8 +6,10 @@ use std::sync::Arc;
 use capstan_machinery::hash::{HashMap, HashSet};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::Labels;
 use crate::runtime::Key;
+
+/// Labels (and selectors): `map[string]string`.
+pub(crate) type Labels = BTreeMap<String, String>;
 
 /// What the watches have shown of selectors and pods, so that a pod change finds the Services
 /// that select (or selected) it without testing every selector of the namespace, and a sync

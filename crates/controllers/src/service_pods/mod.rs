@@ -7,7 +7,6 @@
 mod index;
 mod pods;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
@@ -20,10 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use crate::runtime::{Informer, Key, Progress, WorkQueue, key_of};
 
 use index::Index;
+pub(crate) use index::Labels;
 pub(crate) use pods::{canonical, pod_view_of_json, ready_condition, target_port};
-
-/// Labels (and selectors): `map[string]string`.
-pub(crate) type Labels = BTreeMap<String, String>;
 
 /// At most this many decoded Services are kept: the two controllers' syncs of a change come
 /// within milliseconds of each other, and a few hundred decoded Services are well under a

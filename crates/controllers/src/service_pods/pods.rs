@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodSpec, PodStatus, ServicePort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::Labels;
+use super::index::Labels;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The view of a decoded pod ([`pod_view_of_json`]'s tests check it decodes the same).

@@ -50,7 +50,7 @@ impl Registry {
                 name: name.to_string(),
                 group: gr.group.to_string(),
                 kind: gr.resource.to_string(),
-                causes: vec![capstan_machinery::status::Cause {
+                causes: vec![capstan_machinery::field::Cause {
                     reason: capstan_machinery::status::NAMESPACE_TERMINATING.into(),
                     message: format!("namespace {namespace} is being terminated"),
                     field: "metadata.namespace".into(),

@@ -354,7 +354,7 @@ impl Registry {
             if let Some(details) = error.details.as_mut() {
                 details.causes = conflicts
                     .iter()
-                    .map(|c| capstan_machinery::status::Cause {
+                    .map(|c| capstan_machinery::field::Cause {
                         reason: "FieldManagerConflict".into(),
                         message: format!("conflict with {}", c.manager),
                         field: c.field.clone(),

@@ -1,5 +1,6 @@
 //! core/v1 Service.
 
+mod allocate;
 mod allocator;
 mod bitmap;
 mod cluster_ips;
