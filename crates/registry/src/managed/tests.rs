@@ -5,16 +5,13 @@ use super::*;
 use crate::current::Current;
 use crate::detached::Detached;
 
-fn service_schema() -> Option<&'static Value> {
-    capstan_machinery::testdata::service()
-}
+use capstan_machinery::testdata::{self, ENDPOINT_SLICE, service as service_schema};
+use k8s_openapi::api::core::v1::Service;
 
-static SERVICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::core::v1::Service>(
-    &capstan_machinery::testdata::SERVICE,
-    "io.k8s.api.core.v1.Service",
-)
-.with_status()
-.zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
+static SERVICE: ResourceInfo =
+    ResourceInfo::of::<Service>(&testdata::SERVICE, "io.k8s.api.core.v1.Service")
+        .with_status()
+        .zero(r#"{"metadata":{"creationTimestamp":null},"spec":{},"status":{"loadBalancer":{}}}"#);
 
 fn tracking(subresource: Subresource) -> Tracking {
     Tracking::new(&SERVICE, service_schema(), subresource)
@@ -570,10 +567,10 @@ mod from_current {
             )
     }
 
-    static SLICE: ResourceInfo = ResourceInfo::of::<k8s_openapi::api::discovery::v1::EndpointSlice>(
-        &capstan_machinery::testdata::ENDPOINT_SLICE,
-        "io.k8s.api.discovery.v1.EndpointSlice",
-    );
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    const SLICE_SCHEMA: &str = "io.k8s.api.discovery.v1.EndpointSlice";
+    static SLICE: ResourceInfo =
+        ResourceInfo::of::<EndpointSlice>(&super::ENDPOINT_SLICE, SLICE_SCHEMA);
 
     /// Entries owning a slice's atomic lists: none, the writing manager's alone, another's
     /// alone, both, or two of the writer's (the lists are compared last only when the writer's
