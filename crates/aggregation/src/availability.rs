@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use capstan_controllers::runtime::{Backoff, Controller, Informer, WorkQueue};
+use capstan_controllers::runtime::{Backoff, Controller, Informer};
 use capstan_resources::discovery::endpointslice::of_service as service_slices;
 
 use crate::backend::{
@@ -85,21 +85,18 @@ impl AvailabilityController {
     /// Runs in background tasks for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::<String>::with_backoff(Backoff {
-            max: Duration::from_secs(30),
-            max_retries: None,
-            ..Backoff::CONTROLLER
-        }));
-        // APIService changes check that APIService.
-        let apiservices = Informer::new(controller.apiservices.clone())
-            .enqueue_changes(queue.clone())
-            .start();
+        // APIService changes check that APIService; failures are retried with exponential
+        // back-off, 5 ms doubling to 30 s. Workers over a per-key queue: a slow probe holds
+        // up only its own APIService.
+        let apiservices = controller.apiservices.clone();
+        let work = Controller::of_kind("apiservice check", apiservices, Backoff::NEVER_DROPPED)
+            .workers(WORKERS);
         // Service and EndpointSlice changes check every APIService that names that Service.
         for (registry, by_label) in [
             (controller.services.clone(), false),
             (controller.slices.clone(), true),
         ] {
-            let (controller, queue) = (controller.clone(), queue.clone());
+            let (controller, queue) = (controller.clone(), work.queue().clone());
             Informer::new(registry)
                 .on_change(move |_, object, _| {
                     let s = &object.selectable;
@@ -119,35 +116,21 @@ impl AvailabilityController {
                 .start();
         }
         // Periodic checks: service-backed APIServices every few seconds, all every 30 s.
-        {
-            let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                let mut last_full = tokio::time::Instant::now();
-                loop {
-                    tokio::time::sleep(REPROBE).await;
-                    let full = last_full.elapsed() >= RESYNC;
-                    if full {
-                        last_full = tokio::time::Instant::now();
-                    }
-                    for apiservice in controller.all() {
-                        if (full || service_ref(&apiservice).is_some())
-                            && let Some(name) = apiservice.metadata.name
-                        {
-                            queue.add(name);
-                        }
-                    }
-                }
-            });
-        }
-        // Workers over a per-key queue: a slow probe holds up only its own APIService.
-        // Failures are retried with exponential back-off, 5 ms doubling to 30 s.
-        Controller::new("apiservice check", queue)
-            .workers(WORKERS)
-            .after([apiservices])
-            .run(move |name: String| {
-                let controller = controller.clone();
-                async move { controller.sync(&name).await }
-            });
+        let (checked, mut last_full) = (controller.clone(), tokio::time::Instant::now());
+        work.every(REPROBE, move || {
+            let full = last_full.elapsed() >= RESYNC;
+            if full {
+                last_full = tokio::time::Instant::now();
+            }
+            let all = checked.all().into_iter();
+            all.filter(|apiservice| full || service_ref(apiservice).is_some())
+                .filter_map(|apiservice| apiservice.metadata.name)
+                .collect()
+        })
+        .run(move |name: String| {
+            let controller = controller.clone();
+            async move { controller.sync(&name).await }
+        });
     }
 
     /// Every APIService's name and spec (what finding the backing Service needs).

@@ -54,19 +54,15 @@ impl Controllers {
                 registry_for(registries, "services")?,
                 registry_for(registries, "pods")?,
             ));
-            let endpoints =
-                EndpointsController::new(shared.clone(), registry_for(registries, "endpoints")?)
-                    .with_workers(self.workers.0);
-            let slices = EndpointSliceController::new(
-                shared.clone(),
-                registry_for(registries, "endpointslices")?,
-                registry_for(registries, "nodes")?,
-                self.max_endpoints_per_slice,
-            )
-            .with_workers(self.workers.1);
-            let synced = shared.start(group, vec![endpoints.queue(), slices.queue()])?;
-            endpoints.start(group, synced.clone())?;
-            slices.start(group, synced)?;
+            let endpoints = registry_for(registries, "endpoints")?;
+            EndpointsController::new(shared.clone(), endpoints, self.workers.0).start(group)?;
+            let slices = registry_for(registries, "endpointslices")?;
+            let nodes = registry_for(registries, "nodes")?;
+            let max = self.max_endpoints_per_slice;
+            EndpointSliceController::new(shared.clone(), (slices, nodes), max, self.workers.1)
+                .start(group)?;
+            // After its subscribers: each is fed from the first event on.
+            shared.start(group)?;
         }
         let this = self.clone();
         group.spawn("controllers", async move {

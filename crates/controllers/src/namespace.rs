@@ -13,7 +13,7 @@ use capstan_resources::core::namespace::FINALIZER;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::runtime::{Backoff, Controller, Informer, WorkQueue};
+use crate::runtime::{Backoff, Controller};
 
 /// How often terminating namespaces are looked at again (content that waits on its own
 /// finalizers or grace periods).
@@ -44,35 +44,23 @@ impl NamespaceController {
     /// Runs in background tasks for the life of the process.
     pub fn start(self) {
         let controller = Arc::new(self);
-        let queue = Arc::new(WorkQueue::<String>::with_backoff(Backoff {
-            max: Duration::from_secs(30),
-            max_retries: None,
-            ..Backoff::CONTROLLER
-        }));
-        let namespaces = Informer::new(controller.namespaces.clone())
-            .enqueue_changes(queue.clone())
-            .start();
-        {
-            let (controller, queue) = (controller.clone(), queue.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(RECHECK).await;
-                    for namespace in controller.namespaces.cached::<Namespace>("") {
-                        if namespace.metadata.deletion_timestamp.is_some()
-                            && let Some(name) = namespace.metadata.name
-                        {
-                            queue.add(name);
-                        }
-                    }
-                }
-            });
-        }
-        Controller::new("namespace deletion", queue)
-            .after([namespaces])
+        let checked = controller.clone();
+        let namespaces = controller.namespaces.clone();
+        Controller::of_kind("namespace deletion", namespaces, Backoff::NEVER_DROPPED)
+            .every(RECHECK, move || checked.deleting())
             .run(move |name: String| {
                 let controller = controller.clone();
                 async move { controller.sync(&name).await.map_err(|e| e.message) }
             });
+    }
+
+    /// The namespaces being deleted.
+    fn deleting(&self) -> Vec<String> {
+        let namespaces = self.namespaces.cached::<Namespace>("").into_iter();
+        namespaces
+            .filter(|namespace| namespace.metadata.deletion_timestamp.is_some())
+            .filter_map(|namespace| namespace.metadata.name)
+            .collect()
     }
 
     /// One pass over a namespace: nothing to do unless it is being deleted. A namespace

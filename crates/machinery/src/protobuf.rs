@@ -371,7 +371,7 @@ mod tests {
         let unknown = [field(1, &type_meta), field(2, &service)].concat();
         let body = [MAGIC.to_vec(), unknown].concat();
         let (version, kind, object) =
-            decode(&body, crate::testdata::SERVICE.protobuf).expect("decodes");
+            decode(&body, crate::testdata::SERVICE.messages()).expect("decodes");
         assert_eq!((version.as_str(), kind.as_str()), ("v1", "Service"));
         assert_eq!(
             object,
@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(decode(b"k8s\x00\xff\xff\xff", crate::testdata::SERVICE.protobuf).is_err());
+        assert!(decode(b"k8s\x00\xff\xff\xff", crate::testdata::SERVICE.messages()).is_err());
         assert!(decode(b"nope", None).is_err());
     }
 }

@@ -3,27 +3,24 @@
 //! their groups' folders in `capstan-resources` (`testdata/`), so those tests need no group.
 
 use crate::GroupVersionData;
-use crate::protobuf::Messages;
 
 /// core/v1 Service's part of its group's data.
-pub static SERVICE: GroupVersionData = GroupVersionData {
-    openapi_path: "api/v1",
-    openapi: include_bytes!("../testdata/service-openapi.json"),
-    protobuf: Some(Messages {
-        api_version: "v1",
-        package: "k8s.io.api.core.v1",
-        table: include_bytes!("../testdata/service-protobuf.json"),
-    }),
-    member_order: include_str!("../testdata/service-member-order.txt"),
-};
+pub static SERVICE: GroupVersionData = GroupVersionData::new(
+    "api/v1",
+    include_bytes!("../testdata/service-openapi.json"),
+    include_str!("../testdata/service-member-order.txt"),
+)
+.with_protobuf(
+    "k8s.io.api.core.v1",
+    include_bytes!("../testdata/service-protobuf.json"),
+);
 
 /// discovery/v1 EndpointSlice's part of its group's data (JSON only).
-pub static ENDPOINT_SLICE: GroupVersionData = GroupVersionData {
-    openapi_path: "apis/discovery.k8s.io/v1",
-    openapi: include_bytes!("../testdata/endpointslice-openapi.json"),
-    protobuf: None,
-    member_order: include_str!("../testdata/endpointslice-member-order.txt"),
-};
+pub static ENDPOINT_SLICE: GroupVersionData = GroupVersionData::new(
+    "apis/discovery.k8s.io/v1",
+    include_bytes!("../testdata/endpointslice-openapi.json"),
+    include_str!("../testdata/endpointslice-member-order.txt"),
+);
 
 /// The Service definition.
 pub fn service() -> Option<&'static serde_json::Value> {

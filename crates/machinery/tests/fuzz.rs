@@ -55,8 +55,8 @@ proptest! {
     fn protobuf_bodies_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let mut body = b"k8s\x00".to_vec();
         body.extend_from_slice(&bytes);
-        let _ = protobuf::decode(&body, SERVICE.protobuf);
-        let _ = protobuf::decode(&bytes, SERVICE.protobuf);
+        let _ = protobuf::decode(&body, SERVICE.messages());
+        let _ = protobuf::decode(&bytes, SERVICE.messages());
     }
 
     #[test]

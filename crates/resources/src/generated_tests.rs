@@ -119,3 +119,24 @@ fn the_same_name_in_two_groups_keeps_each_groups_order() {
         r#"{"name":"p","protocol":"TCP","port":80}"#
     );
 }
+
+#[test]
+fn every_group_but_apiregistration_takes_protobuf_bodies() {
+    for kind in crate::registered(std::sync::Arc::new(test_services())) {
+        let info = kind.info();
+        let messages = info.data.messages();
+        assert_eq!(
+            messages.is_some(),
+            info.group != "apiregistration.k8s.io",
+            "{}",
+            info.kind
+        );
+        if let Some(messages) = messages {
+            let version = match info.group {
+                "" => info.version.to_string(),
+                group => format!("{group}/{}", info.version),
+            };
+            assert_eq!(messages.api_version, version, "{}", info.kind);
+        }
+    }
+}

@@ -32,7 +32,7 @@ pub(super) async fn decode_body(
             })
             .map_err(|e| format!("json parse error: {e}")),
         BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
-        BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes, info.data.protobuf)
+        BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes, info.data.messages())
             .map(|(_, _, object)| object),
     };
     let unrecognized = |detail: String| {

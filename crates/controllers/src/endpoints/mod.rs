@@ -15,7 +15,7 @@ use capstan_registry::{DeleteOptions, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::runtime::{Controller, Informer, Key, Progress, WorkQueue, key_of};
+use crate::runtime::{Controller, Informer, Key, WorkQueue, key_of};
 use crate::service_pods::{Labels, Selection, ServicePods, TriggerTimes};
 
 pub(crate) use subsets::{build_subsets, repack};
@@ -26,9 +26,6 @@ const HEADLESS: &str = "service.kubernetes.io/headless";
 const MANAGER: &str = "kube-controller-manager";
 const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-
-/// How many Services are synced at once (`--concurrent-endpoint-syncs`).
-const WORKERS: usize = 5;
 
 /// Keeps Endpoints in step with Services and Pods.
 pub struct EndpointsController {
@@ -48,34 +45,25 @@ enum SyncError {
 }
 
 impl EndpointsController {
-    /// A controller of `endpoints`, reading Services and Pods through `shared`.
-    pub fn new(shared: Arc<ServicePods>, endpoints: Arc<Registry>) -> Self {
+    /// A controller of `endpoints`, reading Services and Pods through `shared`, syncing up to
+    /// `workers` Services at once (upstream's `--concurrent-endpoint-syncs`; at least one).
+    pub fn new(shared: Arc<ServicePods>, endpoints: Arc<Registry>, workers: usize) -> Self {
+        let queue = Arc::new(WorkQueue::default());
+        shared.subscribe(queue.clone());
         EndpointsController {
             shared,
             endpoints,
-            queue: Arc::new(WorkQueue::default()),
+            queue,
             triggers: TriggerTimes::default(),
-            workers: WORKERS,
+            workers: workers.max(1),
         }
-    }
-
-    /// How many Services it syncs at once (upstream's `--concurrent-endpoint-syncs`; at
-    /// least one).
-    pub fn with_workers(mut self, workers: usize) -> Self {
-        self.workers = workers.max(1);
-        self
-    }
-
-    /// Its queue, which the shared Service and Pod informers feed.
-    pub fn queue(&self) -> Arc<WorkQueue<Key>> {
-        self.queue.clone()
     }
 
     /// Runs until `group` stops, on a thread of its own (`ep-controller`), as upstream's runs
     /// in its own process: its work never queues behind API requests on the server's workers,
-    /// and its CPU use can be read per thread. Syncs start once the shared informers
-    /// (`shared_synced`) and its Endpoints informer have listed what exists.
-    pub fn start(self, group: &crate::Group, shared_synced: [Progress; 2]) -> std::io::Result<()> {
+    /// and its CPU use can be read per thread. Syncs start once the shared informers and its
+    /// Endpoints informer have listed what exists.
+    pub fn start(self, group: &crate::Group) -> std::io::Result<()> {
         let runtime = group.runtime("ep-controller")?;
         let _on = runtime.enter();
         let controller = Arc::new(self);
@@ -101,7 +89,13 @@ impl EndpointsController {
         // and others proceed meanwhile; one key is never synced twice at once.
         Controller::new("endpoints sync", controller.queue.clone())
             .workers(controller.workers)
-            .after(shared_synced.into_iter().chain([endpoints_synced]))
+            .after(
+                controller
+                    .shared
+                    .synced()
+                    .into_iter()
+                    .chain([endpoints_synced]),
+            )
             .run(move |key: Key| {
                 let controller = controller.clone();
                 async move { controller.sync(&key.0, &key.1).await }

@@ -24,9 +24,6 @@ use crate::service_pods::{Selection, ServicePods, TriggerTimes};
 pub(crate) use reconcile::{EndpointKey, endpoint_key, equal_beyond_key};
 use reconcile::{Inputs, Plan, reconcile};
 
-/// How many Services are synced at once (`--concurrent-service-endpoint-syncs`).
-const WORKERS: usize = 5;
-
 /// Keeps the EndpointSlices of every selector Service: what it knows of nodes and of its own
 /// slices, its queue, and the writes.
 pub struct EndpointSliceController {
@@ -78,51 +75,42 @@ struct SliceMetaFields {
 }
 
 impl EndpointSliceController {
-    /// A controller of `slices`, at most `max_per_slice` endpoints a slice (1–1000), with
-    /// zones from `nodes`, reading Services and Pods through `shared`.
+    /// A controller of `slices`, reading Services and Pods through `shared` and zones from
+    /// `nodes`: at most `max_per_slice` endpoints a slice (1–1000), up to `workers` Services
+    /// synced at once (upstream's `--concurrent-service-endpoint-syncs`; at least one).
     pub fn new(
         shared: Arc<ServicePods>,
-        slices: Arc<Registry>,
-        nodes: Arc<Registry>,
+        (slices, nodes): (Arc<Registry>, Arc<Registry>),
         max_per_slice: usize,
+        workers: usize,
     ) -> Self {
+        let queue = Arc::new(WorkQueue::with_backoff(Backoff::ENDPOINT_SLICES));
+        shared.subscribe(queue.clone());
         EndpointSliceController {
             shared,
             slices,
             nodes,
             max: max_per_slice.clamp(1, 1000),
             state: std::sync::Mutex::new(SliceState::default()),
-            queue: Arc::new(WorkQueue::with_backoff(Backoff::ENDPOINT_SLICES)),
+            queue,
             own: Default::default(),
             triggers: TriggerTimes::default(),
-            workers: WORKERS,
+            workers: workers.max(1),
         }
-    }
-
-    /// How many Services it syncs at once (upstream's `--concurrent-service-endpoint-syncs`;
-    /// at least one).
-    pub fn with_workers(mut self, workers: usize) -> Self {
-        self.workers = workers.max(1);
-        self
-    }
-
-    /// Its queue, which the shared Service and Pod informers feed.
-    pub fn queue(&self) -> Arc<WorkQueue<Key>> {
-        self.queue.clone()
     }
 
     /// Runs until `group` stops, on a thread of its own (`eps-controller`), as upstream's
     /// runs apart from the endpoints controller, so neither waits for the other's writes.
-    /// Syncs start once the shared informers (`shared_synced`) and its node and slice
-    /// informers have listed what exists.
-    pub fn start(self, group: &crate::Group, shared_synced: [Progress; 2]) -> std::io::Result<()> {
+    /// Syncs start once the shared informers and its node and slice informers have listed
+    /// what exists.
+    pub fn start(self, group: &crate::Group) -> std::io::Result<()> {
         let runtime = group.runtime("eps-controller")?;
         let _on = runtime.enter();
         let controller = Arc::new(self);
         let own = controller.follow();
         Controller::new("endpointslice sync", controller.queue.clone())
             .workers(controller.workers)
-            .after(shared_synced.into_iter().chain(own))
+            .after(controller.shared.synced().into_iter().chain(own))
             .run(move |key: Key| {
                 let controller = controller.clone();
                 async move { controller.sync_service(&key).await }

@@ -103,6 +103,14 @@ impl Informer {
     /// handlers have got.
     pub fn start(self) -> Progress {
         let (progress, seen) = tokio::sync::watch::channel(None);
+        self.start_reporting(progress);
+        seen
+    }
+
+    /// Runs on the current runtime's tasks for the life of that runtime, telling `progress`
+    /// how far its handlers have got (for a caller that hands out the [`Progress`] before the
+    /// informer starts).
+    pub fn start_reporting(self, progress: tokio::sync::watch::Sender<Option<Revision>>) {
         let advance = move |revision| {
             progress.send_if_modified(|r: &mut Option<Revision>| {
                 let later = r.is_none_or(|r| revision > r);
@@ -146,6 +154,5 @@ impl Informer {
                 tokio::time::sleep(REWATCH_DELAY).await;
             }
         });
-        seen
     }
 }

@@ -31,32 +31,41 @@ pub struct Backoff {
 impl Backoff {
     /// client-go's `DefaultControllerRateLimiter` item limiter (5 ms doubling to 1,000 s), with
     /// the endpoints controller's 15 retries.
-    pub const CONTROLLER: Backoff = Backoff {
-        base: Duration::from_millis(5),
-        max: Duration::from_secs(1000),
-        max_retries: Some(15),
-    };
+    pub const CONTROLLER: Backoff = Backoff::new(ms(5), secs(1000), Some(15));
 
     /// The EndpointSlice controller's service queue (`defaultSyncBackOff` 1 s doubling to
     /// `maxSyncBackOff` 1,000 s, 15 retries).
-    pub const ENDPOINT_SLICES: Backoff = Backoff {
-        base: Duration::from_secs(1),
-        max: Duration::from_secs(1000),
-        max_retries: Some(15),
-    };
+    pub const ENDPOINT_SLICES: Backoff = Backoff::new(secs(1), secs(1000), Some(15));
 
     /// The EndpointSlice mirroring controller's queue (1 s doubling to 100 s, 15 retries).
-    pub const MIRRORING: Backoff = Backoff {
-        base: Duration::from_secs(1),
-        max: Duration::from_secs(100),
-        max_retries: Some(15),
-    };
+    pub const MIRRORING: Backoff = Backoff::new(secs(1), secs(100), Some(15));
+
+    /// For a controller whose keys must converge however long it takes (namespace deletion,
+    /// APIService availability): 5 ms doubling to 30 s, never dropped.
+    pub const NEVER_DROPPED: Backoff = Backoff::new(ms(5), secs(30), None);
+
+    /// Delays from `base` doubling to `max`; a key is dropped after `max_retries` retries.
+    pub const fn new(base: Duration, max: Duration, max_retries: Option<u32>) -> Self {
+        Backoff {
+            base,
+            max,
+            max_retries,
+        }
+    }
 
     /// The delay before retry number `failures` (1-based).
     pub fn delay(&self, failures: u32) -> Duration {
         let exponent = failures.saturating_sub(1).min(30);
         self.base.saturating_mul(1u32 << exponent).min(self.max)
     }
+}
+
+const fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+const fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
 }
 
 pub(crate) struct QueueState<K> {

@@ -13,6 +13,7 @@ use capstan_machinery::ApiError;
 use capstan_machinery::hash::{HashMap, HashMapExt};
 use capstan_registry::Registry;
 use capstan_registry::cache::{ByRevision, EventType};
+use capstan_storage::Revision;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -36,6 +37,10 @@ pub struct ServicePods {
     /// read at: both controllers sync a changed Service, and a pod's change syncs its Services
     /// again, from the same revision.
     read: ByRevision<Arc<Service>>,
+    /// The controllers' queues, each fed every Service change that matters.
+    subscribers: Mutex<Vec<Arc<WorkQueue<Key>>>>,
+    /// How far the Service and Pod informers have got (told once they run).
+    progress: [(tokio::sync::watch::Sender<Option<Revision>>, Progress); 2],
 }
 
 /// What a sync found for its Service.
@@ -56,7 +61,22 @@ impl ServicePods {
             pods,
             index: Mutex::new(Index::default()),
             read: ByRevision::new(KEPT_SERVICES),
+            subscribers: Mutex::new(Vec::new()),
+            progress: [(); 2].map(|()| tokio::sync::watch::channel(None)),
         }
+    }
+
+    /// Feeds `queue` every Service change that matters (to subscribe before [`Self::start`]).
+    pub(crate) fn subscribe(&self, queue: Arc<WorkQueue<Key>>) {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(queue);
+    }
+
+    /// How far the Service and Pod informers have got: a controller's workers wait for both.
+    pub(crate) fn synced(&self) -> [Progress; 2] {
+        [self.progress[0].1.clone(), self.progress[1].1.clone()]
     }
 
     /// The pod/selector index, locked (a lock poisoned by a panicking holder is taken over).
@@ -66,19 +86,16 @@ impl ServicePods {
 
     /// Runs the two informers on a thread of their own (`svc-pod-informers`) until `group`
     /// stops: every Service change, and every pod change that matters to a Service, queues
-    /// that Service on each of `queues`. Answers their progress (Services, then Pods).
-    pub fn start(
-        self: &Arc<Self>,
-        group: &crate::Group,
-        queues: Vec<Arc<WorkQueue<Key>>>,
-    ) -> std::io::Result<[Progress; 2]> {
+    /// that Service for each subscriber.
+    pub fn start(self: &Arc<Self>, group: &crate::Group) -> std::io::Result<()> {
         let runtime = group.runtime("svc-pod-informers")?;
         let _on = runtime.enter();
-        let (services, pods) = self.run(&Arc::new(queues));
-        Ok([services, pods])
+        let queues = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        self.run(&Arc::new(queues.clone()));
+        Ok(())
     }
 
-    fn run(self: &Arc<Self>, queues: &Arc<Vec<Arc<WorkQueue<Key>>>>) -> (Progress, Progress) {
+    fn run(self: &Arc<Self>, queues: &Arc<Vec<Arc<WorkQueue<Key>>>>) {
         let wake = |queues: &Arc<Vec<Arc<WorkQueue<Key>>>>, keys: Vec<Key>| {
             for key in keys {
                 for queue in queues.iter() {
@@ -91,7 +108,7 @@ impl ServicePods {
         // before a watch restart and not replayed were deleted meanwhile.
         let (on_change, on_replayed) = (self.clone(), self.clone());
         let (change_queues, replay_queues) = (queues.clone(), queues.clone());
-        let services = Informer::new(self.services.clone())
+        Informer::new(self.services.clone())
             .on_change(move |kind, object, _| {
                 // Only the selector is decoded, found without reading the rest.
                 let selector = (kind != EventType::Deleted)
@@ -108,12 +125,12 @@ impl ServicePods {
                 let gone = on_replayed.index().forget_services_except(seen);
                 wake(&replay_queues, gone);
             })
-            .start();
+            .start_reporting(self.progress[0].0.clone());
         // Pods: a change wakes the Services whose selector matches the pod's labels now or
         // matched them before. Pods indexed before a restart and not replayed are gone.
         let (on_change, on_replayed) = (self.clone(), self.clone());
         let (change_queues, replay_queues) = (queues.clone(), queues.clone());
-        let pods = Informer::new(self.pods.clone())
+        Informer::new(self.pods.clone())
             .on_change(move |kind, object, _| {
                 let s = &object.selectable;
                 let view = (kind != EventType::Deleted)
@@ -127,8 +144,7 @@ impl ServicePods {
                 let keys = on_replayed.index().forget_pods_except(seen);
                 wake(&replay_queues, keys);
             })
-            .start();
-        (services, pods)
+            .start_reporting(self.progress[1].0.clone());
     }
 
     /// The Service as the Service watch last showed it (upstream's controller reads its

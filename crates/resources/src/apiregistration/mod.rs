@@ -7,9 +7,8 @@ use capstan_machinery::GroupVersionData;
 
 /// apiregistration.k8s.io/v1's OpenAPI document and member order (its bodies are JSON or
 /// YAML: Capstan has no protobuf table for it).
-pub static V1: GroupVersionData = GroupVersionData {
-    openapi_path: "apis/apiregistration.k8s.io/v1",
-    openapi: include_bytes!("openapi.json"),
-    protobuf: None,
-    member_order: include_str!("member_order.txt"),
-};
+pub static V1: GroupVersionData = GroupVersionData::new(
+    "apis/apiregistration.k8s.io/v1",
+    include_bytes!("openapi.json"),
+    include_str!("member_order.txt"),
+);
