@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod pki;
 pub mod remote;
 pub mod request;
+pub mod request_info;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +27,7 @@ use hyper::body::Incoming;
 
 use crate::handlers::{Call, ResourceRequest};
 use crate::request::{Body, Query, document_response, text_response};
+use crate::request_info::RequestInfo;
 
 /// The API server's state.
 pub struct ApiServer {
@@ -109,15 +111,16 @@ impl ApiServer {
             .is_some_and(|token| constant_time_eq(token.as_bytes(), self.token.as_bytes()))
     }
 
-    /// Handles one request: its deadline (400 for a malformed `timeout`, 504 when it runs
-    /// out), authentication, admission against the in-flight limits (429), then routing. A
-    /// panic answers 500 instead of taking the connection down.
+    /// Handles one request: what it is ([`RequestInfo`], worked out once), its deadline (400
+    /// for a malformed `timeout`, 504 when it runs out), authentication, admission against
+    /// the in-flight limits (429), then routing. A panic answers 500 instead of taking the
+    /// connection down.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
         use futures_util::FutureExt;
         let query = Query::parse(request.uri().query());
-        let class = limits::classify(request.method(), request.uri().path(), &query);
-        let mut response = if class.long_running {
-            std::panic::AssertUnwindSafe(self.route(request, query, None))
+        let info = RequestInfo::new(request.method(), request.uri().path(), &query);
+        let mut response = if info.long_running() {
+            std::panic::AssertUnwindSafe(self.route(request, info, query, None))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| panicked())
@@ -128,8 +131,9 @@ impl ApiServer {
                     let deadline = tokio::time::Instant::now() + timeout;
                     let routed = std::panic::AssertUnwindSafe(self.route(
                         request,
+                        info,
                         query,
-                        Some((class, deadline)),
+                        Some(deadline),
                     ))
                     .catch_unwind();
                     let mut response = match tokio::time::timeout_at(deadline, routed).await {
@@ -149,39 +153,33 @@ impl ApiServer {
         response
     }
 
-    /// Routes an authenticated request. `admission` is the class and deadline of a request
-    /// that takes an in-flight slot (none for long-running ones); the slot is held until the
-    /// response body has been sent.
+    /// Routes an authenticated request. `deadline` is that of a request that takes an
+    /// in-flight slot (none for long-running ones); the slot is held until the response body
+    /// has been sent.
     async fn route(
         self: Arc<Self>,
         request: Request<Incoming>,
+        info: RequestInfo,
         query: Query,
-        admission: Option<(limits::RequestClass, tokio::time::Instant)>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Response<Body> {
-        let path = request.uri().path().to_string();
-        let public = matches!(
-            path.as_str(),
-            "/version" | "/healthz" | "/livez" | "/readyz"
-        ) || path.starts_with("/healthz/")
-            || path.starts_with("/livez/")
-            || path.starts_with("/readyz/");
-        if !public && !self.authenticated(&request) {
+        if !info.public() && !self.authenticated(&request) {
             return request::negotiated_error(&ApiError::unauthorized(), request.headers(), &query);
         }
-        let permit = match admission.map(|(class, _)| self.in_flight.admit(class)) {
+        let permit = match deadline.map(|_| self.in_flight.admit(&info)) {
             Some(Err(limits::Overloaded)) => return limits::too_many_requests(),
             Some(Ok(permit)) => permit,
             None => None,
         };
         let permit = permit.map(Arc::new);
         let admitted = limits::Admission {
-            deadline: admission.map(|(_, deadline)| deadline),
+            deadline,
             slot: permit.clone(),
         };
         let gzip = self.compression && compression::accepts_gzip(request.headers());
         let response = self
             .clone()
-            .serve_route(request, path, query, admitted)
+            .serve_route(request, info, query, admitted)
             .await;
         let response = if gzip {
             compression::compress(response).await
@@ -197,10 +195,11 @@ impl ApiServer {
     async fn serve_route(
         self: Arc<Self>,
         request: Request<Incoming>,
-        path: String,
+        info: RequestInfo,
         query: Query,
         admission: limits::Admission,
     ) -> Response<Body> {
+        let path = info.path.clone();
         if let Some(response) = self.health(&path, &query).await {
             return response;
         }
@@ -261,13 +260,11 @@ impl ApiServer {
         }
         if let Some(rest) = path.strip_prefix("/apis/") {
             return self
-                .group_request(rest, request, query, pretty, admission)
+                .group_request(rest, &info, request, query, pretty, admission)
                 .await;
         }
-        if let Some(rest) = path.strip_prefix("/api/v1/") {
-            return self
-                .resource("", "v1", rest, request, query, admission)
-                .await;
+        if path.starts_with("/api/v1/") {
+            return self.resource(&info, request, query, admission).await;
         }
         // Under `/api` upstream's router (go-restful's `/api` web service) answers every other
         // path with the NotFound Status; outside the API, Go's plain 404.
@@ -286,6 +283,7 @@ impl ApiServer {
     async fn group_request(
         &self,
         rest: &str,
+        info: &RequestInfo,
         request: Request<Incoming>,
         query: Query,
         pretty: bool,
@@ -338,22 +336,19 @@ impl ApiServer {
                 pretty,
             );
         }
-        self.resource(group, version, tail, request, query, admission)
-            .await
+        self.resource(info, request, query, admission).await
     }
 
     /// A request under a group/version Capstan serves: to its kind's verb handler, or the
     /// NotFound `Status` when the path names no resource.
     async fn resource(
         &self,
-        group: &str,
-        version: &str,
-        rest: &str,
+        info: &RequestInfo,
         request: Request<Incoming>,
         query: Query,
         admission: limits::Admission,
     ) -> Response<Body> {
-        let Some(resource) = self.resource_request(group, version, rest) else {
+        let Some(resource) = self.resource_request(info) else {
             return request::negotiated_error(
                 &ApiError::resource_not_found(),
                 request.headers(),
@@ -373,63 +368,49 @@ impl ApiServer {
         handlers::handle(resource, call).await
     }
 
-    fn resource_request(&self, group: &str, version: &str, rest: &str) -> Option<ResourceRequest> {
-        let mut parts: Vec<&str> = rest.split('/').collect();
-        if parts.last() == Some(&"") {
-            parts.pop();
+    /// The kind and object a resource request names, when one is served: a known resource of
+    /// the group version, a subresource it has, a namespace only for a namespaced kind (and
+    /// one for a namespaced object).
+    fn resource_request(&self, info: &RequestInfo) -> Option<ResourceRequest> {
+        let parts = &info.parts;
+        let unservable = |p: &String| p.is_empty() || p == "." || p == "..";
+        // Nothing is served through the proxy verb (`/api/v1/proxy/…`).
+        if !info.is_resource_request || info.verb == "proxy" {
+            return None;
         }
-        let mut watch_path = false;
-        if parts.first() == Some(&"watch") {
-            watch_path = true;
-            parts.remove(0);
-        }
-        let mut namespace = String::new();
-        if parts.first() == Some(&"namespaces")
-            && parts.len() >= 3
-            && !matches!(parts[2], "status" | "finalize")
-        {
-            namespace = parts[1].to_string();
-            parts.drain(..2);
-        }
-        if parts.is_empty()
-            || parts.len() > 3
-            || parts
-                .iter()
-                .any(|p| p.is_empty() || *p == "." || *p == "..")
-        {
+        if parts.len() > 3 || parts.iter().any(unservable) {
             return None;
         }
         let registry = self
             .registries
             .iter()
             .find(|r| {
-                let info = r.strategy().info();
-                info.group == group && info.version == version && info.plural == parts[0]
+                let kind = r.strategy().info();
+                (kind.group, kind.version, kind.plural)
+                    == (&info.api_group, &info.api_version, &info.resource)
             })?
             .clone();
-        let info = registry.strategy().info();
-        let name = parts.get(1).map(|s| s.to_string());
-        let subresource = parts.get(2).map(|s| s.to_string());
-        let served = |sub: &str| match sub {
-            "status" => info.has_status,
-            "finalize" => info.has_finalize,
+        let kind = registry.strategy().info();
+        let served = match info.subresource.as_str() {
+            "" => true,
+            "status" => kind.has_status,
+            "finalize" => kind.has_finalize,
             _ => false,
         };
-        if subresource.as_deref().is_some_and(|sub| !served(sub)) {
+        let namespace = info.collection_namespace();
+        if !served || (!kind.namespaced && !namespace.is_empty()) {
             return None;
         }
-        if !info.namespaced && !namespace.is_empty() {
+        if kind.namespaced && namespace.is_empty() && !info.name.is_empty() {
             return None;
         }
-        if info.namespaced && namespace.is_empty() && name.is_some() {
-            return None;
-        }
+        let some = |text: &str| Some(text.to_string()).filter(|t| !t.is_empty());
         Some(ResourceRequest {
             registry,
-            namespace,
-            name,
-            subresource,
-            watch_path,
+            namespace: namespace.to_string(),
+            name: some(&info.name),
+            subresource: some(&info.subresource),
+            info: info.clone(),
         })
     }
 

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capstan_machinery::ApiError;
-use http::{HeaderValue, Method, Response, StatusCode, header};
+use http::{HeaderValue, Response, StatusCode, header};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::request::{Body, Query, text_response};
+use crate::request_info::RequestInfo;
 
 /// The limits a client can run into, with kube-apiserver's defaults.
 #[derive(Debug, Clone)]
@@ -58,76 +59,6 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(34);
 /// objects fit in); the connection window is this times the stream limit.
 pub const HTTP2_STREAM_WINDOW: u32 = 256 * 1024;
 
-/// What the limits need to know about a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestClass {
-    /// A watch (or another streaming verb): no in-flight slot, no deadline.
-    pub long_running: bool,
-    /// Not a get, list or watch: counted against the mutating limit.
-    pub mutating: bool,
-    /// A health probe: never refused for load.
-    pub exempt: bool,
-}
-
-/// Classifies a request as upstream's `RequestInfoFactory` and long-running check do.
-pub fn classify(method: &Method, path: &str, query: &Query) -> RequestClass {
-    let exempt = ["/healthz", "/livez", "/readyz"]
-        .iter()
-        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')));
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let resource_parts = match segments.as_slice() {
-        ["api", _version, rest @ ..] => Some(rest),
-        ["apis", _group, _version, rest @ ..] => Some(rest),
-        _ => None,
-    };
-    let verb = match resource_parts {
-        Some(parts) if !parts.is_empty() => resource_verb(method, parts, query),
-        _ => method.as_str().to_ascii_lowercase(),
-    };
-    RequestClass {
-        long_running: matches!(verb.as_str(), "watch" | "proxy"),
-        mutating: !matches!(verb.as_str(), "get" | "list" | "watch"),
-        exempt,
-    }
-}
-
-/// The verb of a resource request, from the path after the group version.
-fn resource_verb(method: &Method, parts: &[&str], query: &Query) -> String {
-    // `/watch/…` is served for GET only (anything else there is a 405, answered at once).
-    if parts.first() == Some(&"watch") && parts.len() >= 2 {
-        return if matches!(*method, Method::GET | Method::HEAD) {
-            "watch".into()
-        } else {
-            "get".into()
-        };
-    }
-    if parts.first() == Some(&"proxy") && parts.len() >= 2 {
-        return "proxy".into();
-    }
-    // `namespaces/<ns>/<resource>[/<name>[/<subresource>]]`, or `<resource>[/<name>[/…]]`.
-    let rest = match parts {
-        // A Namespace's own subresources, not a namespaced collection.
-        ["namespaces", _, "status" | "finalize"] => parts,
-        ["namespaces", _namespace, rest @ ..] if !rest.is_empty() => rest,
-        _ => parts,
-    };
-    let named = rest.len() >= 2;
-    if rest.len() >= 3 && matches!(rest[2], "attach" | "exec" | "proxy" | "log" | "portforward") {
-        return "proxy".into();
-    }
-    match *method {
-        Method::POST => "create".into(),
-        Method::GET | Method::HEAD if named => "get".into(),
-        Method::GET | Method::HEAD if query.flag("watch") == Some(true) => "watch".into(),
-        Method::GET | Method::HEAD => "list".into(),
-        Method::PUT => "update".into(),
-        Method::PATCH => "patch".into(),
-        Method::DELETE if named => "delete".into(),
-        Method::DELETE => "deletecollection".into(),
-        _ => String::new(),
-    }
-}
-
 /// What admission gave a request that is not long-running: its deadline, and its in-flight
 /// slot — shared, so that a write still finishing after its client was answered keeps it.
 #[derive(Debug, Clone, Default)]
@@ -161,11 +92,11 @@ impl InFlight {
 
     /// A slot for the request, `Ok(None)` when it needs none, or [`Overloaded`] when its
     /// pool is full (answer [`too_many_requests`]). Hold the slot until the response is sent.
-    pub fn admit(&self, class: RequestClass) -> Result<Option<OwnedSemaphorePermit>, Overloaded> {
-        if class.long_running || class.exempt {
+    pub fn admit(&self, info: &RequestInfo) -> Result<Option<OwnedSemaphorePermit>, Overloaded> {
+        if info.long_running() || info.health_probe() {
             return Ok(None);
         }
-        let pool = if class.mutating {
+        let pool = if info.mutating() {
             &self.mutating
         } else {
             &self.read_only
@@ -281,32 +212,6 @@ pub async fn finish<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn class(method: Method, uri: &str) -> RequestClass {
-        let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
-        classify(&method, path, &Query::parse(Some(query)))
-    }
-
-    #[test]
-    fn watches_are_long_running_and_writes_mutating() {
-        assert!(class(Method::GET, "/api/v1/services?watch=true").long_running);
-        assert!(class(Method::GET, "/api/v1/watch/namespaces/a/services").long_running);
-        assert!(!class(Method::PUT, "/api/v1/watch/namespaces/a/services/x").long_running);
-        assert!(!class(Method::GET, "/api/v1/namespaces/x/status?watch=1").long_running);
-        assert!(class(Method::GET, "/apis/metrics.k8s.io/v1beta1/pods?watch=1").long_running);
-        assert!(!class(Method::GET, "/api/v1/services?watch=false").long_running);
-        assert!(!class(Method::GET, "/api/v1/namespaces/a/services/b?watch=true").long_running);
-        assert!(class(Method::GET, "/api/v1/namespaces/a/pods/p/log").long_running);
-        let list = class(Method::GET, "/api/v1/services");
-        assert!(!list.long_running && !list.mutating);
-        assert!(class(Method::POST, "/api/v1/namespaces/a/services").mutating);
-        assert!(class(Method::DELETE, "/api/v1/namespaces/a/services").mutating);
-        assert!(class(Method::PATCH, "/apis/example.com/v1/things/x").mutating);
-        assert!(!class(Method::GET, "/version").mutating);
-        assert!(class(Method::POST, "/version").mutating);
-        assert!(class(Method::GET, "/readyz/etcd").exempt);
-        assert!(!class(Method::GET, "/readyzx").exempt);
-    }
 
     #[test]
     fn the_timeout_parameter_only_shortens() {

@@ -48,8 +48,8 @@ pub struct ResourceRequest {
     pub name: Option<String>,
     /// `status` for the status subresource.
     pub subresource: Option<String>,
-    /// A legacy `/watch/` path.
-    pub watch_path: bool,
+    /// What the request is.
+    pub info: crate::request_info::RequestInfo,
 }
 
 /// Everything a handler reads from the HTTP request.
@@ -122,10 +122,8 @@ pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
 }
 
 async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
-    let is_watch = request.watch_path
-        || (request.name.is_none()
-            && call.method == Method::GET
-            && call.query.flag("watch") == Some(true));
+    let watch_path = request.info.watch_path();
+    let is_watch = watch_path || (request.info.verb == "watch" && call.method == Method::GET);
     let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
         Ok(encoding) => encoding,
         Err(error) => return crate::request::unnegotiated_error(&error),
@@ -146,7 +144,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         return error_response(&ApiError::method_not_allowed(), encoding);
     }
     // The legacy `/watch/` paths are routed for GET only.
-    if request.watch_path && call.method != Method::GET {
+    if watch_path && call.method != Method::GET {
         return error_response(&ApiError::method_not_allowed(), encoding);
     }
     let result = match (&call.method, request.name.as_deref(), is_watch) {
