@@ -246,6 +246,26 @@ impl ResourceInfo {
         self
     }
 
+    /// Upstream's `checkName`: a body's name must be the URL's, and the namespace it names, if
+    /// any, the URL's. Update, patch and apply check their object with it.
+    pub fn check_name(
+        &self,
+        name: &str,
+        namespace: &str,
+        object: &serde_json::Value,
+    ) -> Result<(), capstan_machinery::ApiError> {
+        use capstan_machinery::{ApiError, meta};
+        let sent = meta::name(object);
+        if sent != name {
+            return Err(ApiError::name_mismatch(sent, name));
+        }
+        let sent = meta::namespace(object);
+        if self.namespaced && !sent.is_empty() && sent != namespace {
+            return Err(ApiError::namespace_mismatch());
+        }
+        Ok(())
+    }
+
     /// `<Kind>List`.
     pub fn list_kind(&self) -> String {
         format!("{}List", self.kind)

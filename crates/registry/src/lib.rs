@@ -17,7 +17,7 @@ pub mod typed;
 pub mod watch;
 
 pub use store::{
-    Created, DeleteOptions, DeleteResult, ListOptions, ListResult, MAX_OBJECT_BYTES, ReadAt,
-    Registry, Subresource, WriteOptions,
+    Created, DeleteOptions, DeleteResult, FieldValidation, ListOptions, ListResult,
+    MAX_OBJECT_BYTES, Patch, ReadAt, Registry, Subresource, WriteOptions,
 };
 pub use strategy::{Deleting, DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};

@@ -174,25 +174,6 @@ fn cannot_handle(info: &ResourceInfo, version: &str, kind: &str, why: &str) -> A
     ))
 }
 
-/// Upstream's `checkName`: a body's name must be the URL's, and the namespace it names, if
-/// any, the URL's. Update, patch and apply check their object with it.
-pub(super) fn check_name(
-    info: &ResourceInfo,
-    name: &str,
-    namespace: &str,
-    object: &Value,
-) -> Result<(), ApiError> {
-    let sent = meta::name(object);
-    if sent != name {
-        return Err(ApiError::name_mismatch(sent, name));
-    }
-    let sent = meta::namespace(object);
-    if info.namespaced && !sent.is_empty() && sent != namespace {
-        return Err(ApiError::namespace_mismatch());
-    }
-    Ok(())
-}
-
 /// Puts the URL's namespace on a body (a namespaced kind's; a cluster-scoped object has
 /// none), refusing a body that names another.
 pub(super) fn settle_namespace(

@@ -9,12 +9,13 @@ use capstan_machinery::field::{FieldError, FieldErrors};
 use capstan_machinery::fields::FieldSelector;
 use capstan_machinery::labels::LabelSelector;
 use capstan_machinery::media::{self, BodyFormat, Output};
-use capstan_machinery::patch::{self, PatchType};
+use capstan_machinery::patch::PatchType;
 use capstan_machinery::status::{Details, success_status};
 use capstan_machinery::{ApiError, Reason, meta, yaml};
 use capstan_registry::watch::{WatchItem, WatchOptions, WatchStart};
 use capstan_registry::{
-    DeleteOptions, ListOptions, ReadAt, Registry, ResourceInfo, Subresource, WriteOptions,
+    DeleteOptions, FieldValidation, ListOptions, Patch, ReadAt, Registry, ResourceInfo,
+    Subresource, WriteOptions,
 };
 use http::{HeaderMap, Method, Response, StatusCode, header};
 use serde_json::{Map, Value, json};

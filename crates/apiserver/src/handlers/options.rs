@@ -180,14 +180,6 @@ pub(super) fn check_dry_run(values: &[impl AsRef<str>], kind: &str) -> Result<bo
     Ok(!values.is_empty())
 }
 
-/// `fieldValidation`: what to do about unknown fields.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum FieldValidation {
-    Ignore,
-    Warn,
-    Strict,
-}
-
 pub(super) fn field_validation(query: &Query) -> FieldValidation {
     match query.get("fieldValidation") {
         Some("Ignore") => FieldValidation::Ignore,

@@ -21,7 +21,7 @@ use crate::strategy::{Admitted, Deleting, DynStrategy, WriteExtras};
 mod delete;
 mod namespace;
 mod write;
-pub use write::Created;
+pub use write::{Created, FieldValidation, Patch};
 
 /// How long a read waits for the cache to reach a requested revision.
 const RESOURCE_VERSION_WAIT: Duration = Duration::from_secs(3);

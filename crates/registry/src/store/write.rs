@@ -8,6 +8,8 @@ use crate::typed::RulesView;
 
 mod create;
 pub use create::Created;
+mod patch;
+pub use patch::{FieldValidation, Patch};
 mod typed;
 
 /// What a write does when the object changed between its read and its transaction.
@@ -251,7 +253,7 @@ impl Registry {
     /// into the type and encoded again, [`crate::DynStrategy::decode_viewed`]) with the rules'
     /// view of the decoded object: defaulting and the other rules start from that object
     /// instead of decoding the JSON again.
-    pub async fn patch_viewed(
+    pub(crate) async fn patch_viewed(
         &self,
         namespace: &str,
         name: &str,
