@@ -15,7 +15,7 @@ use crate::backend::{
 };
 use capstan_machinery::ApiError;
 use capstan_registry::cache::ByRevision;
-use capstan_registry::strategy::{from_typed, to_typed};
+use capstan_registry::object::{from_typed, to_typed};
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::apiregistration::apiservice::{LOCAL_MESSAGE, is_local, set_available};
 use http_body_util::BodyExt;

@@ -126,7 +126,7 @@ impl IdentityLease {
             .await;
         match current {
             Err(error) if error.is_not_found() => {
-                let lease = capstan_registry::strategy::from_typed(&self.renewed(None));
+                let lease = capstan_registry::object::from_typed(&self.renewed(None));
                 self.leases.create(NAMESPACE, lease, &options()).await?;
             }
             Err(error) => return Err(error),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capstan_machinery::ApiError;
-use capstan_registry::strategy::from_typed;
+use capstan_registry::object::from_typed;
 use capstan_registry::{Object, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServicePort, ServiceSpec,

@@ -205,7 +205,7 @@ impl Elector {
                     },
                     spec: Some(spec.clone()),
                 };
-                let object = capstan_registry::strategy::from_typed(&lease);
+                let object = capstan_registry::object::from_typed(&lease);
                 return match self
                     .leases
                     .create(&self.namespace, object, &options())

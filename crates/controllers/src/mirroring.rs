@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use capstan_machinery::ApiError;
 use capstan_registry::cache::EventType;
-use capstan_registry::strategy::from_typed;
+use capstan_registry::object::from_typed;
 use capstan_registry::{Registry, Subresource, WriteOptions};
 use capstan_resources::discovery::endpointslice::{
     MANAGED_BY_LABEL, MIRRORING_CONTROLLER_NAME, SERVICE_NAME_LABEL,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capstan_machinery::ApiError;
-use capstan_registry::strategy::from_typed;
+use capstan_registry::object::from_typed;
 use capstan_registry::{DeleteOptions, ListOptions, ReadAt, Registry, Subresource, WriteOptions};
 use capstan_resources::core::namespace::FINALIZER;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
@@ -161,7 +161,7 @@ impl NamespaceController {
                 Subresource::Status,
             )
             .await?;
-        capstan_registry::strategy::to_typed(&written.0).map_err(ApiError::internal)
+        capstan_registry::object::to_typed(&written.0).map_err(ApiError::internal)
     }
 
     /// Lifts the `kubernetes` finalizer through `/finalize`, then deletes the namespace.
@@ -185,7 +185,7 @@ impl NamespaceController {
             )
             .await?;
         let finalized: Namespace =
-            capstan_registry::strategy::to_typed(&written).map_err(ApiError::internal)?;
+            capstan_registry::object::to_typed(&written).map_err(ApiError::internal)?;
         if holds_finalizer(&finalized) {
             return Ok(());
         }

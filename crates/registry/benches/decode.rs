@@ -1,6 +1,6 @@
 //! Decoding a stored object into its type, as the controllers read the watch cache: all of it,
-//! or without `metadata.managedFields` (`typed::from_json_without_managed_fields`), and from a
-//! decoded `Value` as the write path's rules read it (`typed::for_rules`). The object
+//! or without `metadata.managedFields` (`decode::from_json_without_managed_fields`), and from a
+//! decoded `Value` as the write path's rules read it (`decode::for_rules`). The object
 //! is an EndpointSlice of 50 endpoints with the managedFields its create recorded, as the
 //! EndpointSlice controller reads on every sync of a Service with 50 pods.
 //!
@@ -10,8 +10,8 @@
 mod common;
 
 use capstan_registry::cache::{CachedObject, Projection, Selectable};
+use capstan_registry::decode::{for_rules, from_json_without_managed_fields};
 use capstan_registry::managed::{Tracking, record_update};
-use capstan_registry::typed::{for_rules, from_json_without_managed_fields};
 use capstan_registry::{ResourceInfo, Subresource};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};

@@ -12,12 +12,12 @@ use std::sync::OnceLock;
 
 use capstan_machinery::{ApiError, meta};
 use capstan_storage::KeyValue;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::Deserializer;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::strategy::Object;
-use crate::typed::{Key, for_rules, from_json_without_managed_fields};
+use crate::decode::{Members, for_rules, from_json_without_managed_fields, holds};
+use crate::object::Object;
 
 /// The stored object a write read (see the module's doc).
 pub struct Current<'a> {
@@ -210,172 +210,6 @@ pub(crate) fn encodes_to(value: &Value, raw: &RawValue, schema: Option<&'static 
     }
     let mut against = Against(raw.get().as_bytes());
     capstan_machinery::go_order::write(&mut against, value, schema).is_ok() && against.0.is_empty()
-}
-
-/// Whether the JSON `raw` holds is `value` (as decoding it would find, whatever the order of
-/// its members), compared as it is read: nothing is built, and reading stops at the first
-/// difference. [`encodes_to`] first is cheaper when they are usually the same JSON. An error
-/// when `raw` does not decode (as decoding it would refuse it).
-pub(crate) fn holds(raw: &RawValue, value: &Value) -> Result<bool, serde_json::Error> {
-    let mut json = serde_json::Deserializer::from_str(raw.get());
-    match Equal(value).deserialize(&mut json) {
-        Ok(()) => json.end().map(|()| true),
-        // The first difference (`Equal`'s own error), not a fault of the JSON.
-        Err(error) if error.is_data() => Ok(false),
-        Err(error) => Err(error),
-    }
-}
-
-/// Reads a JSON value, failing at the first difference from the value it holds.
-struct Equal<'v>(&'v Value);
-
-impl<'de> DeserializeSeed<'de> for Equal<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl Equal<'_> {
-    fn check<E: serde::de::Error>(same: bool) -> Result<(), E> {
-        if same {
-            Ok(())
-        } else {
-            Err(E::custom("differs"))
-        }
-    }
-}
-
-impl<'de> Visitor<'de> for Equal<'_> {
-    type Value = ();
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        formatter.write_str("any JSON value")
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        Self::check(self.0.is_null())
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<(), E> {
-        Self::check(self.0.as_bool() == Some(value))
-    }
-
-    // Numbers as a JSON tree holds them: non-negative integers, negative ones, and floats
-    // are told apart.
-    fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<(), E> {
-        Self::check(*self.0 == Value::Number(value.into()))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<(), E> {
-        Self::check(*self.0 == Value::Number(value.into()))
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<(), E> {
-        Self::check(
-            serde_json::Number::from_f64(value).is_some_and(|n| *self.0 == Value::Number(n)),
-        )
-    }
-
-    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<(), E> {
-        Self::check(self.0.as_str() == Some(value))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let Value::Array(items) = self.0 else {
-            return Self::check(false);
-        };
-        let mut items = items.iter();
-        loop {
-            match items.next() {
-                Some(item) => {
-                    if seq.next_element_seed(Equal(item))?.is_none() {
-                        return Self::check(false);
-                    }
-                }
-                None => return Self::check(seq.next_element::<IgnoredAny>()?.is_none()),
-            }
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let Value::Object(members) = self.0 else {
-            return Self::check(false);
-        };
-        // Which of `members` were read: a repeated member is not read twice (a JSON tree
-        // keeps its last value; such JSON counts as different, which costs a write at worst).
-        let mut seen = Seen::of(members.len());
-        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            let Some((at, value)) = members
-                .iter()
-                .enumerate()
-                .find_map(|(at, (k, v))| (*k == key).then_some((at, v)))
-            else {
-                return Self::check(false);
-            };
-            if seen.again(at) {
-                return Self::check(false);
-            }
-            map.next_value_seed(Equal(value))?;
-        }
-        Self::check(seen.all())
-    }
-}
-
-/// Which members of an object were read: bits for up to 64 (every object of these kinds),
-/// without allocating.
-enum Seen {
-    Bits(u64, usize),
-    Flags(Vec<bool>),
-}
-
-impl Seen {
-    fn of(len: usize) -> Self {
-        if len <= 64 {
-            Seen::Bits(0, len)
-        } else {
-            Seen::Flags(vec![false; len])
-        }
-    }
-
-    /// Marks member `at` read; whether it was already.
-    fn again(&mut self, at: usize) -> bool {
-        match self {
-            Seen::Bits(bits, _) => {
-                let before = *bits & (1 << at) != 0;
-                *bits |= 1 << at;
-                before
-            }
-            Seen::Flags(flags) => std::mem::replace(&mut flags[at], true),
-        }
-    }
-
-    fn all(&self) -> bool {
-        match self {
-            Seen::Bits(bits, len) => bits.count_ones() as usize == *len,
-            Seen::Flags(flags) => flags.iter().all(|read| *read),
-        }
-    }
-}
-
-/// A JSON object's members, borrowed.
-struct Members;
-
-impl<'de> Visitor<'de> for Members {
-    type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        formatter.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
-        while let Some((Key(key), raw)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
-            members.push((key, raw));
-        }
-        Ok(members)
-    }
 }
 
 #[cfg(test)]

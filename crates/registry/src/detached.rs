@@ -16,8 +16,8 @@ use serde::ser::{Impossible, SerializeStruct, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::current::holds;
-use crate::strategy::Object;
+use crate::decode::holds;
+use crate::object::Object;
 
 /// The members of an object kept as encoded JSON; each has a `null` in the object's JSON.
 #[derive(Default, Debug, Clone)]
@@ -225,10 +225,10 @@ pub fn from_typed_detaching<T: Object>(
         detach,
         detached: &mut detached,
     }) else {
-        return (crate::typed::from_typed(object), Detached::default());
+        return (crate::object::from_typed(object), Detached::default());
     };
     capstan_machinery::meta::strip_type_meta(&mut value);
-    crate::typed::drop_empty_lists(&mut value);
+    crate::object::drop_empty_lists(&mut value);
     (value, detached)
 }
 

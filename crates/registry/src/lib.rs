@@ -7,17 +7,20 @@
 
 pub mod cache;
 pub mod current;
+pub mod decode;
 pub mod detached;
 mod info;
 pub mod managed;
 mod members;
+pub mod object;
 mod store;
 pub mod strategy;
 pub mod typed;
 pub mod watch;
 
+pub use object::Object;
 pub use store::{
     Created, DeleteOptions, DeleteResult, FieldValidation, ListOptions, ListResult,
     MAX_OBJECT_BYTES, Patch, ReadAt, Registry, Subresource, WriteOptions,
 };
-pub use strategy::{Deleting, DynStrategy, Object, ResourceInfo, Strategy, WriteExtras};
+pub use strategy::{Deleting, DynStrategy, ResourceInfo, Strategy, WriteExtras};

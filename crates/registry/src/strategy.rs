@@ -8,16 +8,15 @@ use capstan_machinery::table::Column;
 use capstan_machinery::{ApiError, meta};
 use capstan_storage::{Compare, Op, Storage};
 use k8s_openapi::Metadata;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::Subresource;
 use crate::current::Current;
+use crate::decode::for_rules;
 use crate::members::{always_present, copy_member, keep_all_but_status};
-use crate::typed::{RulesView, for_rules, mutate, read};
-pub use crate::typed::{from_typed, to_typed};
+pub use crate::object::Object;
+use crate::object::from_typed;
+use crate::typed::{RulesView, mutate, read};
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
 /// (allocations), so an object and what it holds are written atomically.
@@ -38,33 +37,6 @@ pub struct Admitted {
     pub errors: FieldErrors,
     /// A create's warnings ([`Strategy::create_warnings`] of the object as admitted).
     pub warnings: Vec<String>,
-}
-
-/// What every kind's typed object is: a `k8s_openapi` resource with standard object metadata.
-pub trait Object:
-    k8s_openapi::Resource<Scope: Scope>
-    + k8s_openapi::Metadata<Ty = ObjectMeta>
-    + Serialize
-    + DeserializeOwned
-    + Clone
-    + PartialEq
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<T> Object for T where
-    T: k8s_openapi::Resource<Scope: Scope>
-        + k8s_openapi::Metadata<Ty = ObjectMeta>
-        + Serialize
-        + DeserializeOwned
-        + Clone
-        + PartialEq
-        + Send
-        + Sync
-        + 'static
-{
 }
 
 /// The rules of one kind (upstream's `RESTCreateStrategy`/`RESTUpdateStrategy`/table printer),

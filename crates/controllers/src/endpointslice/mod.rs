@@ -10,7 +10,7 @@ use std::sync::Arc;
 use capstan_machinery::ApiError;
 use capstan_machinery::hash::HashMap;
 use capstan_registry::Registry;
-use capstan_registry::typed::from_json_without_managed_fields;
+use capstan_registry::decode::from_json_without_managed_fields;
 use capstan_resources::discovery::endpointslice::{
     CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
 };

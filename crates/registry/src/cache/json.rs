@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::typed::Key;
+use crate::decode::Key;
 
 /// An object's JSON as the cache keeps it.
 pub(super) enum Json {

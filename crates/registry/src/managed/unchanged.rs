@@ -2,7 +2,8 @@
 
 use serde_json::Value;
 
-use crate::current::{Current, encodes_to, holds};
+use crate::current::{Current, encodes_to};
+use crate::decode::holds;
 use crate::detached::Detached;
 
 /// Whether two maps hold the same keys (less `skip`) with values `same` calls equal.

@@ -1,6 +1,8 @@
 //! The rules' view of an object, and the JSON it is written back to.
 
 use super::*;
+use crate::decode::from_json_without_managed_fields;
+use capstan_machinery::meta;
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Service;
 use serde_json::json;

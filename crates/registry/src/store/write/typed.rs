@@ -10,8 +10,9 @@
 
 use super::*;
 use crate::detached::{Detached, atomic_member, from_typed_detaching};
-use crate::strategy::Object;
-use crate::typed::{RulesView, from_typed};
+use crate::object::Object;
+use crate::object::from_typed;
+use crate::typed::RulesView;
 
 impl Registry {
     /// [`Registry::create`] of a typed object: the rules take it as it is (without what a
