@@ -107,13 +107,13 @@ impl RequestInfo {
             .to_string();
         }
         info.is_resource_request = true;
-        if parts.first() == Some(&"namespaces") {
-            if let Some(namespace) = parts.get(1) {
-                info.namespace = namespace.to_string();
-                if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
-                    parts.drain(..2);
-                    info.in_namespace = true;
-                }
+        if parts.first() == Some(&"namespaces")
+            && let Some(namespace) = parts.get(1)
+        {
+            info.namespace = namespace.to_string();
+            if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
+                parts.drain(..2);
+                info.in_namespace = true;
             }
         }
         info.parts = parts.iter().map(|p| p.to_string()).collect();
