@@ -32,6 +32,28 @@ pub const ALL_VERBS: &[&str] = &[
     "watch",
 ];
 
+/// Const builder setters, each setting one member to the value it is given.
+macro_rules! value_setters {
+    ($($(#[$doc:meta])* $name:ident($value:ident: $ty:ty) => $field:ident;)*) => {$(
+        $(#[$doc])*
+        pub const fn $name(mut self, $value: $ty) -> Self {
+            self.$field = $value;
+            self
+        }
+    )*};
+}
+
+/// Const builder setters, each turning one flag on.
+macro_rules! flag_setters {
+    ($($(#[$doc:meta])* $name:ident => $field:ident;)*) => {$(
+        $(#[$doc])*
+        pub const fn $name(mut self) -> Self {
+            self.$field = true;
+            self
+        }
+    )*};
+}
+
 /// A kind's identity as discovery, URLs, storage and error messages name it. The group,
 /// version, kind, resource and scope come from the kind's `k8s_openapi::Resource`
 /// ([`ResourceInfo::of`]); the rest is what upstream's REST storage for the kind declares.
@@ -133,21 +155,44 @@ impl ResourceInfo {
         }
     }
 
+    value_setters! {
+        /// With the JSON of the kind's Go zero value.
+        zero(json: &'static str) => zero;
+        /// With the fields a `/status` write resets.
+        status_resets(fields: &'static [&'static [&'static str]]) => status_resets;
+        /// With kubectl short names.
+        short_names(names: &'static [&'static str]) => short_names;
+        /// In these categories.
+        categories(categories: &'static [&'static str]) => categories;
+        /// These top-level list fields are always written, `null` when empty (Go's fields
+        /// without `omitempty`).
+        always_present(fields: &'static [&'static str]) => always_present;
+        /// Discovery's `storageVersionHash`.
+        storage_version_hash(hash: &'static str) => storage_version_hash;
+        /// Stored under this key prefix (upstream's etcd layout).
+        storage_prefix(prefix: &'static str) => storage_prefix;
+        /// Serving these verbs (sorted) instead of all of them.
+        verbs(verbs: &'static [&'static str]) => verbs;
+    }
+
+    flag_setters! {
+        /// With a `/status` subresource.
+        with_status => has_status;
+        /// A create keeps the status it is given.
+        status_on_create => status_on_create;
+        /// With a `/finalize` subresource (update only), as Namespaces have.
+        with_finalize => has_finalize;
+        /// PUT needs no `resourceVersion` (last write wins).
+        unconditional_update => allow_unconditional_update;
+        /// PUT creates a missing object.
+        create_on_update => allow_create_on_update;
+        /// DELETE answers with the deleted object.
+        delete_returns_object => delete_returns_object;
+    }
+
     /// With the scheme upstream decodes the group's bodies with.
     pub const fn scheme(mut self, name: &'static str, versions: &'static [&'static str]) -> Self {
         self.scheme = (name, versions);
-        self
-    }
-
-    /// With the JSON of the kind's Go zero value.
-    pub const fn zero(mut self, json: &'static str) -> Self {
-        self.zero = json;
-        self
-    }
-
-    /// With the fields a `/status` write resets.
-    pub const fn status_resets(mut self, fields: &'static [&'static [&'static str]]) -> Self {
-        self.status_resets = fields;
         self
     }
 
@@ -160,79 +205,6 @@ impl ResourceInfo {
             _ if self.has_status => &[&["status"]],
             _ => &[],
         }
-    }
-
-    /// With kubectl short names.
-    pub const fn short_names(mut self, names: &'static [&'static str]) -> Self {
-        self.short_names = names;
-        self
-    }
-
-    /// In these categories.
-    pub const fn categories(mut self, categories: &'static [&'static str]) -> Self {
-        self.categories = categories;
-        self
-    }
-
-    /// With a `/status` subresource.
-    pub const fn with_status(mut self) -> Self {
-        self.has_status = true;
-        self
-    }
-
-    /// A create keeps the status it is given.
-    pub const fn status_on_create(mut self) -> Self {
-        self.status_on_create = true;
-        self
-    }
-
-    /// These top-level list fields are always written, `null` when empty (Go's fields
-    /// without `omitempty`).
-    pub const fn always_present(mut self, fields: &'static [&'static str]) -> Self {
-        self.always_present = fields;
-        self
-    }
-
-    /// With a `/finalize` subresource (update only), as Namespaces have.
-    pub const fn with_finalize(mut self) -> Self {
-        self.has_finalize = true;
-        self
-    }
-
-    /// Discovery's `storageVersionHash`.
-    pub const fn storage_version_hash(mut self, hash: &'static str) -> Self {
-        self.storage_version_hash = hash;
-        self
-    }
-
-    /// Stored under this key prefix (upstream's etcd layout).
-    pub const fn storage_prefix(mut self, prefix: &'static str) -> Self {
-        self.storage_prefix = prefix;
-        self
-    }
-
-    /// Serving these verbs (sorted) instead of all of them.
-    pub const fn verbs(mut self, verbs: &'static [&'static str]) -> Self {
-        self.verbs = verbs;
-        self
-    }
-
-    /// PUT needs no `resourceVersion` (last write wins).
-    pub const fn unconditional_update(mut self) -> Self {
-        self.allow_unconditional_update = true;
-        self
-    }
-
-    /// PUT creates a missing object.
-    pub const fn create_on_update(mut self) -> Self {
-        self.allow_create_on_update = true;
-        self
-    }
-
-    /// DELETE answers with the deleted object.
-    pub const fn delete_returns_object(mut self) -> Self {
-        self.delete_returns_object = true;
-        self
     }
 
     /// Its OpenAPI definition, with its group's member order known to the writer.

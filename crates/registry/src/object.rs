@@ -2,6 +2,7 @@
 //! conversions between the two forms that need nothing else of the registry.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::{Metadata, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -10,32 +11,16 @@ use capstan_machinery::meta;
 
 use crate::info::Scope;
 
-/// What every kind's typed object is: a `k8s_openapi` resource with standard object metadata.
-pub trait Object:
-    k8s_openapi::Resource<Scope: Scope>
-    + k8s_openapi::Metadata<Ty = ObjectMeta>
-    + Serialize
-    + DeserializeOwned
-    + Clone
-    + PartialEq
-    + Send
-    + Sync
-    + 'static
-{
-}
+/// What every kind's typed object is: a `k8s_openapi` resource with standard object metadata,
+/// [`Typed`].
+pub trait Object: Typed + Resource<Scope: Scope> + Metadata<Ty = ObjectMeta> {}
 
-impl<T> Object for T where
-    T: k8s_openapi::Resource<Scope: Scope>
-        + k8s_openapi::Metadata<Ty = ObjectMeta>
-        + Serialize
-        + DeserializeOwned
-        + Clone
-        + PartialEq
-        + Send
-        + Sync
-        + 'static
-{
-}
+impl<T: Typed + Resource<Scope: Scope> + Metadata<Ty = ObjectMeta>> Object for T {}
+
+/// A type the registry can hold as an object: encoded and decoded, compared, shared.
+pub trait Typed: Serialize + DeserializeOwned + Clone + PartialEq + Send + Sync + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Clone + PartialEq + Send + Sync + 'static> Typed for T {}
 
 /// Decodes stored or request JSON into a kind's object, all of it (managedFields included).
 pub fn to_typed<T: Object>(object: &Value) -> Result<T, String> {
