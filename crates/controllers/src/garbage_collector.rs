@@ -475,8 +475,7 @@ impl GarbageCollector {
         let registry = &self.kinds[key.0];
         let edited = registry
             .patch(
-                &key.1,
-                &key.2,
+                (&key.1, &key.2),
                 &write_options(),
                 Subresource::Main,
                 // An edited list may end up empty (which its type's form leaves out): the

@@ -227,17 +227,16 @@ impl Registry {
 
     /// PATCH: `apply` computes the new object, as any JSON (defaulting normalizes it), from the
     /// current one, lent as stored (without `kind` and `apiVersion`). A new object in its
-    /// type's form goes through [`Registry::patch_viewed`] or [`Registry::patch_typed`].
+    /// type's form goes through [`Registry::patch_object`] or [`Registry::patch_typed`].
     pub async fn patch(
         &self,
-        namespace: &str,
-        name: &str,
+        object: (&str, &str),
         options: &WriteOptions,
         subresource: Subresource,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         self.patch_with(
-            (namespace, name),
+            object,
             options,
             subresource,
             (Form::Any, Reads::Whole),
@@ -245,28 +244,6 @@ impl Registry {
                 let patched = apply(current.whole()?)?;
                 Ok((patched, RulesView::default()))
             },
-        )
-        .await
-    }
-
-    /// [`Registry::patch`] whose `apply` returns the new object in its type's form (decoded
-    /// into the type and encoded again, [`crate::DynStrategy::decode_viewed`]) with the rules'
-    /// view of the decoded object: defaulting and the other rules start from that object
-    /// instead of decoding the JSON again.
-    pub(crate) async fn patch_viewed(
-        &self,
-        namespace: &str,
-        name: &str,
-        options: &WriteOptions,
-        subresource: Subresource,
-        apply: impl Fn(&Value) -> Result<(Value, RulesView), ApiError>,
-    ) -> Result<Value, ApiError> {
-        self.patch_with(
-            (namespace, name),
-            options,
-            subresource,
-            (Form::Normal, Reads::Whole),
-            |current| apply(current.whole()?),
         )
         .await
     }

@@ -64,12 +64,21 @@ impl Registry {
         // The patched object's unknown fields, once it decoded: upstream records them then,
         // so a write refused afterwards (invalid, conflicting) goes out with them.
         let recorded = std::sync::Mutex::new(Vec::<String>::new());
+        // The patched object comes in its type's form (decoded into the type and encoded
+        // again), with the rules' view of it: defaulting and the other rules start from that
+        // object instead of decoding the JSON again.
         let written = self
-            .patch_viewed(namespace, name, options, subresource, |current| {
-                let (result, view, problems) = patched_object(&input, current)?;
-                *recorded.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                Ok((result, view))
-            })
+            .patch_with(
+                (namespace, name),
+                options,
+                subresource,
+                (Form::Normal, Reads::Whole),
+                |current| {
+                    let (result, view, problems) = patched_object(&input, current.whole()?)?;
+                    *recorded.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+                    Ok((result, view))
+                },
+            )
             .await;
         let warnings = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
         match written {
