@@ -358,7 +358,7 @@ mod tests {
     fn defaulting_writes_the_structs_go_always_has() {
         let mut node: Node = typed(json!({"metadata": {"name": "n1"}}));
         NodeStrategy.default(&mut node);
-        let value = capstan_registry::strategy::from_typed(&node);
+        let value = capstan_registry::object::from_typed(&node);
         let zero: Value = serde_json::from_str(NODE_ZERO).expect("zero");
         assert_eq!(value["status"], zero["status"]);
         assert_eq!(value["spec"], json!({}));

@@ -1,6 +1,5 @@
 //! core/v1 Service.
 
-mod allocate;
 mod allocator;
 mod bitmap;
 mod cluster_ips;
@@ -18,10 +17,11 @@ use capstan_machinery::ApiError;
 use capstan_machinery::field::FieldErrors;
 use capstan_machinery::table::Column;
 use capstan_registry::{ResourceInfo, Strategy, WriteExtras};
-use capstan_storage::Storage;
+use capstan_storage::{Compare, Op, Storage};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::Value;
 
+use allocator::Picker;
 pub use allocator::{Allocations, ServiceAllocator};
 pub use range::{IpRange, PortRange};
 
@@ -106,15 +106,43 @@ impl Strategy for ServiceStrategy {
         old: Option<&Service>,
         dry_run: bool,
     ) -> Result<WriteExtras, ApiError> {
-        self.allocator
-            .allocate(storage, service, old, dry_run)
-            .await
+        // Cluster IPs and node ports are picked through the allocator's in-memory view; the
+        // storage work that records them commits in the Service's own transaction.
+        let owner = ServiceAllocator::owner(service);
+        if service.spec.as_ref().map(spec::kind) != Some("ExternalName") {
+            let picker = Picker {
+                allocator: &self.allocator,
+                storage,
+                owner: &owner,
+                dry_run,
+            };
+            cluster_ips::allocate(&picker, service, old).await?;
+            node_ports::allocate(&picker, service).await?;
+        }
+        let before = old.map(Allocations::of).unwrap_or_default().keys();
+        let after = Allocations::of(service).keys();
+        let mut extras = WriteExtras::default();
+        for key in after.iter().filter(|k| !before.contains(k)) {
+            extras.compares.push(Compare::Absent(key.clone()));
+            extras.ops.push(Op::Put(key.clone(), owner.clone().into()));
+        }
+        for key in before.into_iter().filter(|k| !after.contains(k)) {
+            extras.ops.push(Op::Delete(key));
+        }
+        Ok(extras)
     }
 
     fn release(&self, service: &Service) -> WriteExtras {
         // Deleting a Service deletes the Endpoints of the same name (upstream does it right
         // after; here it is the same transaction).
-        let mut extras = self.allocator.release(service);
+        let mut extras = WriteExtras {
+            compares: Vec::new(),
+            ops: Allocations::of(service)
+                .keys()
+                .into_iter()
+                .map(Op::Delete)
+                .collect(),
+        };
         extras
             .ops
             .push(capstan_storage::Op::Delete(crate::core::endpoints::key(

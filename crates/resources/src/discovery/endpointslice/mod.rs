@@ -222,7 +222,7 @@ mod tests {
         let mut slice: EndpointSlice = typed(json!({"addressType": "IPv4",
             "endpoints": [{"addresses": ["192.0.2.10"]}], "ports": [{"port": 5432}]}));
         EndpointSliceStrategy.default(&mut slice);
-        let value = capstan_registry::strategy::from_typed(&slice);
+        let value = capstan_registry::object::from_typed(&slice);
         assert_eq!(
             value["ports"],
             json!([{"name": "", "protocol": "TCP", "port": 5432}])
