@@ -20,11 +20,17 @@ use crate::service_pods::{Labels, Selection, ServicePods, TriggerTimes};
 
 pub(crate) use subsets::{build_subsets, repack};
 
+/// Marks an Endpoints whose addresses were cut to [`subsets`]' limit.
 const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
+/// The label naming who keeps an Endpoints (this controller's value: `endpoint-controller`).
 const MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
+/// The label that marks a headless Service's Endpoints.
 const HEADLESS: &str = "service.kubernetes.io/headless";
+/// The field manager of the controller's writes.
 const MANAGER: &str = "kube-controller-manager";
+/// The annotation of an Endpoints used as a leader-election lock: never an orphan.
 const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
+/// When the change an Endpoints shows began (upstream's last-change-trigger-time).
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// Keeps Endpoints in step with Services and Pods.
@@ -64,8 +70,10 @@ impl EndpointsController {
     /// and its CPU use can be read per thread. Syncs start once the shared informers and its
     /// Endpoints informer have listed what exists.
     pub fn start(self, group: &crate::Group) -> std::io::Result<()> {
-        let runtime = group.runtime("ep-controller")?;
-        let _on = runtime.enter();
+        group.within("ep-controller", || self.run())
+    }
+
+    fn run(self) {
         let controller = Arc::new(self);
         // Endpoints: at start-up every existing one is checked (orphans of deleted Services
         // go); later only deletions matter (a deleted Endpoints of a live Service is
@@ -100,7 +108,6 @@ impl EndpointsController {
                 let controller = controller.clone();
                 async move { controller.sync(&key.0, &key.1).await }
             });
-        Ok(())
     }
 
     async fn sync(&self, namespace: &str, name: &str) -> Result<(), SyncError> {

@@ -104,8 +104,10 @@ impl EndpointSliceController {
     /// Syncs start once the shared informers and its node and slice informers have listed
     /// what exists.
     pub fn start(self, group: &crate::Group) -> std::io::Result<()> {
-        let runtime = group.runtime("eps-controller")?;
-        let _on = runtime.enter();
+        group.within("eps-controller", || self.run())
+    }
+
+    fn run(self) {
         let controller = Arc::new(self);
         let own = controller.follow();
         Controller::new("endpointslice sync", controller.queue.clone())
@@ -115,7 +117,6 @@ impl EndpointSliceController {
                 let controller = controller.clone();
                 async move { controller.sync_service(&key).await }
             });
-        Ok(())
     }
 
     /// One Service's sync: its slices reconciled with the pods it selects; nothing for a

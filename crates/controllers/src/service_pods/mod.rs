@@ -88,11 +88,9 @@ impl ServicePods {
     /// stops: every Service change, and every pod change that matters to a Service, queues
     /// that Service for each subscriber.
     pub fn start(self: &Arc<Self>, group: &crate::Group) -> std::io::Result<()> {
-        let runtime = group.runtime("svc-pod-informers")?;
-        let _on = runtime.enter();
         let queues = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
-        self.run(&Arc::new(queues.clone()));
-        Ok(())
+        let queues = Arc::new(queues.clone());
+        group.within("svc-pod-informers", || self.run(&queues))
     }
 
     fn run(self: &Arc<Self>, queues: &Arc<Vec<Arc<WorkQueue<Key>>>>) {
