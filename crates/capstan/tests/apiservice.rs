@@ -162,6 +162,13 @@ fn wait_for(server: &Server, what: &str, args: &[&str], wanted: impl Fn(&str) ->
     );
 }
 
+/// [`wait_for`] the row of `kubectl get apiservice v1alpha1.example.com` (the APIService
+/// [`apiservice`] writes) that `wanted` accepts.
+fn wait_for_apiservice(server: &Server, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+    let row = ["get", "apiservice", "v1alpha1.example.com"];
+    wait_for(server, what, &row, wanted)
+}
+
 fn apiservice(ca_pem: &str) -> String {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
@@ -207,12 +214,9 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
 
     // A caBundle that did not sign the backend's certificate: the check fails.
     server.apply("apiservice.yaml", &apiservice(&wrong_ca));
-    wait_for(
-        &server,
-        "wrong caBundle reported",
-        &["get", "apiservice", "v1alpha1.example.com"],
-        |out| out.contains("False (FailedDiscoveryCheck)"),
-    );
+    wait_for_apiservice(&server, "wrong caBundle reported", |out| {
+        out.contains("False (FailedDiscoveryCheck)")
+    });
     let message = server.jsonpath(
         &["apiservice", "v1alpha1.example.com"],
         "{.status.conditions[0].message}",
@@ -232,18 +236,11 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
 
     // The right caBundle: available, discovered, proxied.
     server.apply("apiservice.yaml", &apiservice(&good_ca));
-    wait_for(
-        &server,
-        "extension available",
-        &["get", "apiservice", "v1alpha1.example.com"],
-        |out| {
-            out.lines().any(|l| {
-                l.starts_with("v1alpha1.example.com")
-                    && l.contains(" ext/api ")
-                    && l.contains(" True ")
-            })
-        },
-    );
+    wait_for_apiservice(&server, "extension available", |out| {
+        out.lines().any(|l| {
+            l.starts_with("v1alpha1.example.com") && l.contains(" ext/api ") && l.contains(" True ")
+        })
+    });
     let reason = server.jsonpath(
         &["apiservice", "v1alpha1.example.com"],
         "{.status.conditions[0].reason}/{.status.conditions[0].message}",
@@ -299,12 +296,9 @@ fn an_extension_api_server_is_registered_discovered_proxied_and_watched() {
 
     // The backend goes away: unavailable within seconds, 503 through the proxy, core unaffected.
     drop(_extension);
-    wait_for(
-        &server,
-        "extension unavailable",
-        &["get", "apiservice", "v1alpha1.example.com"],
-        |out| out.contains("False (FailedDiscoveryCheck)"),
-    );
+    wait_for_apiservice(&server, "extension unavailable", |out| {
+        out.contains("False (FailedDiscoveryCheck)")
+    });
     let err = server.fails(&["get", "--raw", "/apis/example.com/v1alpha1/widgets"]);
     assert!(
         err.contains("ServiceUnavailable") || err.contains("unable to handle the request"),
@@ -376,10 +370,9 @@ fn backends_can_tell_the_proxy_by_its_client_certificate_and_a_silent_one_holds_
         ],
     );
     server.apply("apiservice.yaml", &apiservice(&serving_ca));
-    wait_for(
+    wait_for_apiservice(
         &server,
         "extension available to a client with the proxy certificate",
-        &["get", "apiservice", "v1alpha1.example.com"],
         |out| out.contains(" True "),
     );
     let list: serde_json::Value =

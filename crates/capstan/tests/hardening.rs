@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Server, raw};
+use common::{Server, assert_status, delete, get, patch, pod_status_patch, raw};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -117,11 +117,16 @@ fn no_panic(server: &Server) {
     assert!(!log.contains("panicked"), "the server panicked:\n{log}");
 }
 
+/// `server` with its kube client and a ClusterIP Service `name` (in `default`) to send at.
+async fn with_service(server: Server, name: &str) -> (Server, kube::Client) {
+    let client = server.client().await;
+    server.ok(&["create", "service", "clusterip", name, "--tcp=80"]);
+    (server, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
-    let server = Server::start();
-    let client = server.client().await;
-    server.ok(&["create", "service", "clusterip", "a", "--tcp=80"]);
+    let (server, client) = with_service(Server::start(), "a").await;
     // A multi-byte character in a field selector once panicked a worker.
     for selector in [
         "%C3%A9",
@@ -129,25 +134,15 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
         "%5C%C3%A9",
         "metadata.name%3D%5C%C3%A9",
     ] {
-        let (code, body, _) = raw(
+        let (code, body, _) = get(
             &client,
-            "GET",
             &format!("/api/v1/services?fieldSelector={selector}"),
-            None,
-            Vec::new(),
         )
         .await;
         assert_eq!(code, 400, "fieldSelector={selector}: {body}");
         assert_eq!(body["reason"], "BadRequest");
     }
-    let (_, body, _) = raw(
-        &client,
-        "GET",
-        "/api/v1/services?fieldSelector=%C3%A9",
-        None,
-        vec![],
-    )
-    .await;
+    let (_, body, _) = get(&client, "/api/v1/services?fieldSelector=%C3%A9").await;
     assert_eq!(
         body["message"],
         "invalid selector: 'é'; can't understand 'é'"
@@ -163,11 +158,16 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
                 b"{}".to_vec(),
             )
             .await;
-            assert_eq!(code, 405, "{method} /api/v1/{resource}: {body}");
-            assert_eq!(body["reason"], "MethodNotAllowed");
-            assert_eq!(
-                body["message"],
-                "the server does not allow this method on the requested resource"
+            let not_allowed = (
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            );
+            assert_status(
+                &format!("{method} /api/v1/{resource}"),
+                code,
+                &body,
+                not_allowed,
             );
         }
     }
@@ -190,14 +190,7 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
     );
     // The built-in namespaces cannot be deleted (upstream's namespace lifecycle admission).
     for namespace in ["default", "kube-system", "kube-public"] {
-        let (code, body, _) = raw(
-            &client,
-            "DELETE",
-            &format!("/api/v1/namespaces/{namespace}"),
-            None,
-            vec![],
-        )
-        .await;
+        let (code, body, _) = delete(&client, &format!("/api/v1/namespaces/{namespace}")).await;
         assert_eq!(code, 403, "{body}");
         assert_eq!(
             body["message"],
@@ -205,7 +198,7 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
         );
     }
     // A malformed `timeout` parameter is a 400 before anything else.
-    let (code, body, _) = raw(&client, "GET", "/api/v1/services?timeout=abc", None, vec![]).await;
+    let (code, body, _) = get(&client, "/api/v1/services?timeout=abc").await;
     assert_eq!(code, 400);
     assert_eq!(
         body["message"],
@@ -225,29 +218,21 @@ async fn hostile_query_strings_and_collection_routes_get_upstreams_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_patch_that_copies_a_map_into_itself_is_refused_at_the_copy_limit() {
-    let server = Server::start();
-    let client = server.client().await;
-    server.ok(&["create", "service", "clusterip", "b", "--tcp=80"]);
+    let (server, client) = with_service(Server::start(), "b").await;
     let mut ops =
         vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"x": "a".repeat(80)}})];
     for i in 0..22 {
         ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/k{i}")}));
     }
     let before = server.rss_kib().expect("rss");
-    let (code, body, _) = raw(
-        &client,
-        "PATCH",
-        "/api/v1/namespaces/default/services/b",
-        Some("application/json-patch+json"),
-        serde_json::to_vec(&ops).expect("encode"),
-    )
-    .await;
-    assert_eq!(code, 422, "{body}");
-    assert_eq!(body["reason"], "Invalid");
-    assert_eq!(
-        body["message"],
-        "the server rejected our request due to an error in our request"
+    let service = "/api/v1/namespaces/default/services/b";
+    let (code, body, _) = patch(&client, service, "application/json-patch+json", &json!(ops)).await;
+    let invalid = (
+        422,
+        "Invalid",
+        "the server rejected our request due to an error in our request",
     );
+    assert_status(service, code, &body, invalid);
     let after = server.rss_kib().expect("rss");
     // Before the copy limit this took 2.4 GB; 3 MiB of copies now cost tens of MB at most.
     assert!(after < before + 300 * 1024, "RSS {before} → {after} KiB");
@@ -259,16 +244,15 @@ async fn a_json_patch_that_copies_a_map_into_itself_is_refused_at_the_copy_limit
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_larger_than_the_store_takes_are_refused_as_etcd_refuses_them() {
     let server = Server::start_with(&["--max-request-bytes", "65536"]);
-    let client = server.client().await;
-    server.ok(&["create", "service", "clusterip", "big", "--tcp=80"]);
+    let (server, client) = with_service(server, "big").await;
     // Annotations have their own bound (256 KiB in all).
-    let (code, body, _) = raw(
+    let service = "/api/v1/namespaces/default/services/big";
+    let annotations = json!({"metadata": {"annotations": {"big": "x".repeat(300_000)}}});
+    let (code, body, _) = patch(
         &client,
-        "PATCH",
-        "/api/v1/namespaces/default/services/big",
-        Some("application/merge-patch+json"),
-        serde_json::to_vec(&json!({"metadata": {"annotations": {"big": "x".repeat(300_000)}}}))
-            .expect("encode"),
+        service,
+        "application/merge-patch+json",
+        &annotations,
     )
     .await;
     assert_eq!(code, 422, "{body}");
@@ -294,15 +278,8 @@ async fn objects_larger_than_the_store_takes_are_refused_as_etcd_refuses_them() 
             json!([{"op": "add", "path": "/metadata/finalizers", "value": finalizers}]),
         ),
     ];
-    for (content_type, patch) in bodies {
-        let (code, body, _) = raw(
-            &client,
-            "PATCH",
-            "/api/v1/namespaces/default/services/big",
-            Some(content_type),
-            serde_json::to_vec(&patch).expect("encode"),
-        )
-        .await;
+    for (content_type, body) in bodies {
+        let (code, body, _) = patch(&client, service, content_type, &body).await;
         assert_eq!(code, 500, "{content_type}: {body}");
         assert_eq!(
             body["message"], "etcdserver: request is too large",
@@ -317,35 +294,18 @@ async fn objects_larger_than_the_store_takes_are_refused_as_etcd_refuses_them() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lists_in_strategic_merge_and_apply_are_merged_off_the_runtime() {
-    let server = Server::start();
-    let client = server.client().await;
-    server.ok(&["create", "service", "clusterip", "long", "--tcp=80"]);
+    let (server, client) = with_service(Server::start(), "long").await;
     // ~1.2 MB of labels-like data in a list the strategic merge unions by value.
     let finalizers: Vec<String> = (0..50_000).map(|i| format!("x.io/{i:07}")).collect();
-    let patch =
-        serde_json::to_vec(&json!({"metadata": {"finalizers": finalizers}})).expect("encode");
+    let body = json!({"metadata": {"finalizers": finalizers}});
+    let service = "/api/v1/namespaces/default/services/long";
     let patching = {
         let client = client.clone();
-        tokio::spawn(async move {
-            raw(
-                &client,
-                "PATCH",
-                "/api/v1/namespaces/default/services/long",
-                Some("application/strategic-merge-patch+json"),
-                patch,
-            )
-            .await
-        })
+        let content_type = "application/strategic-merge-patch+json";
+        tokio::spawn(async move { patch(&client, service, content_type, &body).await })
     };
     // The server keeps answering others meanwhile.
-    let (code, _, _) = raw(
-        &client,
-        "GET",
-        "/api/v1/namespaces/default/services/long",
-        None,
-        vec![],
-    )
-    .await;
+    let (code, _, _) = get(&client, service).await;
     assert_eq!(code, 200);
     let (code, body, _) = patching.await.expect("patch");
     assert!(
@@ -355,20 +315,14 @@ async fn long_lists_in_strategic_merge_and_apply_are_merged_off_the_runtime() {
     // Apply of a long set by one manager, then half of it: what it stopped applying goes.
     let config = |n: usize| {
         let finalizers: Vec<String> = (0..n).map(|i| format!("x.io/{i:07}")).collect();
-        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Service",
+        json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "applied", "finalizers": finalizers},
-            "spec": {"ports": [{"port": 80}]}}))
-        .expect("encode")
+            "spec": {"ports": [{"port": 80}]}})
     };
+    let applied = "/api/v1/namespaces/default/services/applied?fieldManager=tester";
     for n in [20_000, 10_000] {
-        let (code, body, _) = raw(
-            &client,
-            "PATCH",
-            "/api/v1/namespaces/default/services/applied?fieldManager=tester",
-            Some("application/apply-patch+yaml"),
-            config(n),
-        )
-        .await;
+        let (code, body, _) =
+            patch(&client, applied, "application/apply-patch+yaml", &config(n)).await;
         assert!(code == 200 || code == 201, "{code} {body}");
         assert_eq!(
             body["metadata"]["finalizers"].as_array().map(Vec::len),
@@ -424,7 +378,7 @@ async fn slow_clients_are_cut_off_at_the_request_timeout_and_the_header_deadline
     );
     // A shorter `timeout` parameter is honoured too, and the server still answers.
     let client = server.client().await;
-    let (code, _, _) = raw(&client, "GET", "/api/v1/services?timeout=1s", None, vec![]).await;
+    let (code, _, _) = get(&client, "/api/v1/services?timeout=1s").await;
     assert_eq!(code, 200);
     let closed = unfinished.await.expect("task");
     assert!(closed.is_some(), "unfinished headers were never cut off");
@@ -476,7 +430,7 @@ async fn overload_is_refused_with_429_and_watches_are_not_counted() {
         stream.write_all(request.as_bytes()).await.expect("watch");
         watches.push(stream);
     }
-    let (code, _, _) = raw(&client, "GET", "/api/v1/services", None, vec![]).await;
+    let (code, _, _) = get(&client, "/api/v1/services").await;
     assert_eq!(code, 200, "a list while watches run");
     // A write whose body trickles in holds the one mutating slot …
     let started = Instant::now();
@@ -499,13 +453,9 @@ async fn overload_is_refused_with_429_and_watches_are_not_counted() {
     // … so another is refused as upstream refuses it: plain text, Retry-After: 1. (kube's
     // client would retry it until the slot frees.)
     let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"x"},"spec":{"ports":[{"port":80}]}}"#;
-    let (code, head, body) = request(
-        &target(&server),
-        "POST",
-        "/api/v1/namespaces/default/services",
-        service,
-    )
-    .await;
+    let to = target(&server);
+    let create = || request(&to, "POST", "/api/v1/namespaces/default/services", service);
+    let (code, head, body) = create().await;
     if code != 429 {
         slow.abort();
         panic!(
@@ -520,14 +470,7 @@ async fn overload_is_refused_with_429_and_watches_are_not_counted() {
         "{head}"
     );
     // Reads have their own pool; probes are never refused.
-    let (code, _, _) = raw(
-        &client,
-        "GET",
-        "/api/v1/namespaces/default/services",
-        None,
-        vec![],
-    )
-    .await;
+    let (code, _, _) = get(&client, "/api/v1/namespaces/default/services").await;
     assert_eq!(code, 200);
     assert!(
         server
@@ -540,13 +483,7 @@ async fn overload_is_refused_with_429_and_watches_are_not_counted() {
         elapsed > Duration::from_secs(2),
         "the slow write held its slot throughout"
     );
-    let (code, _, body) = request(
-        &target(&server),
-        "POST",
-        "/api/v1/namespaces/default/services",
-        service,
-    )
-    .await;
+    let (code, _, body) = create().await;
     assert_eq!(code, 201, "the slot is free again: {body}");
     no_panic(&server);
 }
@@ -617,25 +554,9 @@ fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
             "{{\"status\":{{\"podIP\":\"{ip}\",\"podIPs\":[{{\"ip\":\"{ip}\"}}],\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\"}}]}}}}"
         )
     };
-    server.ok(&[
-        "patch",
-        "pod",
-        "good",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status("10.244.9.1"),
-    ]);
+    server.ok(&pod_status_patch("good", &status("10.244.9.1")));
     // Loopback is a valid pod IP upstream; Endpoints may not hold it.
-    server.ok(&[
-        "patch",
-        "pod",
-        "bad",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status("127.0.0.1"),
-    ]);
+    server.ok(&pod_status_patch("bad", &status("127.0.0.1")));
     server.ok(&["create", "service", "clusterip", "pz", "--tcp=80"]);
     server.ok(&["set", "selector", "service", "pz", "app=pz"]);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -649,23 +570,14 @@ fn a_loopback_pod_does_not_keep_the_valid_ones_out_of_the_endpoints() {
     }
     assert_eq!(ips, "10.244.9.1");
     // Pod IPs are validated as upstream validates them.
-    let err = server.fails(&[
-        "patch",
-        "pod",
-        "good",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status("10.244.09.1"),
-    ]);
+    let err = server.fails(&pod_status_patch("good", &status("10.244.09.1")));
     assert!(
         err.contains("status.podIPs[0]: Invalid value: \"10.244.09.1\": must not have leading 0s"),
         "{err}"
     );
-    let err = server.fails(&[
-        "patch", "pod", "good", "--subresource=status", "--type=merge", "-p",
-        "{\"status\":{\"podIP\":\"10.244.9.1\",\"podIPs\":[{\"ip\":\"10.244.9.1\"},{\"ip\":\"10.244.9.2\"}]}}",
-    ]);
+    let two_ipv4 =
+        r#"{"status":{"podIP":"10.244.9.1","podIPs":[{"ip":"10.244.9.1"},{"ip":"10.244.9.2"}]}}"#;
+    let err = server.fails(&pod_status_patch("good", two_ipv4));
     assert!(
         err.contains("may specify no more than one IP for each IP family"),
         "{err}"

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Server, raw};
+use common::{Server, assert_status, delete, get, patch, post_json, raw};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -115,12 +115,9 @@ async fn watch_from_a_too_old_revision_is_an_error_event() {
     server.restart();
     let client = server.client().await;
     let current = server.jsonpath(&["svc", "old"], "{.metadata.resourceVersion}");
-    let (code, body, _) = raw(
+    let (code, body, _) = get(
         &client,
-        "GET",
         "/api/v1/namespaces/default/services?watch=1&resourceVersion=1&timeoutSeconds=5",
-        None,
-        Vec::new(),
     )
     .await;
     assert_eq!(code, 200, "watch errors arrive inside a 200 stream");
@@ -142,7 +139,7 @@ async fn watch_from_a_too_old_revision_is_an_error_event() {
             "message": message, "reason": "Expired", "code": 410}})
     );
     // A list at an exact revision that storage still has works; a future one times out.
-    let (code, _, _) = raw(&client, "GET", &format!("/api/v1/namespaces/default/services?resourceVersion={current}&resourceVersionMatch=Exact"), None, Vec::new()).await;
+    let (code, _, _) = get(&client, &format!("/api/v1/namespaces/default/services?resourceVersion={current}&resourceVersionMatch=Exact")).await;
     assert_eq!(code, 200);
 }
 
@@ -161,7 +158,7 @@ async fn unauthenticated_requests_get_401() {
     .await
     .expect("config");
     let client = kube::Client::try_from(config).expect("client");
-    let (code, body, _) = raw(&client, "GET", "/api/v1/services", None, Vec::new()).await;
+    let (code, body, _) = get(&client, "/api/v1/services").await;
     assert_eq!(code, 401);
     assert_eq!(
         body,
@@ -177,10 +174,10 @@ async fn status_subresource_finalizers_patches_and_collections() {
     let body = |v: serde_json::Value| v.to_string().into_bytes();
 
     // generateName
-    let (code, created, _) = raw(&client, "POST", base, Some("application/json"), body(json!({
+    let (code, created, _) = post_json(&client, base, &json!({
         "metadata": {"generateName": "gen-", "labels": {"group": "a"}, "finalizers": ["example.com/hold"]},
         "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-    }))).await;
+    })).await;
     assert_eq!(code, 201, "{created}");
     let name = created["metadata"]["name"]
         .as_str()
@@ -206,74 +203,38 @@ async fn status_subresource_finalizers_patches_and_collections() {
         json!({"ip": "192.0.2.1", "ipMode": "VIP"})
     );
     assert_eq!(updated["spec"]["sessionAffinity"], "None");
-    let (code, got, _) = raw(
-        &client,
-        "GET",
-        &format!("{base}/{name}/status"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (code, got, _) = get(&client, &format!("{base}/{name}/status")).await;
     assert_eq!((code, got["kind"].as_str()), (200, Some("Service")));
 
     // JSON patch.
-    let (code, patched, _) = raw(
-        &client,
-        "PATCH",
-        &format!("{base}/{name}"),
-        Some("application/json-patch+json"),
-        body(json!([{"op": "add", "path": "/metadata/labels/patched", "value": "yes"}])),
-    )
-    .await;
+    let item = format!("{base}/{name}");
+    let json_patch = "application/json-patch+json";
+    let add = json!([{"op": "add", "path": "/metadata/labels/patched", "value": "yes"}]);
+    let (code, patched, _) = patch(&client, &item, json_patch, &add).await;
     assert_eq!(code, 200, "{patched}");
     assert_eq!(patched["metadata"]["labels"]["patched"], "yes");
-    let (code, failed, _) = raw(
-        &client,
-        "PATCH",
-        &format!("{base}/{name}"),
-        Some("application/json-patch+json"),
-        body(json!([{"op": "test", "path": "/metadata/labels/patched", "value": "no"}])),
-    )
-    .await;
+    let test = json!([{"op": "test", "path": "/metadata/labels/patched", "value": "no"}]);
+    let (code, failed, _) = patch(&client, &item, json_patch, &test).await;
     assert_eq!((code, failed["reason"].as_str()), (422, Some("Invalid")));
 
     // A finalizer keeps the object, marked for deletion; removing it completes the delete.
-    let (code, marked, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{base}/{name}"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (code, marked, _) = delete(&client, &item).await;
     assert_eq!(code, 200);
     assert!(
         marked["metadata"]["deletionTimestamp"].is_string(),
         "{marked}"
     );
-    let (code, still, _) = raw(&client, "GET", &format!("{base}/{name}"), None, Vec::new()).await;
+    let (code, still, _) = get(&client, &item).await;
     assert_eq!(code, 200, "{still}");
-    let (code, _, _) = raw(
-        &client,
-        "PATCH",
-        &format!("{base}/{name}"),
-        Some("application/merge-patch+json"),
-        body(json!({"metadata": {"finalizers": null}})),
-    )
-    .await;
+    let released = json!({"metadata": {"finalizers": null}});
+    let (code, _, _) = patch(&client, &item, "application/merge-patch+json", &released).await;
     assert_eq!(code, 200);
-    let (code, _, _) = raw(&client, "GET", &format!("{base}/{name}"), None, Vec::new()).await;
+    let (code, _, _) = get(&client, &item).await;
     assert_eq!(code, 404, "the last finalizer's removal deleted it");
 
     // Preconditions.
-    let (_, s, _) = raw(
-        &client,
-        "POST",
-        base,
-        Some("application/json"),
-        body(json!({"metadata": {"name": "pre"}, "spec": {"ports": [{"port": 80}]}})),
-    )
-    .await;
+    let pre = json!({"metadata": {"name": "pre"}, "spec": {"ports": [{"port": 80}]}});
+    let (_, s, _) = post_json(&client, base, &pre).await;
     let (code, conflict, _) = raw(
         &client,
         "DELETE",
@@ -296,27 +257,13 @@ async fn status_subresource_finalizers_patches_and_collections() {
 
     // deletecollection with a label selector.
     for n in ["c1", "c2"] {
-        raw(&client, "POST", base, Some("application/json"), body(json!({"metadata": {"name": n, "labels": {"group": "c"}}, "spec": {"ports": [{"port": 80}]}}))).await;
+        post_json(&client, base, &json!({"metadata": {"name": n, "labels": {"group": "c"}}, "spec": {"ports": [{"port": 80}]}})).await;
     }
-    let (code, deleted, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{base}?labelSelector=group%3Dc"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (code, deleted, _) = delete(&client, &format!("{base}?labelSelector=group%3Dc")).await;
     assert_eq!(code, 200);
     assert_eq!(deleted["kind"], "ServiceList");
     assert_eq!(deleted["items"].as_array().map(Vec::len), Some(2));
-    let (_, left, _) = raw(
-        &client,
-        "GET",
-        &format!("{base}?labelSelector=group%3Dc"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (_, left, _) = get(&client, &format!("{base}?labelSelector=group%3Dc")).await;
     assert_eq!(left["items"], json!([]));
 }
 
@@ -361,20 +308,14 @@ async fn lists_at_a_compacted_revision_are_410() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     server.ok(&["label", "svc", "a", "x=y"]);
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
-    let (code, body, _) = raw(
-        &client,
-        "GET",
-        "/api/v1/namespaces/default/services?resourceVersion=2&resourceVersionMatch=Exact",
-        None,
-        Vec::new(),
-    )
-    .await;
-    assert_eq!(code, 410, "{body}");
-    assert_eq!(body["reason"], "Expired");
-    assert_eq!(
-        body["message"],
-        "The resourceVersion for the provided list is too old."
+    let at_two = "/api/v1/namespaces/default/services?resourceVersion=2&resourceVersionMatch=Exact";
+    let (code, body, _) = get(&client, at_two).await;
+    let expired = (
+        410,
+        "Expired",
+        "The resourceVersion for the provided list is too old.",
     );
+    assert_status(at_two, code, &body, expired);
 }
 
 /// The Service `web` of the reference transcripts, as their client sent it.
@@ -390,7 +331,7 @@ async fn created_objects_carry_upstreams_managed_fields() {
     let client = server.client().await;
     // The request and the fieldsV1 kube-apiserver 1.36 answered (reference transcript).
     let body = web_service();
-    let (code, created, _) = common::post_json(
+    let (code, created, _) = post_json(
         &client,
         "/api/v1/namespaces/default/services?fieldManager=curl",
         &body,
@@ -431,12 +372,12 @@ async fn an_unavailable_apiservice_is_listed_and_answers_503() {
         "spec": {"group": "foo.example.com", "version": "v1beta1", "groupPriorityMinimum": 100,
                  "versionPriority": 15, "insecureSkipTLSVerify": true,
                  "service": {"namespace": "ext", "name": "api"}}});
-    let (code, created, _) = common::post_json(&client, base, &remote).await;
+    let (code, created, _) = post_json(&client, base, &remote).await;
     assert_eq!(code, 201, "{created}");
     // Legacy /apis lists it (available or not) after the aggregator's own group and, by
     // groupPriorityMinimum, after coordination.k8s.io and discovery.k8s.io (16500 and 16200
     // against its 100).
-    let (_, groups, _) = raw(&client, "GET", "/apis", None, Vec::new()).await;
+    let (_, groups, _) = get(&client, "/apis").await;
     assert_eq!(groups["groups"][0]["name"], "apiregistration.k8s.io");
     assert_eq!(groups["groups"][1]["name"], "coordination.k8s.io");
     assert_eq!(groups["groups"][2]["name"], "discovery.k8s.io");
@@ -456,83 +397,40 @@ async fn scheduled_pods_are_deleted_gracefully() {
     let client = server.client().await;
     let pods = "/api/v1/namespaces/default/pods";
     let create = |name: &str, node: &str| {
-        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod",
+        json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name},
             "spec": {"nodeName": node, "terminationGracePeriodSeconds": 45,
-                     "containers": [{"name": "c", "image": "nginx"}]}}))
-        .expect("json")
+                     "containers": [{"name": "c", "image": "nginx"}]}})
     };
     // Never scheduled: gone at once.
-    let (code, _, _) = raw(
-        &client,
-        "POST",
-        pods,
-        Some("application/json"),
-        create("loose", ""),
-    )
-    .await;
+    let (code, _, _) = post_json(&client, pods, &create("loose", "")).await;
     assert_eq!(code, 201);
-    let (code, _, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{pods}/loose"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (code, _, _) = delete(&client, &format!("{pods}/loose")).await;
     assert_eq!(code, 200);
-    let (code, _, _) = raw(&client, "GET", &format!("{pods}/loose"), None, Vec::new()).await;
+    let (code, _, _) = get(&client, &format!("{pods}/loose")).await;
     assert_eq!(code, 404);
     // Scheduled: marked with the pod's own grace period and kept.
-    let (code, _, _) = raw(
-        &client,
-        "POST",
-        pods,
-        Some("application/json"),
-        create("held", "n1"),
-    )
-    .await;
+    let (code, _, _) = post_json(&client, pods, &create("held", "n1")).await;
     assert_eq!(code, 201);
     let item = format!("{pods}/held");
-    let (code, marked, _) = raw(&client, "DELETE", &item, None, Vec::new()).await;
+    let (code, marked, _) = delete(&client, &item).await;
     assert_eq!(code, 200, "{marked}");
     assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 45);
     let deadline = marked["metadata"]["deletionTimestamp"].clone();
     // A longer grace period changes nothing; a shorter one moves the deadline closer.
-    let (_, same, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{item}?gracePeriodSeconds=100"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (_, same, _) = delete(&client, &format!("{item}?gracePeriodSeconds=100")).await;
     assert_eq!(same["metadata"]["deletionTimestamp"], deadline);
     assert_eq!(
         same["metadata"]["resourceVersion"],
         marked["metadata"]["resourceVersion"]
     );
-    let (_, shorter, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{item}?gracePeriodSeconds=5"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (_, shorter, _) = delete(&client, &format!("{item}?gracePeriodSeconds=5")).await;
     assert_eq!(shorter["metadata"]["deletionGracePeriodSeconds"], 5);
     assert!(shorter["metadata"]["deletionTimestamp"].as_str() < deadline.as_str());
     // Grace 0 removes it.
-    let (code, _, _) = raw(
-        &client,
-        "DELETE",
-        &format!("{item}?gracePeriodSeconds=0"),
-        None,
-        Vec::new(),
-    )
-    .await;
+    let (code, _, _) = delete(&client, &format!("{item}?gracePeriodSeconds=0")).await;
     assert_eq!(code, 200);
-    let (code, _, _) = raw(&client, "GET", &item, None, Vec::new()).await;
+    let (code, _, _) = get(&client, &item).await;
     assert_eq!(code, 404);
 }
 
@@ -547,7 +445,7 @@ async fn listed_and_watched_objects_carry_their_resource_version_in_written_orde
     let base = "/api/v1/namespaces/default/services";
     let body = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "order"},
         "spec": {"selector": {"app": "v1"}, "ports": [{"port": 80}]}});
-    let (code, created, _) = common::post_json(&client, base, &body).await;
+    let (code, created, _) = post_json(&client, base, &body).await;
     assert_eq!(code, 201, "{created}");
     let keys = |v: &serde_json::Value| -> Vec<String> {
         v.as_object()
@@ -567,21 +465,22 @@ async fn listed_and_watched_objects_carry_their_resource_version_in_written_orde
         .await
         .expect("watch")
         .boxed();
-    let (code, patched, _) = raw(
+    let order = format!("{base}/order");
+    let selector = json!({"spec": {"selector": {"app": "v2"}}});
+    let (code, patched, _) = patch(
         &client,
-        "PATCH",
-        &format!("{base}/order"),
-        Some("application/strategic-merge-patch+json"),
-        serde_json::to_vec(&json!({"spec": {"selector": {"app": "v2"}}})).expect("json"),
+        &order,
+        "application/strategic-merge-patch+json",
+        &selector,
     )
     .await;
     assert_eq!(code, 200, "{patched}");
-    let (_, got, _) = raw(&client, "GET", &format!("{base}/order"), None, Vec::new()).await;
+    let (_, got, _) = get(&client, &order).await;
     assert_eq!(
         keys(&got),
         ["kind", "apiVersion", "metadata", "spec", "status"]
     );
-    let (_, list, _) = raw(&client, "GET", base, None, Vec::new()).await;
+    let (_, list, _) = get(&client, base).await;
     let item = list["items"]
         .as_array()
         .and_then(|items| items.iter().find(|i| i["metadata"]["name"] == "order"))
@@ -737,10 +636,10 @@ async fn objects_come_in_kube_apiservers_member_order() {
     let client = server.client().await;
     let service = web_service();
     let path = "/api/v1/namespaces/default/services";
-    let (code, created, _) = common::post_json(&client, path, &service).await;
+    let (code, created, _) = post_json(&client, path, &service).await;
     assert_eq!(code, 201, "{created}");
-    let (_, got, _) = raw(&client, "GET", &format!("{path}/web"), None, Vec::new()).await;
-    let (_, list, _) = raw(&client, "GET", path, None, Vec::new()).await;
+    let (_, got, _) = get(&client, &format!("{path}/web")).await;
+    let (_, list, _) = get(&client, path).await;
     let keys = |value: &serde_json::Value| -> Vec<String> {
         value
             .as_object()
@@ -915,7 +814,7 @@ async fn bookmarks_carry_the_kinds_zero_value_and_come_before_the_deadline() {
     api.create(&PostParams::default(), &service("marked"))
         .await
         .expect("create");
-    let (_, list, _) = raw(&client, "GET", path, None, Vec::new()).await;
+    let (_, list, _) = get(&client, path).await;
     let start = list["metadata"]["resourceVersion"]
         .as_str()
         .expect("a list revision")

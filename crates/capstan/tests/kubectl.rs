@@ -2,9 +2,10 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::{Server, path_str};
+use common::{Server, path_str, pod_status_patch};
 
 const WEB: &str = "apiVersion: v1
 kind: Service
@@ -139,11 +140,7 @@ fn kubectl_create_service_generators_and_server_dry_run() {
 #[test]
 fn selectors_filter_lists() {
     let server = Server::start();
-    server.ok(&[
-        "create",
-        "-f",
-        path_str(&server.apply_file("web.yaml", WEB)),
-    ]);
+    server.create("web.yaml", WEB);
     server.ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432"]);
     assert_eq!(
         server
@@ -319,32 +316,46 @@ fn chunked_lists_return_everything_from_one_snapshot() {
     assert!(bad.contains("invalid continue token"), "{bad}");
 }
 
+/// What the watch `kubectl <args>` prints while `writes` run: it starts 1.5 s before them and
+/// stops `settle` after them.
+fn watched_while(
+    server: &Server,
+    args: &[&str],
+    writes: impl FnOnce(),
+    settle: Duration,
+) -> String {
+    let mut watch = server
+        .kubectl_command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl watch");
+    std::thread::sleep(Duration::from_millis(1500));
+    writes();
+    std::thread::sleep(settle);
+    let _ = watch.kill();
+    let output = watch.wait_with_output().expect("watch output");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 #[test]
 fn watch_sees_added_modified_deleted() {
     let server = Server::start();
-    let mut watch = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(server.kubeconfig())
-        .args([
-            "get",
-            "svc",
-            "--watch-only",
-            "-o",
-            "json",
-            "--output-watch-events",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl watch");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    server.ok(&["create", "service", "clusterip", "watched", "--tcp=81:81"]);
-    server.ok(&["label", "svc", "watched", "x=y"]);
-    server.ok(&["delete", "svc", "watched"]);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let _ = watch.kill();
-    let output = watch.wait_with_output().expect("watch output");
-    let text = String::from_utf8_lossy(&output.stdout);
+    let events = [
+        "get",
+        "svc",
+        "--watch-only",
+        "-o",
+        "json",
+        "--output-watch-events",
+    ];
+    let writes = || {
+        server.ok(&["create", "service", "clusterip", "watched", "--tcp=81:81"]);
+        server.ok(&["label", "svc", "watched", "x=y"]);
+        server.ok(&["delete", "svc", "watched"]);
+    };
+    let text = watched_while(&server, &events, writes, Duration::from_millis(1500));
     let added = text.find("\"ADDED\"").expect("ADDED event");
     let modified = text.find("\"MODIFIED\"").expect("MODIFIED event");
     let deleted = text.find("\"DELETED\"").expect("DELETED event");
@@ -354,20 +365,15 @@ fn watch_sees_added_modified_deleted() {
 #[test]
 fn watch_with_table_output_prints_rows() {
     let server = Server::start();
-    let mut watch = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(server.kubeconfig())
-        .args(["get", "svc", "-w"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl watch");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    server.ok(&["create", "service", "clusterip", "tbl", "--tcp=81:81"]);
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    let _ = watch.kill();
-    let output = watch.wait_with_output().expect("watch output");
-    let text = String::from_utf8_lossy(&output.stdout);
+    let writes = || {
+        server.ok(&["create", "service", "clusterip", "tbl", "--tcp=81:81"]);
+    };
+    let text = watched_while(
+        &server,
+        &["get", "svc", "-w"],
+        writes,
+        Duration::from_millis(1000),
+    );
     assert!(text.starts_with("NAME"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("kubernetes ")), "{text}");
     assert!(
@@ -413,11 +419,7 @@ fn discovery_and_explain_work_for_kubectl() {
 #[test]
 fn stale_replace_conflicts_and_status_is_ignored_on_the_main_resource() {
     let server = Server::start();
-    server.ok(&[
-        "create",
-        "-f",
-        path_str(&server.apply_file("web.yaml", WEB)),
-    ]);
+    server.create("web.yaml", WEB);
     let stale = server.ok(&["get", "svc", "web", "-o", "json"]);
     server.ok(&["label", "svc", "web", "a=b"]);
     let file = server.apply_file("stale.json", &stale);
@@ -458,29 +460,24 @@ fn services_survive_a_restart_and_sigterm_exits_cleanly() {
 #[test]
 fn namespaces_gate_creation() {
     let server = Server::start();
-    let missing = server.fails(&[
-        "create",
-        "service",
-        "clusterip",
-        "x",
-        "--tcp=80:80",
-        "-n",
-        "nowhere",
-    ]);
+    let create_x_in = |namespace| {
+        [
+            "create",
+            "service",
+            "clusterip",
+            "x",
+            "--tcp=80:80",
+            "-n",
+            namespace,
+        ]
+    };
+    let missing = server.fails(&create_x_in("nowhere"));
     assert!(
         missing.contains("namespaces \"nowhere\" not found"),
         "{missing}"
     );
     server.ok(&["create", "namespace", "team"]);
-    server.ok(&[
-        "create",
-        "service",
-        "clusterip",
-        "x",
-        "--tcp=80:80",
-        "-n",
-        "team",
-    ]);
+    server.ok(&create_x_in("team"));
     assert_eq!(
         server
             .ok(&["get", "svc", "-n", "team", "-o", "name"])
@@ -577,11 +574,7 @@ fn serves_services_from_etcd() {
         "--etcd-prefix",
         &prefix,
     ]);
-    server.ok(&[
-        "create",
-        "-f",
-        path_str(&server.apply_file("web.yaml", WEB)),
-    ]);
+    server.create("web.yaml", WEB);
     server.ok(&["label", "svc", "web", "stored=etcd"]);
     server.restart();
     assert_eq!(
@@ -640,21 +633,19 @@ fn dual_stack_expose_style_manifests_and_kubectl_error_text() {
         "--service-cluster-ip-range",
         "10.96.0.0/16,fd00:10:96::/108",
     ]);
-    let dual = server.apply_file(
+    server.create(
         "dual.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: ds}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {app: ds}\n  ports: [{port: 80}]\n",
     );
-    server.ok(&["create", "-f", path_str(&dual)]);
     let families = server.jsonpath(&["svc", "ds"], "{.spec.ipFamilies}");
     assert_eq!(families, r#"["IPv4","IPv6"]"#);
     let ips = server.jsonpath(&["svc", "ds"], "{.spec.clusterIPs[1]}");
     assert!(ips.starts_with("fd00:10:96::"), "{ips}");
     // What `kubectl expose deployment web --port=80 --target-port=8080` sends.
-    let expose = server.apply_file(
+    server.create(
         "expose.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {app: web}}\nspec:\n  selector: {app: web}\n  ports: [{protocol: TCP, port: 80, targetPort: 8080}]\n",
     );
-    server.ok(&["create", "-f", path_str(&expose)]);
     assert!(
         server
             .ok(&["get", "svc", "web", "--no-headers"])
@@ -766,11 +757,10 @@ fn kubectl_patch_and_client_side_apply_use_strategic_merge() {
 fn endpoints_api_table_deprecation_warning_and_deletion_with_their_service() {
     let server = Server::start();
     // Selector-less: its Endpoints are the user's, not the controller's.
-    let service = server.apply_file(
+    server.create(
         "db.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n  ports: [{port: 5432}]\n",
     );
-    server.ok(&["create", "-f", path_str(&service)]);
     let ep = server.apply_file(
         "ep.yaml",
         "apiVersion: v1\nkind: Endpoints\nmetadata: {name: db}\nsubsets:\n- addresses: [{ip: 10.244.0.11}, {ip: 10.244.0.12}]\n  ports: [{port: 5432}]\n",
@@ -844,15 +834,8 @@ fn the_endpoints_controller_follows_pods_and_services() {
     wait_for("{.subsets[0].addresses[*].ip}", "10.244.0.11 10.244.0.12");
     wait_for("{.subsets[0].notReadyAddresses[*].ip}", "10.244.0.13");
     wait_for("{.subsets[0].ports[0].port}", "8080");
-    server.ok(&[
-        "patch",
-        "pod",
-        "p3",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
-    ]);
+    let ready = r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#;
+    server.ok(&pod_status_patch("p3", ready));
     wait_for(
         "{.subsets[0].addresses[*].ip}",
         "10.244.0.11 10.244.0.12 10.244.0.13",
@@ -878,8 +861,8 @@ fn after_a_restart_the_controller_rewrites_no_unchanged_endpoints() {
         "p.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: r}}\nspec: {nodeName: n1, containers: [{name: c, image: nginx}]}\n",
     );
-    server.ok(&["patch", "pod", "p", "--subresource=status", "--type=merge", "-p",
-        r#"{"status":{"phase":"Running","podIP":"10.244.1.1","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#]);
+    let running = r#"{"status":{"phase":"Running","podIP":"10.244.1.1","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#;
+    server.ok(&pod_status_patch("p", running));
     server.apply(
         "r.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: r}\nspec: {selector: {app: r}, ports: [{port: 80}]}\n",
@@ -1062,18 +1045,13 @@ fn kubectl_edit_diff_label_annotate_set_selector_and_patch_types() {
         .arg(&editor)
         .status()
         .expect("chmod");
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(server.kubeconfig())
+    let edit = server
+        .kubectl_command()
         .args(["edit", "svc", "web"])
         .env("EDITOR", &editor)
         .output()
         .expect("kubectl edit");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded("kubectl edit", &edit);
     assert_eq!(
         server.jsonpath(&["svc", "web"], "{.spec.sessionAffinity}"),
         "ClientIP"

@@ -193,6 +193,30 @@ async fn put_ok(store: &Arc<dyn Storage>, key: &str, value: &str) -> Revision {
     commit(store, put(key, value)).await.0
 }
 
+/// Deletes `key` in a transaction of its own; the transaction's revision.
+async fn delete_ok(store: &Arc<dyn Storage>, key: &str) -> Revision {
+    commit(store, Txn::new().then(Op::Delete(key.into())))
+        .await
+        .0
+}
+
+/// Runs the transactions `txn(0)` to `txn(31)` all at once; the `n`s of those that succeeded.
+async fn race(store: &Arc<dyn Storage>, txn: impl Fn(usize) -> Txn) -> Vec<usize> {
+    let tasks: Vec<_> = (0..32)
+        .map(|n| {
+            let (store, txn) = (store.clone(), txn(n));
+            tokio::spawn(async move { store.txn(txn).await.unwrap().succeeded() })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for (n, task) in tasks.into_iter().enumerate() {
+        if task.await.unwrap() {
+            winners.push(n);
+        }
+    }
+    winners
+}
+
 async fn value_of(store: &Arc<dyn Storage>, key: &str, at: Option<Revision>) -> Option<String> {
     let got = store.get(key, at).await.unwrap();
     got.kv
@@ -267,7 +291,7 @@ mod cases {
         );
 
         // Deleting and recreating starts a new life: new create revision, version 1.
-        commit(&store, Txn::new().then(Op::Delete("svc/a".into()))).await;
+        delete_ok(&store, "svc/a").await;
         let recreated = put_ok(&store, "svc/a", "three").await;
         let kv = store.get("svc/a", None).await.unwrap().kv.unwrap();
         assert_eq!((kv.create_revision, kv.version), (recreated, 1));
@@ -293,25 +317,23 @@ mod cases {
     pub async fn reads_at_an_older_revision_see_the_state_then(engine: Engine) {
         let store = engine.open().await;
         let before = put_ok(&store, "h/other", "x").await;
-        let r1 = put_ok(&store, "h/k", "v1").await;
-        let r2 = put_ok(&store, "h/k", "v2").await;
-        let (r3, _) = commit(&store, Txn::new().then(Op::Delete("h/k".into()))).await;
-        let r4 = put_ok(&store, "h/k", "v4").await;
+        // The key's history: a put of each value, a delete for `None`.
+        let history = [Some("v1"), Some("v2"), None, Some("v4")];
+        let mut revisions = Vec::new();
+        for value in history {
+            revisions.push(match value {
+                Some(value) => put_ok(&store, "h/k", value).await,
+                None => delete_ok(&store, "h/k").await,
+            });
+        }
 
+        // A read at each write's revision sees that write; before the first, nothing.
         assert_eq!(value_of(&store, "h/k", Some(before)).await, None);
-        assert_eq!(
-            value_of(&store, "h/k", Some(r1)).await.as_deref(),
-            Some("v1")
-        );
-        assert_eq!(
-            value_of(&store, "h/k", Some(r2)).await.as_deref(),
-            Some("v2")
-        );
-        assert_eq!(value_of(&store, "h/k", Some(r3)).await, None);
-        assert_eq!(
-            value_of(&store, "h/k", Some(r4)).await.as_deref(),
-            Some("v4")
-        );
+        for (&at, value) in revisions.iter().zip(history) {
+            let seen = value_of(&store, "h/k", Some(at)).await;
+            assert_eq!(seen.as_deref(), value, "at {at}");
+        }
+        let (r1, r2) = (revisions[0], revisions[1]);
 
         let at_r1 = store.get("h/k", Some(r1)).await.unwrap();
         assert_eq!(at_r1.revision, r1);
@@ -398,7 +420,7 @@ mod cases {
         let snapshot = first.revision;
         // Writes after the first page must not show in later pages read at its revision.
         put_ok(&store, "s/k4", "new").await;
-        commit(&store, Txn::new().then(Op::Delete("s/k5".into()))).await;
+        delete_ok(&store, "s/k5").await;
         put_ok(&store, "s/k3a", "new").await;
         let second = range_ok(
             &store,
@@ -549,26 +571,12 @@ mod cases {
     pub async fn concurrent_compare_and_swap_has_exactly_one_winner(engine: Engine) {
         let store = engine.open().await;
         let base = put_ok(&store, "cas/k", "start").await;
-        let mut tasks = Vec::new();
-        for n in 0..32 {
-            let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                store
-                    .txn(
-                        Txn::new()
-                            .when(Compare::ModRevision("cas/k".into(), base))
-                            .then(Op::Put("cas/k".into(), Bytes::from(format!("w{n}")))),
-                    )
-                    .await
-                    .unwrap()
-            }));
-        }
-        let mut winners = Vec::new();
-        for (n, task) in tasks.into_iter().enumerate() {
-            if task.await.unwrap().succeeded() {
-                winners.push(n);
-            }
-        }
+        let winners = race(&store, |n| {
+            Txn::new()
+                .when(Compare::ModRevision("cas/k".into(), base))
+                .then(Op::Put("cas/k".into(), Bytes::from(format!("w{n}"))))
+        })
+        .await;
         assert_eq!(winners.len(), 1, "winners: {winners:?}");
         let kv = store.get("cas/k", None).await.unwrap().kv.unwrap();
         assert_eq!(text(&kv), format!("w{}", winners[0]));
@@ -577,25 +585,13 @@ mod cases {
 
     pub async fn concurrent_creates_of_one_key_have_exactly_one_winner(engine: Engine) {
         let store = engine.open().await;
-        let mut tasks = Vec::new();
-        for n in 0..32 {
-            let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                store
-                    .txn(
-                        Txn::new()
-                            .when(Compare::Absent("create/k".into()))
-                            .then(Op::Put("create/k".into(), Bytes::from(format!("w{n}")))),
-                    )
-                    .await
-                    .unwrap()
-            }));
-        }
-        let mut wins = 0;
-        for task in tasks {
-            wins += usize::from(task.await.unwrap().succeeded());
-        }
-        assert_eq!(wins, 1);
+        let winners = race(&store, |n| {
+            Txn::new()
+                .when(Compare::Absent("create/k".into()))
+                .then(Op::Put("create/k".into(), Bytes::from(format!("w{n}"))))
+        })
+        .await;
+        assert_eq!(winners.len(), 1, "winners: {winners:?}");
     }
 
     pub async fn watch_delivers_puts_and_deletes_with_previous_values(engine: Engine) {
@@ -606,7 +602,7 @@ mod cases {
         let r1 = put_ok(&store, "w/k", "v1").await;
         put_ok(&store, "elsewhere", "x").await;
         let r2 = put_ok(&store, "w/k", "v2").await;
-        let (r3, _) = commit(&store, Txn::new().then(Op::Delete("w/k".into()))).await;
+        let r3 = delete_ok(&store, "w/k").await;
 
         let created = next(&mut watch).await;
         assert_eq!(created.kind, EventKind::Put);
@@ -812,7 +808,7 @@ mod cases {
             let store = engine.open().await;
             let first = put_ok(&store, "r/a", "1").await;
             let second = put_ok(&store, "r/b", "2").await;
-            commit(&store, Txn::new().then(Op::Delete("r/a".into()))).await;
+            delete_ok(&store, "r/a").await;
             let revision = put_ok(&store, "r/b", "3").await;
             (
                 first,
@@ -854,7 +850,7 @@ mod cases {
         let r1 = put_ok(&store, "cp/k", "v1").await;
         let r2 = put_ok(&store, "cp/k", "v2").await;
         let r3 = put_ok(&store, "cp/gone", "x").await;
-        let (r4, _) = commit(&store, Txn::new().then(Op::Delete("cp/gone".into()))).await;
+        let r4 = delete_ok(&store, "cp/gone").await;
         let r5 = put_ok(&store, "cp/k", "v3").await;
 
         let err = store.compact(r5 + 100).await.unwrap_err();

@@ -161,26 +161,27 @@ impl Server {
         self.launch();
     }
 
-    pub fn kubectl(&self, args: &[&str]) -> Output {
-        command_in(self.netns.as_deref(), "kubectl")
+    /// `kubectl` set up for this server, for a caller to give its arguments, environment and
+    /// output to (a watch to spawn, an `EDITOR`).
+    pub fn kubectl_command(&self) -> Command {
+        let mut command = command_in(self.netns.as_deref(), "kubectl");
+        command
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
+            .env("KUBECACHEDIR", self.dir.path().join("kube-cache"));
+        command
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_command()
             .args(args)
-            .env("KUBECACHEDIR", self.dir.path().join("kube-cache"))
             .output()
             .expect("kubectl runs")
     }
 
     /// Runs kubectl and returns stdout, failing the test when kubectl fails.
     pub fn ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        succeeded(&format!("kubectl {args:?}"), &self.kubectl(args))
     }
 
     /// Runs kubectl expecting failure; returns stderr.
@@ -214,6 +215,12 @@ impl Server {
         self.ok(&["apply", "-f", path_str(&path)])
     }
 
+    /// Writes `contents` to the manifest `name` and `kubectl create`s it; kubectl's output.
+    pub fn create(&self, name: &str, contents: &str) -> String {
+        let path = self.apply_file(name, contents);
+        self.ok(&["create", "-f", path_str(&path)])
+    }
+
     pub fn token(&self) -> String {
         std::fs::read_to_string(self.data_dir().join("admin.token"))
             .expect("token")
@@ -239,6 +246,19 @@ pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
+/// The stdout of `what`, a command that must have succeeded: else the test fails with its
+/// output.
+#[track_caller]
+pub fn succeeded(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A raw request through the kube client (TLS and token from the kubeconfig).
 pub async fn raw(
     client: &kube::Client,
@@ -248,6 +268,37 @@ pub async fn raw(
     body: Vec<u8>,
 ) -> (u16, serde_json::Value, http::HeaderMap) {
     raw_accepting(client, method, uri, content_type, None, body).await
+}
+
+/// [`raw`] GETting `uri`.
+pub async fn get(client: &kube::Client, uri: &str) -> (u16, serde_json::Value, http::HeaderMap) {
+    raw(client, "GET", uri, None, Vec::new()).await
+}
+
+/// [`raw`] DELETEing `uri`, with no options.
+pub async fn delete(client: &kube::Client, uri: &str) -> (u16, serde_json::Value, http::HeaderMap) {
+    raw(client, "DELETE", uri, None, Vec::new()).await
+}
+
+/// [`raw`] PATCHing `uri` with `body`, sent as `content_type`.
+pub async fn patch(
+    client: &kube::Client,
+    uri: &str,
+    content_type: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value, http::HeaderMap) {
+    let body = serde_json::to_vec(body).expect("encode");
+    raw(client, "PATCH", uri, Some(content_type), body).await
+}
+
+/// Asserts that `body`, answered with `code` to `what`, is upstream's Status `want`: its code,
+/// reason and message.
+#[track_caller]
+pub fn assert_status(what: &str, code: u16, body: &serde_json::Value, want: (u16, &str, &str)) {
+    let (want_code, reason, message) = want;
+    assert_eq!(code, want_code, "{what}: {body}");
+    assert_eq!(body["reason"], reason, "{what}: {body}");
+    assert_eq!(body["message"], message, "{what}: {body}");
 }
 
 /// [`raw`] POSTing `body` as JSON to `uri`.
@@ -364,6 +415,19 @@ pub fn watch_service_names(
     (seen, task)
 }
 
+/// The kubectl arguments that merge `patch` into a pod's `/status` (as a kubelet writes it).
+pub fn pod_status_patch<'a>(pod: &'a str, patch: &'a str) -> [&'a str; 7] {
+    [
+        "patch",
+        "pod",
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    ]
+}
+
 /// Marks a pod Running with `ip`, Ready or not, through its `/status` (as a kubelet would).
 #[allow(dead_code)]
 pub fn set_pod_status(server: &Server, pod: &str, ip: &str, ready: bool) {
@@ -371,15 +435,7 @@ pub fn set_pod_status(server: &Server, pod: &str, ip: &str, ready: bool) {
     let status = format!(
         r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{ready}"}}]}}}}"#
     );
-    server.ok(&[
-        "patch",
-        "pod",
-        pod,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status,
-    ]);
+    server.ok(&pod_status_patch(pod, &status));
 }
 
 /// A kube client from a kubeconfig file.
