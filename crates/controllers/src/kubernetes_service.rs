@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capstan_machinery::ApiError;
+
+use crate::runtime::{Controller, WorkQueue};
 use capstan_registry::object::from_typed;
 use capstan_registry::{Object, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{
@@ -190,18 +192,16 @@ impl KubernetesServiceController {
         Ok(())
     }
 
-    /// Reconciles every [`RESYNC`] in a background task.
+    /// Reconciles every [`RESYNC`] in a background task (one key, rechecked as upstream's
+    /// reconciler loop; a failed pass is retried with the runtime's back-off).
     pub fn start(self) {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(RESYNC);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                if let Err(error) = self.reconcile().await {
-                    tracing::warn!(%error, "reconciling the kubernetes Service");
-                }
-            }
-        });
+        let keeper = Arc::new(self);
+        Controller::new("kubernetes service", Arc::new(WorkQueue::default()))
+            .every(RESYNC, || vec![()])
+            .run(move |()| {
+                let keeper = keeper.clone();
+                async move { keeper.reconcile().await }
+            });
     }
 }
 
