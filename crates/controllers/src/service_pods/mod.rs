@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use capstan_machinery::ApiError;
 use capstan_machinery::hash::{HashMap, HashMapExt};
 use capstan_registry::Registry;
-use capstan_registry::cache::{ByRevision, EventType};
+use capstan_registry::cache::EventType;
 use capstan_storage::Revision;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::runtime::{Informer, Key, Progress, WorkQueue, key_of};
+use crate::runtime::{Informer, Key, Progress, Store, WorkQueue, key_of};
 
 use index::Index;
 pub(crate) use index::Labels;
@@ -33,10 +33,10 @@ pub struct ServicePods {
     services: Arc<Registry>,
     pods: Arc<Registry>,
     index: Mutex<Index>,
-    /// Services as [`ServicePods::service`] decoded them, by key with the revision they were
-    /// read at: both controllers sync a changed Service, and a pod's change syncs its Services
-    /// again, from the same revision.
-    read: ByRevision<Arc<Service>>,
+    /// The Services as a sync reads them ([`service_as_read`]), decoded once per revision:
+    /// both controllers sync a changed Service, and a pod's change syncs its Services again,
+    /// from the same revision.
+    services_read: Store<Service>,
     /// The controllers' queues, each fed every Service change that matters.
     subscribers: Mutex<Vec<Arc<WorkQueue<Key>>>>,
     /// How far the Service and Pod informers have got (told once they run).
@@ -57,10 +57,10 @@ impl ServicePods {
     /// The shared informers of these Services and Pods (started by [`ServicePods::start`]).
     pub fn new(services: Arc<Registry>, pods: Arc<Registry>) -> Self {
         ServicePods {
+            services_read: Store::new(services.clone(), KEPT_SERVICES, service_as_read),
             services,
             pods,
             index: Mutex::new(Index::default()),
-            read: ByRevision::new(KEPT_SERVICES),
             subscribers: Mutex::new(Vec::new()),
             progress: [(); 2].map(|()| tokio::sync::watch::channel(None)),
         }
@@ -145,56 +145,11 @@ impl ServicePods {
             .start_reporting(self.progress[1].0.clone());
     }
 
-    /// The Service as the Service watch last showed it (upstream's controller reads its
-    /// informer's cache the same way), with what a sync reads decoded: its labels, creation
-    /// time and spec; `None` when it is gone.
-    fn service(&self, namespace: &str, name: &str) -> Result<Option<Arc<Service>>, ApiError> {
-        #[derive(serde::Deserialize)]
-        struct Read {
-            metadata: ReadMeta,
-            spec: Option<ServiceSpec>,
-        }
-        #[derive(serde::Deserialize)]
-        struct ReadMeta {
-            labels: Option<Labels>,
-            #[serde(rename = "creationTimestamp")]
-            creation_timestamp: Option<Time>,
-            uid: Option<String>,
-            #[serde(rename = "deletionTimestamp")]
-            deletion_timestamp: Option<Time>,
-        }
-        let key = self.services.strategy().info().key(namespace, name);
-        let Some(cached) = self.services.cache().get(&key) else {
-            return Ok(None);
-        };
-        if let Some(service) = self.read.get(&cached.key, cached.revision) {
-            return Ok(Some(service));
-        }
-        let read: Read = serde_json::from_slice(&cached.lean_json())
-            .map_err(|_| ApiError::internal(format!("undecodable object at {key}")))?;
-        let service = Arc::new(Service {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(namespace.to_string()),
-                labels: read.metadata.labels,
-                creation_timestamp: read.metadata.creation_timestamp,
-                uid: read.metadata.uid,
-                deletion_timestamp: read.metadata.deletion_timestamp,
-                ..ObjectMeta::default()
-            },
-            spec: read.spec,
-            status: None,
-        });
-        self.read
-            .put(cached.key.clone(), cached.revision, service.clone());
-        Ok(Some(service))
-    }
-
     /// What a sync works from: the Service and the pods its selector matches, as the watches
     /// last showed them (as upstream's controllers read their informers); `Gone` when the
     /// Service is, `Skip` when it has no selector or is an ExternalName.
     pub(crate) fn selected(&self, key: &Key) -> Result<Selection, ApiError> {
-        let Some(service) = self.service(&key.0, &key.1)? else {
+        let Some(service) = self.services_read.get(&key.0, &key.1)? else {
             return Ok(Selection::Gone);
         };
         let spec = service.spec.as_ref();
@@ -210,6 +165,40 @@ impl ServicePods {
         let pods = self.index().members(key, selector);
         Ok(Selection::Pods(service, pods))
     }
+}
+
+/// The Service as a sync reads it: its labels, identity, creation and deletion times and spec
+/// (upstream's controllers read their informer's cache the same way), without decoding the
+/// rest.
+fn service_as_read(json: &[u8], namespace: &str, name: &str) -> Result<Service, String> {
+    #[derive(serde::Deserialize)]
+    struct Read {
+        metadata: ReadMeta,
+        spec: Option<ServiceSpec>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ReadMeta {
+        labels: Option<Labels>,
+        #[serde(rename = "creationTimestamp")]
+        creation_timestamp: Option<Time>,
+        uid: Option<String>,
+        #[serde(rename = "deletionTimestamp")]
+        deletion_timestamp: Option<Time>,
+    }
+    let read: Read = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    Ok(Service {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: read.metadata.labels,
+            creation_timestamp: read.metadata.creation_timestamp,
+            uid: read.metadata.uid,
+            deletion_timestamp: read.metadata.deletion_timestamp,
+            ..ObjectMeta::default()
+        },
+        spec: read.spec,
+        status: None,
+    })
 }
 
 /// What the trigger time is computed from: the times last seen of each pod and of the Service.
