@@ -19,8 +19,9 @@ const NAMESPACE_SUBRESOURCES: &[&str] = &["status", "finalize"];
 /// Subresources that stream for as long as the client wants (upstream's long-running
 /// subresources: a pod's attach, exec, log, port-forward, and proxies).
 const STREAMING_SUBRESOURCES: &[&str] = &["attach", "exec", "proxy", "log", "portforward"];
-/// The paths served to anyone: version and health (upstream's public-info paths).
-const PUBLIC_PATHS: &[&str] = &["/version", "/healthz", "/livez", "/readyz"];
+/// The health endpoints, served to anyone and never refused for load, with their checks below
+/// them (upstream's public-info paths, with `/version`).
+const HEALTH_PATHS: &[&str] = &["/healthz", "/livez", "/readyz"];
 
 /// A request as upstream's `RequestInfo` describes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -166,12 +167,13 @@ impl RequestInfo {
     /// A health probe (`/healthz`, `/livez`, `/readyz` and their checks): never refused for
     /// load.
     pub fn health_probe(&self) -> bool {
-        PUBLIC_PATHS[1..].iter().any(|p| self.under(p))
+        HEALTH_PATHS.iter().any(|p| self.under(p))
     }
 
-    /// Served to anyone, authenticated or not: version and health.
+    /// Served to anyone, authenticated or not: version (`/version` and `/version/`, as
+    /// upstream's `system:public-info-viewer` allows) and health.
     pub fn public(&self) -> bool {
-        PUBLIC_PATHS.iter().any(|p| self.under(p))
+        matches!(self.path.as_str(), "/version" | "/version/") || self.health_probe()
     }
 
     /// Whether the path is `prefix` or below it.
@@ -324,6 +326,8 @@ mod tests {
     fn version_and_health_are_public_and_probes_exempt() {
         for (path, public, probe) in [
             ("/version", true, false),
+            ("/version/", true, false),
+            ("/version/x", false, false),
             ("/healthz", true, true),
             ("/readyz/etcd", true, true),
             ("/readyzx", false, false),
