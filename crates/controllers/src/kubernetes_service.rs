@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use capstan_machinery::ApiError;
 
-use crate::runtime::{Controller, WorkQueue};
+use crate::runtime::{Backoff, Controller, WorkQueue};
 use capstan_registry::object::from_typed;
 use capstan_registry::{Object, ReadAt, Registry, Subresource, WriteOptions};
 use k8s_openapi::api::core::v1::{
@@ -192,11 +192,12 @@ impl KubernetesServiceController {
         Ok(())
     }
 
-    /// Reconciles every [`RESYNC`] in a background task (one key, rechecked as upstream's
-    /// reconciler loop; a failed pass is retried with the runtime's back-off).
+    /// Reconciles every [`RESYNC`] in a background task: one key, rechecked as upstream's
+    /// reconciler loop; a failed pass is logged and left to the next.
     pub fn start(self) {
         let keeper = Arc::new(self);
-        Controller::new("kubernetes service", Arc::new(WorkQueue::default()))
+        let queue = WorkQueue::with_backoff(Backoff::new(RESYNC, RESYNC, Some(0)));
+        Controller::new("kubernetes service", Arc::new(queue))
             .every(RESYNC, || vec![()])
             .run(move |()| {
                 let keeper = keeper.clone();
