@@ -16,6 +16,7 @@ pub mod object;
 mod store;
 pub mod strategy;
 pub mod typed;
+mod under_write;
 pub mod watch;
 
 pub use object::Object;

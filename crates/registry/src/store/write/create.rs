@@ -2,7 +2,7 @@
 //! when asked, allocated, validated and written when absent.
 
 use super::*;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use crate::under_write::UnderWrite;
 
 /// A created object, and the compact JSON a create answers with ([`meta::typed_json_bytes`] of
 /// it): its stored bytes with the `resourceVersion` put in, when it was stored (a dry run
@@ -52,32 +52,8 @@ impl Registry {
         options: &WriteOptions,
     ) -> Result<Created, ApiError> {
         let info = self.strategy.info();
-        {
-            let meta = meta::metadata_mut(&mut object);
-            for field in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "selfLink",
-                "resourceVersion",
-                "generation",
-            ] {
-                meta.shift_remove(field);
-            }
-            if info.namespaced {
-                meta.insert("namespace".into(), json!(namespace));
-            } else {
-                meta.shift_remove("namespace");
-            }
-        }
-        // A typed create's view takes the same edit.
-        view.edit_meta(|m| {
-            (m.uid, m.creation_timestamp, m.deletion_timestamp) = (None, None, None);
-            (m.deletion_grace_period_seconds, m.self_link) = (None, None);
-            (m.resource_version, m.generation) = (None, None);
-            m.namespace = info.namespaced.then(|| namespace.to_string());
-        });
+        let namespaced = info.namespaced.then_some(namespace);
+        UnderWrite::new(&mut object, &mut view).clear_for_create(namespaced);
         // A body or a typed object is in its type's form already; an applied configuration
         // is normalized by defaulting. The rules of this write share one decoded object.
         if options.applied {
@@ -95,17 +71,7 @@ impl Registry {
             );
         }
         let uid = capstan_machinery::uid::new_v4_string();
-        let created = meta::now_second();
-        meta::set_meta_str(&mut object, "uid", &uid);
-        meta::set_meta_str(
-            &mut object,
-            "creationTimestamp",
-            &meta::format_timestamp(created),
-        );
-        view.edit_meta(|m| {
-            m.uid = Some(uid.clone());
-            m.creation_timestamp = Some(Time(created));
-        });
+        UnderWrite::new(&mut object, &mut view).set_identity(&uid, meta::now_second());
         self.strategy.prepare_for_create(&mut object, &mut view);
         if info.namespaced {
             self.check_namespace(namespace, meta::name(&object)).await?;
@@ -139,8 +105,7 @@ impl Registry {
             };
             if generate {
                 let name = generate_name(&prefix);
-                meta::set_meta_str(&mut candidate, "name", &name);
-                candidate_view.edit_meta(|m| m.name = Some(name.clone()));
+                UnderWrite::new(&mut candidate, &mut candidate_view).set_name(&name);
             }
             let name = meta::name(&candidate).to_string();
             let key = info.key(namespace, &name);
