@@ -17,6 +17,7 @@ use crate::members::{always_present, copy_member, keep_all_but_status};
 pub use crate::object::Object;
 use crate::object::from_typed;
 use crate::typed::{RulesView, mutate, read};
+use crate::under_write::UnderWrite;
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
 /// (allocations), so an object and what it holds are written atomically.
@@ -412,12 +413,11 @@ impl<S: Strategy> DynStrategy for S {
 
     fn prepare_for_create(&self, object: &mut Value, view: &mut RulesView) {
         let info = Strategy::info(self);
-        if let Value::Object(map) = object
-            && info.has_status
-            && !info.status_on_create
-            && map.shift_remove("status").is_some()
-        {
-            view.forget();
+        if info.has_status && !info.status_on_create {
+            UnderWrite::new(object, view).edit_json(|object| {
+                let removed = object.as_object_mut().map(|map| map.shift_remove("status"));
+                ((), removed.flatten().is_some())
+            });
         }
         if let Ok(typed) = view.typed::<S::Object>(object) {
             Strategy::prepare_for_create(self, typed);
@@ -436,21 +436,22 @@ impl<S: Strategy> DynStrategy for S {
         let stored = view.take_stored::<S::Object>();
         // What the stored object gives the new one, outside the rules: the view is decoded
         // again when it changed anything.
-        let given = match (old, subresource) {
-            (Some(old), Subresource::Status) => {
-                keep_all_but_status(object, old.whole()?);
-                true
-            }
-            (Some(old), Subresource::Main | Subresource::Finalize)
-                if Strategy::info(self).has_status =>
-            {
-                copy_member(object, old, ("status", DynStrategy::schema(self)))?
-            }
-            _ => false,
-        };
-        if given {
-            view.forget();
-        }
+        UnderWrite::new(object, view).edit_json(|object| {
+            let given = match (old, subresource) {
+                (Some(old), Subresource::Status) => old.whole().map(|whole| {
+                    keep_all_but_status(object, whole);
+                    true
+                }),
+                (Some(old), Subresource::Main | Subresource::Finalize)
+                    if Strategy::info(self).has_status =>
+                {
+                    copy_member(object, old, ("status", DynStrategy::schema(self)))
+                }
+                _ => Ok(false),
+            };
+            let changed = matches!(given, Ok(true));
+            (given, changed)
+        })?;
         // An object the kind's types refuse cannot be admitted: a 500 where allocation would
         // run, an invalid `/status` update otherwise.
         let undecoded = |error: String| match subresource {

@@ -61,6 +61,17 @@ impl<'a> UnderWrite<'a> {
         });
     }
 
+    /// Edits the JSON alone (an applied configuration defaulted, a member taken from the stored
+    /// object); when `edit` says it changed anything, the view is dropped, and the next rule
+    /// decodes the object again.
+    pub(crate) fn edit_json<R>(&mut self, edit: impl FnOnce(&mut Value) -> (R, bool)) -> R {
+        let (result, changed) = edit(self.json);
+        if changed {
+            self.view.forget();
+        }
+        result
+    }
+
     /// Names the object (a generated name).
     pub(crate) fn set_name(&mut self, name: &str) {
         meta::set_meta_str(self.json, "name", name);

@@ -57,8 +57,10 @@ impl Registry {
         // A body or a typed object is in its type's form already; an applied configuration
         // is normalized by defaulting. The rules of this write share one decoded object.
         if options.applied {
-            self.strategy.default(&mut object);
-            view.forget();
+            UnderWrite::new(&mut object, &mut view).edit_json(|object| {
+                self.strategy.default(object);
+                ((), true)
+            });
         } else {
             self.strategy.default_normal(&mut object, &mut view);
         }
