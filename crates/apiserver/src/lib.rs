@@ -404,12 +404,9 @@ impl ApiServer {
         if kind.namespaced && namespace.is_empty() && !info.name.is_empty() {
             return None;
         }
-        let some = |text: &str| Some(text.to_string()).filter(|t| !t.is_empty());
         Some(ResourceRequest {
             registry,
             namespace: namespace.to_string(),
-            name: some(&info.name),
-            subresource: some(&info.subresource),
             info: info.clone(),
         })
     }

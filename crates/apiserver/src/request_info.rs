@@ -48,8 +48,8 @@ pub struct RequestInfo {
     pub subresource: String,
     /// The object's name.
     pub name: String,
-    /// The path's segments from the resource on (`services`, `web`, `status`); more than three
-    /// names nothing served.
+    /// The path's segments from the resource on (`services`, `web`, `status`), the first four:
+    /// more than three names nothing served.
     pub parts: Vec<String>,
     /// Whether the method is GET or HEAD (a legacy `/watch/` path streams only then).
     reads: bool,
@@ -117,7 +117,9 @@ impl RequestInfo {
                 info.in_namespace = true;
             }
         }
-        info.parts = parts.iter().map(|p| p.to_string()).collect();
+        // Four are enough to tell a served path (at most three) from one that names nothing,
+        // however many segments a client sends.
+        info.parts = parts.iter().take(4).map(|p| p.to_string()).collect();
         let part = |i: usize| parts.get(i).map(|p| p.to_string()).unwrap_or_default();
         (info.resource, info.name, info.subresource) = (part(0), part(1), part(2));
         if info.name.is_empty() && info.verb == "get" {
@@ -247,6 +249,14 @@ mod tests {
             };
             assert_eq!(got.collection_namespace(), collection, "{path}");
         }
+    }
+
+    #[test]
+    fn a_path_of_many_segments_keeps_four_of_them() {
+        let path = format!("/api/v1/namespaces/a/services/x{}", "/y".repeat(10_000));
+        let got = info(Method::GET, &path);
+        assert_eq!(got.parts, ["services", "x", "y", "y"]);
+        assert_eq!((got.name.as_str(), got.subresource.as_str()), ("x", "y"));
     }
 
     #[test]

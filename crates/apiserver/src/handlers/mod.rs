@@ -45,12 +45,15 @@ pub struct ResourceRequest {
     pub registry: Arc<Registry>,
     /// Namespace from the path (empty: none / all namespaces).
     pub namespace: String,
-    /// Object name from the path.
-    pub name: Option<String>,
-    /// `status` for the status subresource.
-    pub subresource: Option<String>,
     /// What the request is.
     pub info: crate::request_info::RequestInfo,
+}
+
+impl ResourceRequest {
+    /// The object name the path gives, if any.
+    pub fn name(&self) -> Option<&str> {
+        Some(self.info.name.as_str()).filter(|name| !name.is_empty())
+    }
 }
 
 /// Everything a handler reads from the HTTP request.
@@ -130,9 +133,9 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
         Err(error) => return crate::request::unnegotiated_error(&error),
     };
     let info = request.registry.strategy().info();
-    let subresource = match request.subresource.as_deref() {
-        Some("status") => Subresource::Status,
-        Some("finalize") => Subresource::Finalize,
+    let subresource = match request.info.subresource.as_str() {
+        "status" => Subresource::Status,
+        "finalize" => Subresource::Finalize,
         _ => Subresource::Main,
     };
     // `/finalize` serves PUT only, as upstream registers it.
@@ -148,7 +151,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     if watch_path && call.method != Method::GET {
         return error_response(&ApiError::method_not_allowed(), encoding);
     }
-    let result = match (&call.method, request.name.as_deref(), is_watch) {
+    let result = match (&call.method, request.name(), is_watch) {
         (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
         (&Method::GET, None, false) => list(&request, &call, encoding).await,
         (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,

@@ -22,7 +22,7 @@ pub(super) fn selectors(
     let fields =
         FieldSelector::parse(query.text("fieldSelector")).map_err(ApiError::bad_request)?;
     request.registry.check_field_selector(&fields)?;
-    if let (Some(path_name), Some(pinned)) = (request.name.as_deref(), fields.pinned_name())
+    if let (Some(path_name), Some(pinned)) = (request.name(), fields.pinned_name())
         && path_name != pinned
     {
         return Err(ApiError::bad_request(

@@ -20,7 +20,7 @@ pub(super) async fn start_watch(
 ) -> Result<Response<Body>, ApiError> {
     let query = &call.query;
     let (labels, mut fields) = selectors(request, query)?;
-    if let Some(name) = &request.name {
+    if let Some(name) = request.name() {
         fields = FieldSelector::parse(&format!("metadata.name={name}"))
             .map_err(ApiError::bad_request)?;
     }
