@@ -65,8 +65,8 @@ impl Group {
         Ok(())
     }
 
-    /// Runs `start` inside a runtime on a thread of its own named `name` (see
-    /// [`Group::runtime`]): what it spawns runs there until the group stops.
+    /// Runs `start` inside a runtime on a thread of its own named `name`: what it spawns runs
+    /// there until the group stops.
     pub fn within(&self, name: &str, start: impl FnOnce()) -> std::io::Result<()> {
         let runtime = self.runtime(name)?;
         let _on = runtime.enter();
@@ -76,7 +76,7 @@ impl Group {
 
     /// A runtime on a thread of its own named `name`, running until the group stops: what is
     /// spawned on it (`Handle::enter`, then `tokio::spawn`) runs there.
-    pub fn runtime(&self, name: &str) -> std::io::Result<tokio::runtime::Handle> {
+    fn runtime(&self, name: &str) -> std::io::Result<tokio::runtime::Handle> {
         let (sender, receiver) = std::sync::mpsc::channel();
         self.spawn(name, async move {
             let _ = sender.send(tokio::runtime::Handle::current());
