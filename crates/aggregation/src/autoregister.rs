@@ -46,10 +46,8 @@ pub async fn register_local_apiservices(
             groups.push(entry);
         }
     }
-    let Some(apiservices) = registries.iter().find(|r| {
-        let info = r.strategy().info();
-        (info.group, info.plural) == ("apiregistration.k8s.io", "apiservices")
-    }) else {
+    let Some(apiservices) = crate::registry(registries, "apiregistration.k8s.io", "apiservices")
+    else {
         return Ok(());
     };
     for (group, version, (group_priority, version_priority)) in groups {
@@ -58,7 +56,7 @@ pub async fn register_local_apiservices(
         if !group.is_empty() {
             spec["group"] = group.into();
         }
-        register_local_apiservice(apiservices, &format!("{version}.{group}"), spec, options)
+        register_local_apiservice(&apiservices, &format!("{version}.{group}"), spec, options)
             .await?;
     }
     Ok(())

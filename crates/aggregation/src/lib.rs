@@ -18,3 +18,18 @@ pub use availability::AvailabilityController;
 pub use backend::{BackendError, ProxyClient, ProxyClientError};
 pub use client::{Backends, Connector, TlsConnection};
 pub use proxy::Aggregator;
+
+/// The registry of the kind `plural` of `group`, when it is served.
+fn registry(
+    registries: &[std::sync::Arc<capstan_registry::Registry>],
+    group: &str,
+    plural: &str,
+) -> Option<std::sync::Arc<capstan_registry::Registry>> {
+    registries
+        .iter()
+        .find(|r| {
+            let info = r.strategy().info();
+            info.group == group && info.plural == plural
+        })
+        .cloned()
+}

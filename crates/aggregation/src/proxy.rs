@@ -15,6 +15,7 @@ use capstan_resources::discovery::endpointslice::of_service as service_slices;
 
 use crate::backend::{ProxyClient, service_ref};
 use crate::client::Backends;
+use crate::registry;
 use capstan_registry::{ReadAt, Registry};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -55,16 +56,6 @@ pub struct Aggregator {
     fetched: Mutex<HashMap<String, (String, Instant, Value)>>,
     /// Served groups (the server's own, never taken from APIServices).
     local_groups: Vec<&'static str>,
-}
-
-fn registry(registries: &[Arc<Registry>], group: &str, plural: &str) -> Option<Arc<Registry>> {
-    registries
-        .iter()
-        .find(|r| {
-            let info = r.strategy().info();
-            info.group == group && info.plural == plural
-        })
-        .cloned()
 }
 
 fn spec(
