@@ -163,6 +163,45 @@ fn controllers_fail_over_between_replicas() {
 }
 
 #[test]
+fn a_follower_takes_a_released_lease_without_waiting_for_its_retry() {
+    let Some((endpoints, prefix)) = cluster("released") else {
+        return;
+    };
+    // A retry period far longer than the wait below: a follower that only polled would
+    // almost never see the release in time.
+    let slow = |endpoints: &str| {
+        let mut flags = vec!["--storage", "etcd", "--etcd-servers", endpoints];
+        flags.extend([
+            "--etcd-prefix",
+            &prefix,
+            "--leader-elect-lease-duration",
+            "60s",
+        ]);
+        flags.extend(["--leader-elect-renew-deadline", "40s"]);
+        flags.extend(["--leader-elect-retry-period", "30s"]);
+        Server::start_with(&flags)
+    };
+    let mut servers = [slow(&endpoints), slow(&endpoints)];
+    let leader = {
+        let [a, b] = &servers;
+        leader_among(a, &[a, b], Duration::from_secs(10)).expect("one replica leads")
+    };
+    let follower = 1 - leader;
+    // SIGTERM: the leader stops its controllers and releases the lease; the follower, which
+    // follows the lease through its informer, takes it at once.
+    servers[leader].stop();
+    let stopped = Instant::now();
+    let survivor = &servers[follower];
+    let took = leader_among(survivor, &[survivor], Duration::from_secs(10));
+    assert!(
+        took.is_some(),
+        "the follower took the released lease {:?} after the leader stopped: {}",
+        stopped.elapsed(),
+        survivor.log()
+    );
+}
+
+#[test]
 fn racing_replicas_allocate_unique_cluster_ips() {
     let Some((endpoints, prefix)) = cluster("race") else {
         return;

@@ -5,11 +5,20 @@
 //!
 //! Capstan's controllers run while their replica leads ([`Elector::run`]), so they run once
 //! however many replicas serve the API.
+//!
+//! A follower also follows the Lease through the controller runtime's [`Informer`]: when the
+//! holder releases it (a clean stop) or it is deleted, a waiting candidate tries at once
+//! instead of at its next retry (client-go's candidates only poll, up to a retry period
+//! late); expiry is still judged by polling, by this replica's clock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use capstan_registry::cache::{CachedObject, EventType};
 use capstan_registry::{ReadAt, Registry, Subresource, WriteOptions};
+use tokio::sync::Notify;
+
+use crate::runtime::{Informer, key_of};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -272,11 +281,15 @@ impl Elector {
         mut lead: impl FnMut() -> crate::Group + Send,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
+        let released = self.follow();
         loop {
             tracing::info!(lease = %self.lease_path(), identity = %self.identity, "attempting to acquire leader lease");
             while !self.try_acquire_or_renew().await {
                 tokio::select! {
                     () = tokio::time::sleep(self.jittered()) => {}
+                    () = released.notified() => {
+                        tracing::debug!(lease = %self.lease_path(), "the lease was released");
+                    }
                     _ = shutdown.wait_for(|stop| *stop) => return,
                 }
             }
@@ -343,6 +356,23 @@ impl Elector {
         }
     }
 
+    /// Follows the Lease on the current runtime (for its life): the answer is notified each
+    /// time the Lease is seen without a holder, or deleted.
+    fn follow(&self) -> Arc<Notify> {
+        let released = Arc::new(Notify::new());
+        let notify = released.clone();
+        let key = (self.namespace.clone(), self.name.clone());
+        Informer::new(self.leases.clone())
+            .on_change(move |kind, object, _| {
+                if key_of(&object.selectable) == key && (kind == EventType::Deleted || free(object))
+                {
+                    notify.notify_one();
+                }
+            })
+            .start();
+        released
+    }
+
     fn lease_path(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
@@ -376,4 +406,14 @@ impl Elector {
             tracing::info!(lease = %self.lease_path(), "released the lease");
         }
     }
+}
+
+/// Whether a Lease names no holder (released, or never held).
+fn free(lease: &CachedObject) -> bool {
+    lease
+        .member(&["spec", "holderIdentity"])
+        .is_none_or(|holder| {
+            serde_json::from_slice::<Option<String>>(holder)
+                .is_ok_and(|h| h.is_none_or(|h| h.is_empty()))
+        })
 }
