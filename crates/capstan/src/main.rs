@@ -305,7 +305,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let strategies = capstan_resources::registered(service_strategy.clone());
     let caches = Arc::new(CacheSet::for_kinds(
         store.clone(),
-        &strategies,
+        strategies
+            .iter()
+            .map(|kind| kind.clone() as Arc<dyn capstan_registry::cache::Project>),
         capstan_registry::cache::HistoryLimits {
             events: 102_400,
             bytes: args.watch_cache_history_bytes,

@@ -11,13 +11,14 @@ use k8s_openapi::Metadata;
 use serde_json::Value;
 
 use crate::Subresource;
+use crate::cache::{Project, Selectable, SelectableFrom, SelectableMeta};
 use crate::current::Current;
 use crate::decode::for_rules;
 use crate::members::{always_present, copy_member, keep_all_but_status};
 pub use crate::object::Object;
 use crate::object::from_typed;
-use crate::typed::{RulesView, mutate, read};
-use crate::under_write::UnderWrite;
+use crate::typed::{mutate, read};
+pub use crate::under_write::UnderWrite;
 
 /// Storage work a strategy adds to a write: extra compares and ops in the same transaction
 /// (allocations), so an object and what it holds are written atomically.
@@ -175,9 +176,9 @@ pub trait Strategy: Send + Sync + 'static {
     /// kind whose selectable fields are a small part of its objects decodes only that part
     /// (and `metadata`'s name, namespace and labels); its tests check that every selectable
     /// field reads the same from it as from the whole object, both ways.
-    fn selectable_object(&self, from: crate::cache::SelectableFrom<'_>) -> Option<Self::Object> {
+    fn selectable_object(&self, from: SelectableFrom<'_>) -> Option<Self::Object> {
         match from {
-            crate::cache::SelectableFrom::Object(object) => for_rules(object).ok(),
+            SelectableFrom::Object(object) => for_rules(object).ok(),
             json => json.decode(),
         }
     }
@@ -231,7 +232,7 @@ pub enum Deleting {
 /// every [`Strategy`]; the generic work (metadata, status, managedFields, selectors) stays on
 /// JSON, and each rule sees the typed object.
 #[async_trait]
-pub trait DynStrategy: Send + Sync + 'static {
+pub trait DynStrategy: Project + Send + Sync + 'static {
     /// Identity.
     fn info(&self) -> &ResourceInfo;
 
@@ -243,9 +244,9 @@ pub trait DynStrategy: Send + Sync + 'static {
     /// refused (the error text follows "cannot be handled as a <Kind>: ").
     fn decode(&self, object: Value) -> Result<Value, String>;
 
-    /// [`DynStrategy::decode`], with the rules' view of the decoded object (see
-    /// [`crate::Registry::patch_viewed`]).
-    fn decode_viewed(&self, object: Value) -> Result<(Value, RulesView), String>;
+    /// [`DynStrategy::decode`], as an object under write whose rules take the decoded typed
+    /// object rather than decode its JSON again.
+    fn decode_for_write(&self, object: Value) -> Result<UnderWrite, String>;
 
     /// The kind's OpenAPI definition (drives managedFields and `fieldValidation`).
     fn schema(&self) -> Option<&'static Value>;
@@ -266,26 +267,25 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn create_warnings(&self, object: &Value) -> Vec<String>;
     /// See [`Strategy::default`].
     fn default(&self, object: &mut Value);
-    /// [`DynStrategy::default`] of an object in its type's form (a create's: decoded from
-    /// the body or built from the type) as `view` holds it, written back only when defaulting
-    /// changed it.
-    fn default_normal(&self, object: &mut Value, view: &mut RulesView);
-    /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`] on the
-    /// object `view` holds; `object` takes the changes when admitted.
-    fn prepare_for_create(&self, object: &mut Value, view: &mut RulesView);
+    /// [`DynStrategy::default`] of an object under write: on the rules' view of it when it is
+    /// in its type's form (decoded from a body or built from the type; the JSON takes only
+    /// what defaulting changed), else on its JSON, which it normalizes.
+    fn default_under_write(&self, object: &mut UnderWrite);
+    /// Clears status (where the kind has one), then [`Strategy::prepare_for_create`].
+    fn prepare_for_create(&self, object: &mut UnderWrite);
     /// The typed half of a write, after defaulting and managedFields (`old` is the stored
     /// object on update): for a create, [`Strategy::allocate`] then
     /// [`Strategy::validate_create`]; for an update of the main resource, status kept (where
     /// the kind has one), [`Strategy::prepare_for_update`], allocation and
     /// [`Strategy::validate_update`]; for a `/status` update, everything but status and
     /// metadata kept, [`Strategy::prepare_for_status_update`] and
-    /// [`Strategy::validate_status_update`]. The new object is the one `view` holds (decoded
-    /// by an earlier rule of the same write, or now), `old` is decoded once, and `object`
-    /// takes the changes once ([`RulesView::finish`]: `view` is spent).
+    /// [`Strategy::validate_status_update`]. The new object is the rules' view of `object`
+    /// (decoded by an earlier rule of the same write, or now), `old` is decoded once, and the
+    /// rules are done afterwards ([`UnderWrite::finish`]).
     async fn admit(
         &self,
         storage: &dyn Storage,
-        (object, view): (&mut Value, &mut RulesView),
+        object: &mut UnderWrite,
         old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
@@ -304,18 +304,6 @@ pub trait DynStrategy: Send + Sync + 'static {
     fn deleting(&self, object: &mut Value) -> Deleting;
     /// See [`Strategy::selectable_fields`].
     fn selectable_fields(&self) -> &'static [&'static str];
-    /// What label and field selectors read of an object: the watch cache keeps only this
-    /// beside the object's JSON.
-    fn selectable(&self, object: &Value) -> crate::cache::Selectable;
-    /// [`DynStrategy::selectable`] of an object's JSON: for a kind without selectable fields,
-    /// its name, namespace and labels decoded from `metadata` (the object's metadata member)
-    /// alone; otherwise the whole object (`whole`, without managedFields) decoded straight
-    /// into the kind's type. `None` when it does not decode.
-    fn selectable_json(
-        &self,
-        metadata: &[u8],
-        whole: &dyn Fn() -> Vec<u8>,
-    ) -> Option<crate::cache::Selectable>;
     /// The value of a field for field selectors; `None` when the field is not supported.
     fn field_value(&self, object: &Value, field: &str) -> Option<String>;
     /// See [`Strategy::unsupported_field_message`].
@@ -375,12 +363,12 @@ impl<S: Strategy> DynStrategy for S {
         Ok(from_typed(&decode_typed::<S::Object>(object)?))
     }
 
-    fn decode_viewed(&self, object: Value) -> Result<(Value, RulesView), String> {
+    fn decode_for_write(&self, object: Value) -> Result<UnderWrite, String> {
         let json = from_typed(&decode_typed::<S::Object>(object)?);
         // The rules see the object as the JSON has it (empty lists left out, times at the
         // JSON's precision), as they would had they decoded it themselves.
         let typed: S::Object = for_rules(&json)?;
-        Ok((json, RulesView::of(typed)))
+        Ok(UnderWrite::typed(typed, json))
     }
 
     fn schema(&self) -> Option<&'static Value> {
@@ -403,23 +391,27 @@ impl<S: Strategy> DynStrategy for S {
         mutate(object, |o| Strategy::default(self, o));
     }
 
-    fn default_normal(&self, object: &mut Value, view: &mut RulesView) {
-        if let Ok(typed) = view.typed::<S::Object>(object) {
+    fn default_under_write(&self, object: &mut UnderWrite) {
+        if !object.is_normal() {
+            object.edit_json(|json| {
+                DynStrategy::default(self, json);
+                ((), true)
+            });
+            object.normalized();
+        } else if let Ok(typed) = object.rules::<S::Object>() {
             Strategy::default(self, typed);
-            // managedFields are recorded on the defaulted JSON.
-            view.sync::<S::Object>(object);
         }
     }
 
-    fn prepare_for_create(&self, object: &mut Value, view: &mut RulesView) {
+    fn prepare_for_create(&self, object: &mut UnderWrite) {
         let info = Strategy::info(self);
         if info.has_status && !info.status_on_create {
-            UnderWrite::new(object, view).edit_json(|object| {
+            object.edit_json(|object| {
                 let removed = object.as_object_mut().map(|map| map.shift_remove("status"));
                 ((), removed.flatten().is_some())
             });
         }
-        if let Ok(typed) = view.typed::<S::Object>(object) {
+        if let Ok(typed) = object.rules::<S::Object>() {
             Strategy::prepare_for_create(self, typed);
         }
     }
@@ -427,31 +419,33 @@ impl<S: Strategy> DynStrategy for S {
     async fn admit(
         &self,
         storage: &dyn Storage,
-        (object, view): (&mut Value, &mut RulesView),
+        object: &mut UnderWrite,
         old: Option<&Current<'_>>,
         subresource: Subresource,
         dry_run: bool,
     ) -> Result<Admitted, ApiError> {
         // The stored object as the write read it typed, if it did.
-        let stored = view.take_stored::<S::Object>();
+        let stored = object.take_stored::<S::Object>();
         // What the stored object gives the new one, outside the rules: the view is decoded
         // again when it changed anything.
-        UnderWrite::new(object, view).edit_json(|object| {
-            let given = match (old, subresource) {
-                (Some(old), Subresource::Status) => old.whole().map(|whole| {
-                    keep_all_but_status(object, whole);
-                    true
-                }),
-                (Some(old), Subresource::Main | Subresource::Finalize)
-                    if Strategy::info(self).has_status =>
-                {
-                    copy_member(object, old, ("status", DynStrategy::schema(self)))
-                }
-                _ => Ok(false),
-            };
-            let changed = matches!(given, Ok(true));
-            (given, changed)
-        })?;
+        if let Some(old) = old {
+            object.edit_json(|object| {
+                let given = match subresource {
+                    Subresource::Status => old.whole().map(|whole| {
+                        keep_all_but_status(object, whole);
+                        true
+                    }),
+                    Subresource::Main | Subresource::Finalize
+                        if Strategy::info(self).has_status =>
+                    {
+                        copy_member(object, old, ("status", DynStrategy::schema(self)))
+                    }
+                    _ => Ok(false),
+                };
+                let changed = matches!(given, Ok(true));
+                (given, changed)
+            })?;
+        }
         // An object the kind's types refuse cannot be admitted: a 500 where allocation would
         // run, an invalid `/status` update otherwise.
         let undecoded = |error: String| match subresource {
@@ -468,7 +462,7 @@ impl<S: Strategy> DynStrategy for S {
                 Err(error) => return undecoded(error),
             },
         };
-        let new = match view.typed::<S::Object>(object) {
+        let new = match object.rules::<S::Object>() {
             Ok(new) => new,
             Err(error) => return undecoded(error),
         };
@@ -504,12 +498,16 @@ impl<S: Strategy> DynStrategy for S {
         match subresource {
             // A status update's object was put together from the stored one and the body's
             // status, in no particular order: it is written back whole, in its type's order.
-            Subresource::Status => view.finish_whole::<S::Object>(object),
+            Subresource::Status => object.finish_whole(),
             // Otherwise it is in its type's form already (decoded from a body, encoded from a
             // typed object, or normalized by defaulting), with status kept in place or last.
-            Subresource::Main | Subresource::Finalize => view.finish::<S::Object>(object),
+            Subresource::Main | Subresource::Finalize => object.finish(),
         }
-        always_present(object, Strategy::info(self).always_present);
+        object.edit_json(|json| {
+            always_present(json, Strategy::info(self).always_present);
+            // The rules are done: there is no view to keep.
+            ((), true)
+        });
         Ok(Admitted {
             extras,
             errors,
@@ -545,54 +543,6 @@ impl<S: Strategy> DynStrategy for S {
         Strategy::selectable_fields(self)
     }
 
-    fn selectable(&self, object: &Value) -> crate::cache::Selectable {
-        let fields = Strategy::selectable_fields(self);
-        let typed: Option<S::Object> = if fields.is_empty() {
-            None
-        } else {
-            Strategy::selectable_object(self, crate::cache::SelectableFrom::Object(object))
-        };
-        crate::cache::Selectable::new(
-            object,
-            fields.iter().map(|field| {
-                let value = typed
-                    .as_ref()
-                    .and_then(|o| Strategy::field_value(self, o, field));
-                (*field, value.unwrap_or_default())
-            }),
-        )
-    }
-
-    fn selectable_json(
-        &self,
-        metadata: &[u8],
-        whole: &dyn Fn() -> Vec<u8>,
-    ) -> Option<crate::cache::Selectable> {
-        let fields = Strategy::selectable_fields(self);
-        if fields.is_empty() {
-            // Only the metadata is read: the rest of the object is not even scanned.
-            let m: crate::cache::SelectableMeta = serde_json::from_slice(metadata).ok()?;
-            return Some(crate::cache::Selectable::from_parts(
-                m.name.as_deref().unwrap_or_default(),
-                m.namespace.as_deref().unwrap_or_default(),
-                m.labels.unwrap_or_default(),
-                [],
-            ));
-        }
-        let typed =
-            Strategy::selectable_object(self, crate::cache::SelectableFrom::Json(&whole()))?;
-        let m = typed.metadata();
-        Some(crate::cache::Selectable::from_parts(
-            m.name.as_deref().unwrap_or_default(),
-            m.namespace.as_deref().unwrap_or_default(),
-            m.labels.clone().unwrap_or_default(),
-            fields.iter().map(|field| {
-                let value = Strategy::field_value(self, &typed, field);
-                (*field, value.unwrap_or_default())
-            }),
-        ))
-    }
-
     fn field_value(&self, object: &Value, field: &str) -> Option<String> {
         match field {
             "metadata.name" => Some(meta::name(object).to_string()),
@@ -622,5 +572,59 @@ impl<S: Strategy> DynStrategy for S {
         serde_json::from_slice::<S::Object>(json)
             .map(|o| Strategy::cells(self, &o))
             .unwrap_or_default()
+    }
+}
+
+/// What the watch cache reads of a kind's objects: what its selectors read.
+impl<S: Strategy> Project for S {
+    fn storage_prefix(&self) -> String {
+        Strategy::info(self).list_prefix("")
+    }
+
+    fn encoding_schema(&self) -> Option<&'static Value> {
+        Strategy::info(self).schema()
+    }
+
+    fn selectable(&self, object: &Value) -> Selectable {
+        let fields = Strategy::selectable_fields(self);
+        let typed: Option<S::Object> = if fields.is_empty() {
+            None
+        } else {
+            Strategy::selectable_object(self, SelectableFrom::Object(object))
+        };
+        Selectable::new(
+            object,
+            fields.iter().map(|field| {
+                let value = typed
+                    .as_ref()
+                    .and_then(|o| Strategy::field_value(self, o, field));
+                (*field, value.unwrap_or_default())
+            }),
+        )
+    }
+
+    fn selectable_json(&self, metadata: &[u8], whole: &dyn Fn() -> Vec<u8>) -> Option<Selectable> {
+        let fields = Strategy::selectable_fields(self);
+        if fields.is_empty() {
+            // Only the metadata is read: the rest of the object is not even scanned.
+            let m: SelectableMeta = serde_json::from_slice(metadata).ok()?;
+            return Some(Selectable::from_parts(
+                m.name.as_deref().unwrap_or_default(),
+                m.namespace.as_deref().unwrap_or_default(),
+                m.labels.unwrap_or_default(),
+                [],
+            ));
+        }
+        let typed = Strategy::selectable_object(self, SelectableFrom::Json(&whole()))?;
+        let m = typed.metadata();
+        Some(Selectable::from_parts(
+            m.name.as_deref().unwrap_or_default(),
+            m.namespace.as_deref().unwrap_or_default(),
+            m.labels.clone().unwrap_or_default(),
+            fields.iter().map(|field| {
+                let value = Strategy::field_value(self, &typed, field);
+                (*field, value.unwrap_or_default())
+            }),
+        ))
     }
 }

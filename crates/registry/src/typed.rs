@@ -6,13 +6,10 @@
 //! written back around them ([`write_back`]): a write decodes the object's fields once per
 //! rule, not its field-manager history as well.
 
-use std::any::Any;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::decode::{Level, Skipping, for_rules};
-use crate::detached::Detached;
+use crate::decode::for_rules;
 use crate::object::{Object, drop_empty_lists, from_typed};
 
 /// Writes a rule's result back into `object`: every top-level field but `metadata` from
@@ -50,7 +47,11 @@ pub fn write_back<T: Object>(object: &mut Value, typed: &T, before: &ObjectMeta)
 /// [`write_back`]. The same result as `write_back`, without encoding what did not change.
 /// Returns whether the members were written back whole. `untouched` is left as it was (its
 /// metadata is set aside while the rest is compared).
-pub fn write_changes<T: Object>(object: &mut Value, typed: &mut T, untouched: &mut T) -> bool {
+pub(crate) fn write_changes<T: Object>(
+    object: &mut Value,
+    typed: &mut T,
+    untouched: &mut T,
+) -> bool {
     if typed == untouched {
         return false;
     }
@@ -181,205 +182,6 @@ pub fn mutate<T: Object, R>(object: &mut Value, rule: impl FnOnce(&mut T) -> R) 
     let result = rule(&mut typed);
     write_back(object, &typed, &before);
     Some(result)
-}
-
-/// A write's object decoded once for its kind's rules and shared by every rule the write
-/// runs (defaulting, preparation, admission), instead of decoded from the JSON by each one.
-///
-/// It holds the object as the rules have left it and as the JSON last had it (both without
-/// managedFields, which the rules never see, so the registry's managedFields bookkeeping on
-/// the JSON leaves it valid). The rules' changes reach the JSON when it is brought up to date
-/// ([`RulesView::sync`]); the registry's own edits of the JSON's system metadata go to the view
-/// too ([`RulesView::edit_meta`]), and any other edit of the JSON drops it
-/// ([`RulesView::forget`]), so the next rule decodes again.
-///
-/// A write of a typed object (a controller's) starts from that object ([`RulesView::of`]),
-/// and a patch of one also from the stored object it read ([`RulesView::with_stored`]):
-/// neither is decoded again from the JSON made of it.
-///
-/// It also carries the members of a typed write kept as encoded JSON
-/// ([`crate::detached::Detached`]), which stay with the JSON when the view is dropped.
-#[derive(Default)]
-pub struct RulesView {
-    held: Option<Box<dyn Viewed>>,
-    detached: Detached,
-}
-
-/// A [`RulesView`]'s object, of whatever kind.
-trait Viewed: Send + Sync {
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-    fn edit_meta(&mut self, edit: &dyn Fn(&mut ObjectMeta));
-    fn boxed_clone(&self) -> Box<dyn Viewed>;
-}
-
-/// The object as the rules have left it, and as the JSON has it; and the stored object as
-/// the rules see it, when the write had it typed already.
-struct Held<T> {
-    current: T,
-    synced: T,
-    stored: Option<T>,
-}
-
-impl<T: Object> Viewed for Held<T> {
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    fn edit_meta(&mut self, edit: &dyn Fn(&mut ObjectMeta)) {
-        edit(self.current.metadata_mut());
-        edit(self.synced.metadata_mut());
-    }
-
-    fn boxed_clone(&self) -> Box<dyn Viewed> {
-        Box::new(Held {
-            current: self.current.clone(),
-            synced: self.synced.clone(),
-            stored: self.stored.clone(),
-        })
-    }
-}
-
-impl Clone for RulesView {
-    fn clone(&self) -> Self {
-        RulesView {
-            held: self.held.as_ref().map(|held| held.boxed_clone()),
-            detached: self.detached.clone(),
-        }
-    }
-}
-
-impl RulesView {
-    /// The view of a typed object about to be written as JSON (without its managedFields,
-    /// which the rules never see). Its metadata is taken from the JSON again once the
-    /// registry has edited it ([`RulesView::refresh_meta`]).
-    pub fn of<T: Object>(mut object: T) -> Self {
-        object.metadata_mut().managed_fields = None;
-        RulesView {
-            held: Some(Box::new(Held {
-                synced: object.clone(),
-                current: object,
-                stored: None,
-            })),
-            detached: Detached::default(),
-        }
-    }
-
-    /// Also carries the members the JSON has as `null` places for ([`Detached`]).
-    pub fn with_detached(mut self, detached: Detached) -> Self {
-        self.detached = detached;
-        self
-    }
-
-    /// The members the JSON has as `null` places for.
-    pub fn detached(&self) -> &Detached {
-        &self.detached
-    }
-
-    /// Puts the detached members back into `object` ([`Detached::restore`]).
-    pub fn restore(&mut self, object: &mut Value) {
-        self.detached.restore(object);
-    }
-
-    /// Also holds the stored object the write started from, as [`for_rules`] decodes it.
-    pub fn with_stored<T: Object>(mut self, stored: T) -> Self {
-        if let Some(held) = self.held::<T>() {
-            held.stored = Some(stored);
-        }
-        self
-    }
-
-    /// The stored object, when the write gave it ([`RulesView::with_stored`]).
-    pub fn take_stored<T: Object>(&mut self) -> Option<T> {
-        self.held::<T>()?.stored.take()
-    }
-
-    /// Takes the held object's metadata from `object` (the JSON, which the registry's own
-    /// rules have edited since the view was made); drops the view when it does not decode.
-    pub fn refresh_meta(&mut self, object: &Value) {
-        let Some(held) = &mut self.held else {
-            return;
-        };
-        let decoded = object.get("metadata").map(|m| {
-            <ObjectMeta as serde::Deserialize>::deserialize(Skipping {
-                inner: m,
-                level: Level::Metadata,
-            })
-        });
-        match decoded {
-            Some(Ok(metadata)) => held.edit_meta(&|m| *m = metadata.clone()),
-            _ => self.forget(),
-        }
-    }
-
-    /// Makes the same edit of system metadata the registry makes of the JSON.
-    pub fn edit_meta(&mut self, edit: impl Fn(&mut ObjectMeta)) {
-        if let Some(held) = &mut self.held {
-            held.edit_meta(&edit);
-        }
-    }
-
-    /// Drops the decoded object: the JSON was changed otherwise.
-    pub fn forget(&mut self) {
-        self.held = None;
-    }
-
-    fn held<T: Object>(&mut self) -> Option<&mut Held<T>> {
-        self.held.as_mut()?.as_any_mut().downcast_mut::<Held<T>>()
-    }
-
-    /// The object as the rules see it: held, or decoded from `object` ([`for_rules`]; with
-    /// its detached members put back first).
-    pub fn typed<T: Object>(&mut self, object: &mut Value) -> Result<&mut T, String> {
-        if self.held::<T>().is_none() {
-            self.detached.restore(object);
-            let current: T = for_rules(object)?;
-            self.held = Some(Box::new(Held {
-                synced: current.clone(),
-                current,
-                stored: None,
-            }));
-        }
-        self.held::<T>()
-            .map(|held| &mut held.current)
-            .ok_or_else(|| "the view holds another kind".to_string())
-    }
-
-    /// Brings `object` up to date with what the rules changed ([`write_changes`]).
-    pub fn sync<T: Object>(&mut self, object: &mut Value) {
-        if let Some(held) = self.held::<T>()
-            && held.current != held.synced
-        {
-            let whole = write_changes(object, &mut held.current, &mut held.synced);
-            held.synced = held.current.clone();
-            if whole {
-                self.detached.clear();
-            }
-        }
-    }
-
-    /// [`RulesView::sync`] after the last rule: the view is dropped, so what the JSON now
-    /// has is not copied again (a copy of the whole object, for a slice most of a write's
-    /// allocations after its decode and encode).
-    pub fn finish<T: Object>(&mut self, object: &mut Value) {
-        if let Some(held) = self.held::<T>()
-            && held.current != held.synced
-            && write_changes(object, &mut held.current, &mut held.synced)
-        {
-            self.detached.clear();
-        }
-        self.forget();
-    }
-
-    /// Writes the object back into `object` whole ([`write_back`]), as a `/status` update
-    /// does with an object put together from two; after the last rule, as
-    /// [`RulesView::finish`].
-    pub fn finish_whole<T: Object>(&mut self, object: &mut Value) {
-        if let Some(held) = self.held::<T>() {
-            write_back(object, &held.current, held.synced.metadata());
-            self.detached.clear();
-        }
-        self.forget();
-    }
 }
 
 /// Runs a typed rule that reads `object`; `None` when the object does not decode.

@@ -17,7 +17,7 @@ mod selectable;
 pub use json::member;
 pub use kept::ByRevision;
 pub use object::{CachedObject, Writer, Written};
-pub use selectable::{Projection, Selectable, SelectableFrom, SelectableMeta};
+pub use selectable::{Project, Projection, Selectable, SelectableFrom, SelectableMeta};
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,15 +454,12 @@ impl CacheSet {
     /// A cache for each of these kinds, under its storage prefix.
     pub fn for_kinds(
         storage: Arc<dyn Storage>,
-        kinds: &[Arc<dyn crate::DynStrategy>],
+        kinds: impl IntoIterator<Item = Arc<dyn Project>>,
         history_limit: HistoryLimits,
     ) -> Self {
         let prefixes = kinds
-            .iter()
-            .map(|kind| {
-                let prefix = kind.info().list_prefix("");
-                (prefix, Projection::of_kind(kind.clone()))
-            })
+            .into_iter()
+            .map(|kind| (kind.storage_prefix(), Projection::of(kind)))
             .collect();
         Self::new(storage, prefixes, history_limit)
     }

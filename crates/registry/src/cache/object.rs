@@ -12,11 +12,11 @@ use capstan_machinery::meta::ResourceVersionMember;
 use super::json::{Json, Stored, with_type};
 use super::{EventType, Projection, Selectable};
 
-/// What a kind's projection reads of a stored object ([`DynStrategy::selectable`]: the name,
+/// What a kind's projection reads of a stored object ([`Project::selectable`]: the name,
 /// namespace and labels, and field values from `spec` and `status`); the rest is skipped.
 /// Used when the kind's type does not decode the JSON ([`Projection::project_json`]).
 ///
-/// [`DynStrategy::selectable`]: crate::DynStrategy::selectable
+/// [`Project::selectable`]: crate::cache::Project::selectable
 #[derive(serde::Deserialize)]
 struct Projected {
     metadata: Option<ProjectedMeta>,

@@ -51,51 +51,76 @@ impl SelectableFrom<'_> {
     }
 }
 
-/// What the cache reads of a kind's objects: their [`Selectable`], from the object or from its
-/// JSON, and the kind's schema for the objects it encodes itself (in its Go type's order).
-#[derive(Clone)]
-pub struct Projection {
-    object: Arc<ProjectObject>,
-    json: Arc<ProjectJson>,
+/// What the watch cache reads of a kind: where its objects are stored, what selectors read of
+/// each (from the decoded object, or straight from its JSON), and the schema that orders the
+/// members of the objects it encodes itself. Every kind's rules are one ([`crate::Strategy`]);
+/// the cache knows nothing else of them.
+pub trait Project: Send + Sync + 'static {
+    /// The storage prefix of the kind's objects (ending in `/`).
+    fn storage_prefix(&self) -> String;
+
+    /// What label and field selectors read of `object`.
+    fn selectable(&self, object: &Value) -> Selectable;
+
+    /// [`Project::selectable`] of an object's JSON, read from its `metadata` member (and
+    /// `whole`, which writes the object without `metadata.managedFields`, when it needs more);
+    /// `None` when it cannot (then the object is decoded for [`Project::selectable`]).
+    fn selectable_json(&self, metadata: &[u8], whole: &dyn Fn() -> Vec<u8>) -> Option<Selectable>;
+
     /// The kind's schema, for objects encoded afresh ([`capstan_machinery::go_order`]).
-    schema: Option<&'static Value>,
+    fn encoding_schema(&self) -> Option<&'static Value>;
 }
 
-type ProjectObject = dyn Fn(&Value) -> Selectable + Send + Sync;
-type ProjectJson = dyn Fn(&[u8], &dyn Fn() -> Vec<u8>) -> Option<Selectable> + Send + Sync;
+/// What the cache reads of a kind's objects ([`Project`]).
+#[derive(Clone)]
+pub struct Projection(Arc<dyn Project>);
+
+/// A [`Project`] made of two functions (tests, benches), without a schema.
+struct Functions<O, J> {
+    object: O,
+    json: J,
+}
+
+impl<O, J> Project for Functions<O, J>
+where
+    O: Fn(&Value) -> Selectable + Send + Sync + 'static,
+    J: Fn(&[u8], &dyn Fn() -> Vec<u8>) -> Option<Selectable> + Send + Sync + 'static,
+{
+    fn storage_prefix(&self) -> String {
+        String::new()
+    }
+
+    fn selectable(&self, object: &Value) -> Selectable {
+        (self.object)(object)
+    }
+
+    fn selectable_json(&self, metadata: &[u8], whole: &dyn Fn() -> Vec<u8>) -> Option<Selectable> {
+        (self.json)(metadata, whole)
+    }
+
+    fn encoding_schema(&self) -> Option<&'static Value> {
+        None
+    }
+}
 
 impl Projection {
     /// `object` projects a decoded object; `json` projects an object's JSON straight from the
-    /// bytes, given its `metadata` member and a function that writes the whole object without
-    /// `metadata.managedFields` (which selectors never read); `None` when it cannot (then the
-    /// object is decoded for `object`).
+    /// bytes ([`Project::selectable_json`]).
     pub fn new(
         object: impl Fn(&Value) -> Selectable + Send + Sync + 'static,
         json: impl Fn(&[u8], &dyn Fn() -> Vec<u8>) -> Option<Selectable> + Send + Sync + 'static,
     ) -> Self {
-        Projection {
-            object: Arc::new(object),
-            json: Arc::new(json),
-            schema: None,
-        }
+        Projection(Arc::new(Functions { object, json }))
+    }
+
+    /// A kind's projection.
+    pub fn of(kind: Arc<dyn Project>) -> Self {
+        Projection(kind)
     }
 
     /// The kind's schema, if it has one.
     pub fn schema(&self) -> Option<&'static Value> {
-        self.schema
-    }
-
-    /// What `kind`'s selectors read, from decoded objects or straight from their JSON.
-    pub fn of_kind(kind: Arc<dyn crate::DynStrategy>) -> Self {
-        let from_json = kind.clone();
-        let schema = kind.schema();
-        Projection {
-            schema,
-            ..Self::new(
-                move |object| kind.selectable(object),
-                move |metadata, whole| from_json.selectable_json(metadata, whole),
-            )
-        }
+        self.0.encoding_schema()
     }
 
     /// A projection of decoded objects only.
@@ -105,13 +130,13 @@ impl Projection {
 
     /// What selectors read of `object`.
     pub fn project(&self, object: &Value) -> Selectable {
-        (self.object)(object)
+        self.0.selectable(object)
     }
 
     /// What selectors read of an object's JSON, when it can be read from the bytes: its
     /// `metadata` member, and `whole` for the object without managedFields.
     pub fn project_json(&self, metadata: &[u8], whole: &dyn Fn() -> Vec<u8>) -> Option<Selectable> {
-        (self.json)(metadata, whole)
+        self.0.selectable_json(metadata, whole)
     }
 }
 

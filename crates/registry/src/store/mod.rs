@@ -55,16 +55,6 @@ impl Subresource {
     }
 }
 
-/// What form the object a write computes is in (see [`Registry::patch`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Form {
-    /// Its type's (decoded from a body, or encoded from a typed object): defaulting writes it
-    /// back only when it changed something.
-    Normal,
-    /// Any JSON (a patch's result): defaulting normalizes it.
-    Any,
-}
-
 /// Options of create, update and patch.
 #[derive(Debug, Clone, Default)]
 pub struct WriteOptions {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::current::Current;
 use crate::detached::Detached;
-use crate::typed::RulesView;
+use crate::under_write::UnderWrite;
 
 mod create;
 pub use create::Created;
@@ -187,13 +187,13 @@ impl Registry {
     ) -> Result<(Value, bool), ApiError> {
         let pinned = meta::resource_version(&new).to_string();
         self.update_with(namespace, name, &pinned, options, subresource, |_| {
-            Ok((new.clone(), RulesView::default()))
+            Ok(UnderWrite::normal(new.clone()))
         })
         .await
     }
 
     /// An update whose object `compute` gives (the same each time it is asked, `pinned` its
-    /// `resourceVersion`, empty for none), with the rules' view of it when it has one.
+    /// `resourceVersion`, empty for none), in its type's form.
     pub(super) async fn update_with(
         &self,
         namespace: &str,
@@ -201,7 +201,7 @@ impl Registry {
         pinned: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Current<'_>>) -> Result<(Value, RulesView), ApiError>,
+        compute: impl Fn(Option<&Current<'_>>) -> Result<UnderWrite, ApiError>,
     ) -> Result<(Value, bool), ApiError> {
         let unpinned = pinned.is_empty();
         let allowed = self.strategy.info().allow_unconditional_update;
@@ -211,9 +211,7 @@ impl Registry {
             options,
             subresource,
             compute,
-            // A body or a typed object is in its type's form already.
             (
-                Form::Normal,
                 match (unpinned, allowed) {
                     (true, true) => OnConflict::Retry,
                     (true, false) => OnConflict::Refuse,
@@ -235,43 +233,31 @@ impl Registry {
         subresource: Subresource,
         apply: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
-        self.patch_with(
-            object,
-            options,
-            subresource,
-            (Form::Any, Reads::Whole),
-            |current| {
-                let patched = apply(current.whole()?)?;
-                Ok((patched, RulesView::default()))
-            },
-        )
+        self.patch_with(object, options, subresource, Reads::Whole, |current| {
+            Ok(UnderWrite::any(apply(current.whole()?)?))
+        })
         .await
     }
 
-    /// A patch whose new object `patch` computes from the current one (which must exist), with
-    /// the rules' view of it when it has one; the result is pinned to the current
-    /// `resourceVersion` unless it names one.
+    /// A patch whose new object `patch` computes from the current one (which must exist); the
+    /// result is pinned to the current `resourceVersion` unless it names one.
     pub(super) async fn patch_with(
         &self,
         (namespace, name): (&str, &str),
         options: &WriteOptions,
         subresource: Subresource,
-        (form, reads): (Form, Reads),
-        patch: impl Fn(&Current<'_>) -> Result<(Value, RulesView), ApiError>,
+        reads: Reads,
+        patch: impl Fn(&Current<'_>) -> Result<UnderWrite, ApiError>,
     ) -> Result<Value, ApiError> {
         let compute = |current: Option<&Current<'_>>| {
             let Some(current) = current else {
                 return Err(self.not_found(name));
             };
-            let (mut patched, view) = patch(current)?;
-            if meta::resource_version(&patched).is_empty() {
-                meta::set_meta_str(
-                    &mut patched,
-                    "resourceVersion",
-                    meta::resource_version(current.meta()),
-                );
+            let mut patched = patch(current)?;
+            if meta::resource_version(patched.json()).is_empty() {
+                patched.set_resource_version(meta::resource_version(current.meta()));
             }
-            Ok((patched, view))
+            Ok(patched)
         };
         let (object, _) = self
             .write_loop(
@@ -280,7 +266,7 @@ impl Registry {
                 options,
                 subresource,
                 compute,
-                (form, OnConflict::Retry, reads),
+                (OnConflict::Retry, reads),
             )
             .await?;
         Ok(object)
@@ -344,14 +330,15 @@ impl Registry {
         };
         let merge = |live: Option<&Current<'_>>| {
             let live = live.map(Current::whole).transpose()?;
-            let mut object =
+            let object =
                 crate::managed::apply(live, &config, &options.field_manager, &tracking, force)
                     .map_err(conflicts)?;
+            let mut object = UnderWrite::any(object);
             if live.is_some() && meta::resource_version(&config).is_empty() {
                 // Apply never carries an optimistic lock unless the config names a version.
-                meta::metadata_mut(&mut object).shift_remove("resourceVersion");
+                object.set_resource_version("");
             }
-            Ok((object, RulesView::default()))
+            Ok(object)
         };
         self.write_loop(
             namespace,
@@ -359,7 +346,7 @@ impl Registry {
             &options,
             subresource,
             merge,
-            (Form::Any, OnConflict::Retry, Reads::Whole),
+            (OnConflict::Retry, Reads::Whole),
         )
         .await
     }
@@ -370,8 +357,8 @@ impl Registry {
         name: &str,
         options: &WriteOptions,
         subresource: Subresource,
-        compute: impl Fn(Option<&Current<'_>>) -> Result<(Value, RulesView), ApiError>,
-        (form, on_conflict, reads): (Form, OnConflict, Reads),
+        compute: impl Fn(Option<&Current<'_>>) -> Result<UnderWrite, ApiError>,
+        (on_conflict, reads): (OnConflict, Reads),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
         let info = self.strategy.info();
@@ -379,11 +366,11 @@ impl Registry {
         for _ in 0..WRITE_ATTEMPTS {
             let response = self.storage.get(&key, None).await.map_err(storage_error)?;
             let Some(kv) = response.kv else {
-                let (new, _) = compute(None)?;
+                let mut new = compute(None)?;
                 if !main || !(info.allow_create_on_update || options.applied) {
                     return Err(self.not_found(name));
                 }
-                let uid = meta::meta_str(&new, "uid");
+                let uid = meta::meta_str(new.json(), "uid");
                 if !uid.is_empty() {
                     return Err(ApiError::conflict(
                         info.group_resource(),
@@ -393,24 +380,25 @@ impl Registry {
                         ),
                     ));
                 }
-                return Ok((self.create(namespace, new, options).await?, true));
+                let created = self.create_under_write(namespace, new, options).await?;
+                return Ok((created.object, true));
             };
             // The stored object, decoded as far as this write reads it.
             let old = match reads {
                 Reads::Members => Current::read(&kv)?,
                 Reads::Whole => Current::read_whole(&kv)?,
             };
-            let (mut new, mut view) = compute(Some(&old))?;
-            if !new.is_object() {
+            let mut new = compute(Some(&old))?;
+            if !new.json().is_object() {
                 return Err(ApiError::bad_request(
                     "the object provided is not a JSON object",
                 ));
             }
-            let sent_rv = meta::resource_version(&new).to_string();
+            let sent_rv = meta::resource_version(new.json());
             if !sent_rv.is_empty() && sent_rv != kv.mod_revision.to_string() {
                 return Err(ApiError::modified(info.group_resource(), name));
             }
-            let sent_uid = meta::meta_str(&new, "uid").to_string();
+            let sent_uid = meta::meta_str(new.json(), "uid").to_string();
             let old_uid = meta::meta_str(old.meta(), "uid").to_string();
             if !sent_uid.is_empty() && sent_uid != old_uid {
                 return Err(ApiError::conflict(
@@ -425,58 +413,29 @@ impl Registry {
             if on_conflict == OnConflict::Refuse {
                 return Err(self.version_required(name));
             }
-            if info.namespaced {
-                meta::set_meta_str(&mut new, "namespace", namespace);
-            }
-            // rest.BeforeUpdate: the uid and creation time are the stored ones; a deletion
-            // time and grace period once set stay (setting them by update is refused later).
-            for field in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-            ] {
-                let kept = meta::metadata(old.meta())
-                    .and_then(|m| m.get(field))
-                    .cloned();
-                let sent = meta::metadata(&new).and_then(|m| m.get(field)).is_some();
-                match kept {
-                    Some(value) if field != "deletionGracePeriodSeconds" || !sent => {
-                        meta::metadata_mut(&mut new).insert(field.into(), value);
-                    }
-                    Some(_) => {}
-                    None if matches!(field, "uid" | "creationTimestamp") => {
-                        meta::metadata_mut(&mut new).shift_remove(field);
-                    }
-                    None => {}
-                }
-            }
-            meta::metadata_mut(&mut new).shift_remove("generation");
-            meta::metadata_mut(&mut new).shift_remove("selfLink");
-            // The rules of this write share one decoded object (the typed one it was given,
-            // with the metadata edited above).
-            view.refresh_meta(&new);
-            match form {
-                Form::Normal => self.strategy.default_normal(&mut new, &mut view),
-                Form::Any => self.strategy.default(&mut new),
-            }
+            new.before_update(info.namespaced.then_some(namespace), old.meta());
+            self.strategy.default_under_write(&mut new);
             if old.decoded().is_some() {
                 // Compared as a whole (a patch decoded it): so is the new object.
-                view.restore(&mut new);
+                new.restore_detached();
             }
             if !options.applied {
-                crate::managed::record_update_current(
-                    (&mut new, view.detached()),
-                    &old,
-                    &options.field_manager,
-                    &crate::managed::Tracking::new(info, self.strategy.schema(), subresource),
-                )?;
+                let tracking =
+                    crate::managed::Tracking::new(info, self.strategy.schema(), subresource);
+                new.edit_unseen(|json, detached| {
+                    crate::managed::record_update_current(
+                        (json, detached),
+                        &old,
+                        &options.field_manager,
+                        &tracking,
+                    )
+                })?;
             }
             let admitted: Admitted = self
                 .strategy
                 .admit(
                     self.storage.as_ref(),
-                    (&mut new, &mut view),
+                    &mut new,
                     Some(&old),
                     subresource,
                     options.dry_run,
@@ -484,14 +443,14 @@ impl Registry {
                 .await?;
             let (extras, warnings) = (admitted.extras, admitted.warnings);
             let mut errors = FieldErrors::new();
-            self.validate_meta_update(&new, old.meta(), subresource, &mut errors);
+            self.validate_meta_update(new.json(), old.meta(), subresource, &mut errors);
             errors.extend(admitted.errors);
             if !errors.is_empty() {
                 return Err(self.invalid(name, &errors));
             }
-            meta::set_meta_str(&mut new, "resourceVersion", &kv.mod_revision.to_string());
+            new.set_resource_version(&kv.mod_revision.to_string());
             if crate::managed::same_ignoring_times_current(
-                (&new, view.detached()),
+                new.parts(),
                 &old,
                 self.strategy.schema(),
             ) {
@@ -500,23 +459,23 @@ impl Registry {
             let deleted = !meta::meta_str(old.meta(), "deletionTimestamp").is_empty();
             if deleted || options.dry_run {
                 // What follows reads the whole object, or answers with it.
-                view.restore(&mut new);
+                new.restore_detached();
             }
             // Upstream's ShouldDeleteDuringUpdate: an update that leaves a deleted object
             // without finalizers deletes it, unless its grace period is still running or the
             // kind holds it otherwise (a Namespace until its spec.finalizers are gone).
             let finalized = deleted
-                && meta::finalizers(&new).is_empty()
+                && meta::finalizers(new.json()).is_empty()
                 && meta::metadata(old.meta())
                     .and_then(|m| m.get("deletionGracePeriodSeconds"))
                     .and_then(Value::as_i64)
                     .is_none_or(|grace| grace == 0)
                 && matches!(
-                    self.strategy.deleting(&mut new.clone()),
+                    self.strategy.deleting(&mut new.json().clone()),
                     crate::Deleting::Proceed
                 );
             if options.dry_run {
-                return Ok((new, false));
+                return Ok((new.into_json(), false));
             }
             let unchanged = Compare::ModRevision(key.clone(), kv.mod_revision);
             let txn = if finalized {
@@ -528,21 +487,13 @@ impl Registry {
                 txn.ops.extend(released.ops);
                 txn
             } else {
-                self.put(
-                    unchanged,
-                    &key,
-                    (&mut new, view.detached()),
-                    options.applied,
-                    extras,
-                )?
-                .0
+                self.put(unchanged, &key, &mut new, options.applied, extras)?
+                    .0
             };
             let written = self.storage.txn(txn).await;
             match written.map_err(|error| storage_error(error).after_warnings(&warnings))? {
                 TxnOutcome::Committed { revision, .. } => {
-                    // A typed write's caller has the detached members: they are not returned.
-                    view.detached().strip(&mut new);
-                    return Ok((at(new, revision), false));
+                    return Ok((new.into_written(revision), false));
                 }
                 TxnOutcome::Failed { current, .. } => {
                     let object_moved = current.first().is_some_and(|c| {
@@ -627,11 +578,12 @@ impl Registry {
         &self,
         guard: Compare,
         key: &str,
-        (object, detached): (&mut Value, &Detached),
+        object: &mut UnderWrite,
         applied: bool,
         extras: WriteExtras,
     ) -> Result<(Txn, Encoded), ApiError> {
-        let encoded = self.encode_bounded(object, detached, applied)?;
+        let encoded =
+            object.edit_unseen(|json, detached| self.encode_bounded(json, detached, applied))?;
         let mut txn = Txn::new()
             .when(guard)
             .then(Op::Put(key.to_string(), encoded.0.clone()));
@@ -640,12 +592,12 @@ impl Registry {
         // selectors read is in the object here: a typed update's detached lists are only in
         // the bytes).
         if let Some(layout) = &encoded.1
-            && (detached.is_empty() || self.strategy.selectable_fields().is_empty())
+            && (object.detached().is_empty() || self.strategy.selectable_fields().is_empty())
             && self.storage.delivers_hints()
         {
             txn = txn.hint(capstan_storage::Hint::new(crate::cache::Written {
                 layout: layout.clone(),
-                selectable: self.strategy.selectable(object),
+                selectable: self.strategy.selectable(object.json()),
             }));
         }
         txn.compares.extend(extras.compares);
@@ -656,9 +608,3 @@ impl Registry {
 
 /// An object's stored JSON, and where its parts are ([`meta::typed_json_bytes_laid_out`]).
 pub(super) type Encoded = (Bytes, Option<meta::StoredLayout>);
-
-/// `object` as written at `revision`.
-fn at(mut object: Value, revision: capstan_storage::Revision) -> Value {
-    meta::set_meta_str(&mut object, "resourceVersion", &revision.to_string());
-    object
-}

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::decode::from_json_without_managed_fields;
-use capstan_machinery::meta;
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Service;
 use serde_json::json;
@@ -165,58 +164,4 @@ fn writing_back_only_the_changes_gives_what_writing_back_everything_gives() {
         generation["metadata"]["managedFields"],
         stored()["metadata"]["managedFields"]
     );
-}
-
-#[test]
-fn rules_sharing_a_view_write_back_what_each_decoding_on_its_own_writes() {
-    let mut object = from_typed(&for_rules::<Service>(&stored()).expect("decodes"));
-    object["metadata"]["managedFields"] = stored()["metadata"]["managedFields"].clone();
-    let affinity =
-        |s: &mut Service| s.spec.get_or_insert_default().session_affinity = Some("ClientIP".into());
-    let generation = |s: &mut Service| s.metadata.generation = Some(1);
-    // Each rule on its own: decoded, changed, written back; the registry's uid between.
-    let mut one_by_one = object.clone();
-    mutate(&mut one_by_one, affinity);
-    meta::set_meta_str(&mut one_by_one, "uid", "u-1");
-    mutate(&mut one_by_one, generation);
-    // The same through one view: the uid goes to the JSON and the view, one write back.
-    let mut shared = object.clone();
-    let mut view = RulesView::default();
-    affinity(view.typed::<Service>(&mut shared).expect("decodes"));
-    view.sync::<Service>(&mut shared);
-    meta::set_meta_str(&mut shared, "uid", "u-1");
-    view.edit_meta(|m| m.uid = Some("u-1".into()));
-    generation(view.typed::<Service>(&mut shared).expect("held"));
-    let cloned = view.clone();
-    let (mut finished, mut last) = (view.clone(), shared.clone());
-    view.sync::<Service>(&mut shared);
-    // The last sync writes the same, and spends the view: the next rule decodes again.
-    finished.finish::<Service>(&mut last);
-    assert_eq!(
-        serde_json::to_string(&last).ok(),
-        serde_json::to_string(&shared).ok()
-    );
-    assert!(finished.take_stored::<Service>().is_none());
-    let again = finished.typed::<Service>(&mut last).expect("decodes");
-    assert_eq!(again.metadata().generation, Some(1));
-    // Spent means decoded from the JSON as it is by then, not a copy held from before.
-    let mut spent = view.clone();
-    spent.finish::<Service>(&mut last);
-    meta::set_meta_str(&mut last, "uid", "u-2");
-    let decoded = spent.typed::<Service>(&mut last).expect("decodes");
-    assert_eq!(decoded.metadata().uid.as_deref(), Some("u-2"));
-    assert_eq!(
-        serde_json::to_string(&shared).ok(),
-        serde_json::to_string(&one_by_one).ok()
-    );
-    assert_eq!(
-        shared["metadata"]["managedFields"],
-        stored()["metadata"]["managedFields"]
-    );
-    // A dropped view decodes again, from the JSON as it is now.
-    let mut forgotten = cloned;
-    forgotten.forget();
-    let fresh = forgotten.typed::<Service>(&mut shared).expect("decodes");
-    assert_eq!(fresh.metadata().generation, Some(1));
-    assert_eq!(fresh.metadata().uid.as_deref(), Some("u-1"));
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use capstan_registry::cache::{CacheSet, HistoryLimits};
+use capstan_registry::cache::{CacheSet, HistoryLimits, Project};
 use capstan_registry::{DynStrategy, Registry};
 use capstan_resources::core::service::{IpRange, PortRange, ServiceAllocator, ServiceStrategy};
 use capstan_storage::{EmbeddedOptions, EmbeddedStore, Storage};
@@ -27,7 +27,11 @@ pub async fn registries(dir: &Path) -> impl Fn(&str) -> Registry + use<> {
         events: 102_400,
         bytes: 256 << 20,
     };
-    let caches = Arc::new(CacheSet::for_kinds(store.clone(), &kinds, limits));
+    let caches = Arc::new(CacheSet::for_kinds(
+        store.clone(),
+        kinds.iter().map(|k| k.clone() as Arc<dyn Project>),
+        limits,
+    ));
     caches.start().await.expect("the watch caches");
     move |kind: &str| {
         let strategy: &Arc<dyn DynStrategy> = kinds

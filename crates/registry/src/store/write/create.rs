@@ -2,7 +2,6 @@
 //! when asked, allocated, validated and written when absent.
 
 use super::*;
-use crate::under_write::UnderWrite;
 
 /// A created object, and the compact JSON a create answers with ([`meta::typed_json_bytes`] of
 /// it): its stored bytes with the `resourceVersion` put in, when it was stored (a dry run
@@ -38,48 +37,41 @@ impl Registry {
         object: Value,
         options: &WriteOptions,
     ) -> Result<Created, ApiError> {
-        self.create_viewed(namespace, object, RulesView::default(), options)
-            .await
+        // A body is in its type's form; an applied configuration is normalized by defaulting.
+        let object = match options.applied {
+            true => UnderWrite::any(object),
+            false => UnderWrite::normal(object),
+        };
+        self.create_under_write(namespace, object, options).await
     }
 
-    /// [`Registry::create_answered`], the rules taking the object from `view` when it holds
-    /// one (a typed create's) rather than decoding it from the JSON.
-    pub(super) async fn create_viewed(
+    /// [`Registry::create_answered`] of an object under write (a typed create's, whose rules
+    /// take the typed object rather than decode it from the JSON).
+    pub(super) async fn create_under_write(
         &self,
         namespace: &str,
-        mut object: Value,
-        mut view: RulesView,
+        mut object: UnderWrite,
         options: &WriteOptions,
     ) -> Result<Created, ApiError> {
         let info = self.strategy.info();
         let namespaced = info.namespaced.then_some(namespace);
-        UnderWrite::new(&mut object, &mut view).clear_for_create(namespaced);
-        // A body or a typed object is in its type's form already; an applied configuration
-        // is normalized by defaulting. The rules of this write share one decoded object.
-        if options.applied {
-            UnderWrite::new(&mut object, &mut view).edit_json(|object| {
-                self.strategy.default(object);
-                ((), true)
-            });
-        } else {
-            self.strategy.default_normal(&mut object, &mut view);
-        }
+        object.clear_for_create(namespaced);
+        self.strategy.default_under_write(&mut object);
         if !options.applied {
-            crate::managed::record_update(
-                &mut object,
-                None,
-                &options.field_manager,
-                &crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main),
-            );
+            let tracking =
+                crate::managed::Tracking::new(info, self.strategy.schema(), Subresource::Main);
+            object.edit_unseen(|json, _| {
+                crate::managed::record_update(json, None, &options.field_manager, &tracking);
+            });
         }
         let uid = capstan_machinery::uid::new_v4_string();
-        UnderWrite::new(&mut object, &mut view).set_identity(&uid, meta::now_second());
-        self.strategy.prepare_for_create(&mut object, &mut view);
+        object.set_identity(&uid, meta::now_second());
+        self.strategy.prepare_for_create(&mut object);
         if info.namespaced {
-            self.check_namespace(namespace, meta::name(&object)).await?;
+            self.check_namespace(namespace, &object.name(false)).await?;
         }
-        let prefix = meta::meta_str(&object, "generateName").to_string();
-        let generate = meta::name(&object).is_empty() && !prefix.is_empty();
+        let prefix = object.name(true);
+        let generate = object.name(false).is_empty() && !prefix.is_empty();
         let attempts = if generate { GENERATE_NAME_ATTEMPTS } else { 1 };
         // A kind that allocates is tried again from the object as it came (its allocations
         // are made afresh); any other leaves the object as it was, a generated name aside, so
@@ -88,28 +80,27 @@ impl Registry {
         // recorded (most of the object, and no rule touches them): each attempt's object
         // takes them, and hands them on to the next should it fail.
         let (original, mut again, mut managed) = if self.strategy.allocates() {
-            let managed = ManagedFields::take(&mut object);
-            (Some((object, view)), None, managed)
+            let managed = object.move_managed_fields(ManagedFields::take);
+            (Some(object), None, managed)
         } else {
-            (None, Some((object, view)), None)
+            (None, Some(object), None)
         };
         for attempt in 0..attempts.max(WRITE_ATTEMPTS) {
-            let (mut candidate, mut candidate_view) = match (&original, again.take()) {
-                (Some((object, view)), _) => {
+            let mut candidate = match (&original, again.take()) {
+                (Some(object), _) => {
                     let mut candidate = object.clone();
                     if let Some(managed) = managed.take() {
-                        managed.put(&mut candidate);
+                        candidate.move_managed_fields(|json| managed.put(json));
                     }
-                    (candidate, view.clone())
+                    candidate
                 }
                 (None, Some(again)) => again,
                 (None, None) => break,
             };
             if generate {
-                let name = generate_name(&prefix);
-                UnderWrite::new(&mut candidate, &mut candidate_view).set_name(&name);
+                candidate.set_name(&generate_name(&prefix));
             }
-            let name = meta::name(&candidate).to_string();
+            let name = candidate.name(false);
             let key = info.key(namespace, &name);
             // Allocation first, as upstream's BeginCreate: its errors pre-empt validation's,
             // and validation sees the allocated values.
@@ -121,7 +112,7 @@ impl Registry {
                 .strategy
                 .admit(
                     self.storage.as_ref(),
-                    (&mut candidate, &mut candidate_view),
+                    &mut candidate,
                     None,
                     Subresource::Main,
                     options.dry_run,
@@ -131,12 +122,12 @@ impl Registry {
             if original.is_none() {
                 // What lets a failed attempt's object be tried again: admitting it once more
                 // (as a retry does, with a view of its own) changes nothing.
-                let mut again = candidate.clone();
+                let mut again = UnderWrite::normal(candidate.json().clone());
                 let admitted = self
                     .strategy
                     .admit(
                         self.storage.as_ref(),
-                        (&mut again, &mut RulesView::default()),
+                        &mut again,
                         None,
                         Subresource::Main,
                         true,
@@ -144,15 +135,16 @@ impl Registry {
                     .await;
                 debug_assert!(admitted.is_ok(), "admitting the object again failed");
                 debug_assert_eq!(
-                    again, candidate,
+                    again.json(),
+                    candidate.json(),
                     "admitting an object of a kind that does not allocate is not idempotent"
                 );
             }
             let mut errors = FieldErrors::new();
-            self.validate_meta_create(&candidate, &mut errors);
+            self.validate_meta_create(candidate.json(), &mut errors);
             errors.extend(invalid);
             if !errors.is_empty() {
-                return Err(self.invalid(meta::name(&candidate), &errors));
+                return Err(self.invalid(meta::name(candidate.json()), &errors));
             }
             if options.dry_run {
                 let existing = self.storage.get(&key, None).await.map_err(storage_error)?;
@@ -160,24 +152,18 @@ impl Registry {
                     return Err(ApiError::already_exists(info.group_resource(), &name)
                         .after_warnings(&warnings));
                 }
-                meta::metadata_mut(&mut candidate).shift_remove("resourceVersion");
+                candidate.set_resource_version("");
                 return Ok(Created {
-                    object: candidate,
+                    object: candidate.into_json(),
                     json: None,
                     warnings,
                 });
             }
             let absent = Compare::Absent(key.clone());
-            let (txn, encoded) = self.put(
-                absent,
-                &key,
-                (&mut candidate, &Default::default()),
-                options.applied,
-                extras,
-            )?;
+            let (txn, encoded) = self.put(absent, &key, &mut candidate, options.applied, extras)?;
             match self.storage.txn(txn).await.map_err(storage_error)? {
                 TxnOutcome::Committed { revision, .. } => {
-                    let object = at(candidate, revision);
+                    let object = candidate.into_written(revision);
                     let json = encoded.1.map(|layout| {
                         meta::with_resource_version(&encoded.0, layout.mark(), revision)
                     });
@@ -203,9 +189,9 @@ impl Registry {
                         // An allocation raced another write (allocate again), or the
                         // generated name is taken (generate another).
                         if original.is_none() {
-                            again = Some((candidate, RulesView::default()));
+                            again = Some(candidate);
                         } else {
-                            managed = ManagedFields::take(&mut candidate);
+                            managed = candidate.move_managed_fields(ManagedFields::take);
                         }
                         continue;
                     }

@@ -7,7 +7,7 @@ use capstan_machinery::patch::{self, PatchType};
 use capstan_machinery::{Reason, meta};
 
 use super::*;
-use crate::typed::RulesView;
+use crate::under_write::UnderWrite;
 
 /// What to do about fields the kind does not declare (`fieldValidation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,11 +72,11 @@ impl Registry {
                 (namespace, name),
                 options,
                 subresource,
-                (Form::Normal, Reads::Whole),
+                Reads::Whole,
                 |current| {
-                    let (result, view, problems) = patched_object(&input, current.whole()?)?;
+                    let (result, problems) = patched_object(&input, current.whole()?)?;
                     *recorded.lock().unwrap_or_else(|e| e.into_inner()) = problems;
-                    Ok((result, view))
+                    Ok(result)
                 },
             )
             .await;
@@ -101,12 +101,12 @@ struct PatchInput<'a> {
 
 /// Applies a JSON, merge or strategic merge patch to the stored object (`current`, as stored:
 /// the patch applies to a copy with kind and apiVersion) and checks the result as upstream
-/// does; returns it in its type's form, with the rules' view of it and the unknown-field
-/// warnings to send.
+/// does; returns it in its type's form, under write (its rules take the typed object decoded
+/// here), and the unknown-field warnings to send.
 fn patched_object(
     input: &PatchInput<'_>,
     current: &Value,
-) -> Result<(Value, RulesView, Vec<String>), ApiError> {
+) -> Result<(UnderWrite, Vec<String>), ApiError> {
     let PatchInput {
         patch_type,
         bytes,
@@ -189,8 +189,8 @@ fn patched_object(
     let named = info.check_name(name, namespace, &result);
     #[cfg(debug_assertions)]
     let sent = result.clone();
-    match strategy.decode_viewed(result) {
-        Ok((decoded, view)) => {
+    match strategy.decode_for_write(result) {
+        Ok(decoded) => {
             #[cfg(debug_assertions)]
             assert_eq!(
                 type_error(&sent),
@@ -198,7 +198,7 @@ fn patched_object(
                 "the kind's type took an object with a value of the wrong type"
             );
             named?;
-            Ok((decoded, view, warnings))
+            Ok((decoded, warnings))
         }
         Err(e) => {
             let result = apply()?;

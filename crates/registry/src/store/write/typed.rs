@@ -12,7 +12,7 @@ use super::*;
 use crate::detached::{Detached, atomic_member, from_typed_detaching};
 use crate::object::Object;
 use crate::object::from_typed;
-use crate::typed::RulesView;
+use crate::under_write::UnderWrite;
 
 impl Registry {
     /// [`Registry::create`] of a typed object: the rules take it as it is (without what a
@@ -26,8 +26,8 @@ impl Registry {
         new: &T,
         options: &WriteOptions,
     ) -> Result<Value, ApiError> {
-        let view = RulesView::of(new.clone());
-        let created = self.create_viewed(namespace, from_typed(new), view, options);
+        let object = UnderWrite::typed(new.clone(), from_typed(new));
+        let created = self.create_under_write(namespace, object, options);
         Ok(created.await?.object)
     }
 
@@ -76,20 +76,20 @@ impl Registry {
         // Taken by the first attempt; a retry reads a newer object.
         let read = std::sync::Mutex::new(read);
         self.update_with(namespace, name, &pinned, options, subresource, |current| {
-            let mut view = RulesView::of(new.clone());
-            let read = read.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let (Some(read), Some(current)) = (read, current)
-                && read.metadata().resource_version.as_deref()
-                    == Some(meta::resource_version(current.meta()))
-            {
-                view = view.with_stored(read);
-            }
             // (Nothing stored: the update creates, from the whole JSON.)
             let (json, detached) = match current {
                 Some(_) if detach => self.detaching(new, subresource),
                 _ => (from_typed(new), Detached::default()),
             };
-            Ok((json, view.with_detached(detached)))
+            let mut object = UnderWrite::typed(new.clone(), json).with_detached(detached);
+            let read = read.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let (Some(read), Some(current)) = (read, current)
+                && read.metadata().resource_version.as_deref()
+                    == Some(meta::resource_version(current.meta()))
+            {
+                object = object.with_stored(read);
+            }
+            Ok(object)
         })
         .await
     }
@@ -124,13 +124,13 @@ impl Registry {
             options,
             subresource,
             // The rules' stored object is decoded from the stored JSON into its type.
-            (Form::Normal, Reads::Members),
+            Reads::Members,
             |current| {
                 let stored: T = current.typed().map_err(ApiError::internal)?;
                 let patched = apply(&stored)?;
                 let (json, detached) = self.detaching(&patched, subresource);
-                let view = RulesView::of(patched).with_stored(stored);
-                Ok((json, view.with_detached(detached)))
+                let object = UnderWrite::typed(patched, json).with_detached(detached);
+                Ok(object.with_stored(stored))
             },
         )
         .await
