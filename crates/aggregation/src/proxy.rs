@@ -16,6 +16,7 @@ use capstan_resources::discovery::endpointslice::of_service as service_slices;
 use crate::backend::{ProxyClient, service_ref};
 use crate::client::Backends;
 use crate::registry;
+use capstan_apiserver::unread::RequestBody;
 use capstan_registry::{ReadAt, Registry};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -348,7 +349,7 @@ impl Aggregator {
     async fn proxy_to(
         &self,
         apiservice: &APIService,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> Response<Body> {
         if !is_available(apiservice) {
             return unavailable("service unavailable");
@@ -442,8 +443,8 @@ impl RemoteGroups for Aggregator {
         &self,
         group: &str,
         version: &str,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Request<Incoming>> {
+        request: Request<RequestBody>,
+    ) -> Result<Response<Body>, Request<RequestBody>> {
         match self.find_remote(group, version).await {
             Some(apiservice) => Ok(self.proxy_to(&apiservice, request).await),
             None => Err(request),

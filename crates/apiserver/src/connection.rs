@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -101,10 +102,26 @@ pub async fn serve(
             let activity = Arc::new(Activity::new());
             let service = {
                 let (server, activity) = (server.clone(), activity.clone());
-                hyper::service::service_fn(move |request| {
+                hyper::service::service_fn(move |request: http::Request<Incoming>| {
                     let (server, busy) = (server.clone(), activity.begin());
                     async move {
-                        let response = server.handle(request).await;
+                        let http1 = request.version() < http::Version::HTTP_2;
+                        let expects_continue = request
+                            .headers()
+                            .get(http::header::EXPECT)
+                            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+                        let (parts, body) = request.into_parts();
+                        let (body, unread) = crate::unread::follow(body);
+                        let request = http::Request::from_parts(parts, body);
+                        let mut response = server.handle(request).await;
+                        // What the request left unread is discarded as Go's server does, or
+                        // the connection closes after the answer, saying so.
+                        if http1 && unread.must_close(expects_continue).await {
+                            response.headers_mut().insert(
+                                http::header::CONNECTION,
+                                http::HeaderValue::from_static("close"),
+                            );
+                        }
                         if let Some(crate::limits::SendBy(deadline)) =
                             response.extensions().get::<crate::limits::SendBy>()
                         {

@@ -16,14 +16,15 @@ pub mod pki;
 pub mod remote;
 pub mod request;
 pub mod request_info;
+pub mod unread;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::unread::RequestBody;
 use capstan_machinery::ApiError;
 use capstan_registry::Registry;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
 
 use crate::handlers::{Call, ResourceRequest};
 use crate::request::{Body, Query, document_response, text_response};
@@ -102,7 +103,7 @@ impl ApiServer {
         self.shutdown.send_replace(true);
     }
 
-    fn authenticated(&self, request: &Request<Incoming>) -> bool {
+    fn authenticated(&self, request: &Request<RequestBody>) -> bool {
         request
             .headers()
             .get(header::AUTHORIZATION)
@@ -115,7 +116,7 @@ impl ApiServer {
     /// for a malformed `timeout`, 504 when it runs out), authentication, admission against
     /// the in-flight limits (429), then routing. A panic answers 500 instead of taking the
     /// connection down.
-    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+    pub async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<Body> {
         use futures_util::FutureExt;
         let query = Query::parse(request.uri().query());
         let info = RequestInfo::new(request.method(), request.uri().path(), &query);
@@ -158,7 +159,7 @@ impl ApiServer {
     /// has been sent.
     async fn route(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         info: RequestInfo,
         query: Query,
         deadline: Option<tokio::time::Instant>,
@@ -194,7 +195,7 @@ impl ApiServer {
 
     async fn serve_route(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         info: RequestInfo,
         query: Query,
         admission: limits::Admission,
@@ -284,7 +285,7 @@ impl ApiServer {
         &self,
         rest: &str,
         info: &RequestInfo,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         query: Query,
         pretty: bool,
         admission: limits::Admission,
@@ -344,7 +345,7 @@ impl ApiServer {
     async fn resource(
         &self,
         info: &RequestInfo,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         query: Query,
         admission: limits::Admission,
     ) -> Response<Body> {
@@ -505,7 +506,7 @@ fn panicked() -> Response<Body> {
 }
 
 fn aggregated(
-    request: &Request<Incoming>,
+    request: &Request<RequestBody>,
     value: serde_json::Value,
     version: &str,
 ) -> Response<Body> {

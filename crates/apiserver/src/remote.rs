@@ -2,9 +2,9 @@
 //! (`capstan-aggregation`, which implements [`RemoteGroups`] and stands above this crate, as
 //! kube-aggregator stands in front of kube-apiserver). Without one, every group is local.
 
+use crate::unread::RequestBody;
 use async_trait::async_trait;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::request::Body;
@@ -27,6 +27,6 @@ pub trait RemoteGroups: Send + Sync {
         &self,
         group: &str,
         version: &str,
-        request: Request<Incoming>,
-    ) -> Result<Response<Body>, Request<Incoming>>;
+        request: Request<RequestBody>,
+    ) -> Result<Response<Body>, Request<RequestBody>>;
 }

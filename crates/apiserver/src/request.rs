@@ -333,7 +333,7 @@ pub fn text_response(status: StatusCode, text: impl Into<Bytes>) -> Response<Bod
 }
 
 /// Reads a request body up to [`MAX_BODY`].
-pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
+pub async fn read_body(body: crate::unread::RequestBody) -> Result<Bytes, ApiError> {
     let limited = http_body_util::Limited::new(body, MAX_BODY);
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),

@@ -646,3 +646,114 @@ async fn warnings_stop_at_upstreams_bound_on_errors_too() {
     );
     no_panic(&server);
 }
+
+/// Reads one HTTP/1.1 response (its length given by `Content-Length`): status, lower-cased
+/// head and body; `None` when the connection ends first.
+async fn read_one(stream: &mut tokio::io::BufReader<Tls>) -> Option<(u16, String, String)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if stream.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some((code, head, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Sends a request's head, then (a moment later, as a client writing it in two goes does)
+/// its body.
+async fn send_in_two(
+    stream: &mut tokio::io::BufReader<Tls>,
+    server: &Target,
+    (method, path, content_type, body): (&str, &str, &str, &[u8]),
+) {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nAccept: application/json\r\nContent-Length: {}\r\n",
+        server.token,
+        body.len()
+    );
+    if !content_type.is_empty() {
+        head.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    head.push_str("\r\n");
+    let inner = stream.get_mut();
+    inner.write_all(head.as_bytes()).await.expect("head");
+    inner.flush().await.expect("flush");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if !body.is_empty() {
+        // The server may have answered and closed meanwhile: judged by what is read next.
+        let _ = inner.write_all(body).await;
+        let _ = inner.flush().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_serves_on_after_answers_given_before_the_body_was_read() {
+    let (server, _client) = with_service(Server::start(), "web").await;
+    let target = target(&server);
+    let services = "/api/v1/namespaces/default/services";
+    let early: [(&str, &str, &str, Vec<u8>, u16); 5] = [
+        ("PUT", services, "text/plain", vec![b'x'; 3000], 405),
+        ("POST", services, "text/plain", vec![b'x'; 3000], 415),
+        (
+            "PATCH",
+            "/api/v1/namespaces/default/services/web",
+            "application/json",
+            b"{}".repeat(1500),
+            415,
+        ),
+        ("POST", services, "application/json", vec![b'{'; 3000], 400),
+        (
+            "GET",
+            "/api/v1/namespaces/default/services/nope",
+            "",
+            Vec::new(),
+            404,
+        ),
+    ];
+    for (method, path, content_type, body, status) in early {
+        // As Go's server: up to 256 KiB left unread is discarded, and the connection serves on.
+        let mut stream = tokio::io::BufReader::new(tls(&target).await.expect("connect"));
+        send_in_two(&mut stream, &target, (method, path, content_type, &body)).await;
+        let (code, head, text) = read_one(&mut stream).await.expect("an answer");
+        assert_eq!(code, status, "{method} {path}: {text}");
+        assert!(
+            !head.contains("connection: close"),
+            "{method} {path}: {head}"
+        );
+        send_in_two(&mut stream, &target, ("GET", "/version", "", b"")).await;
+        let next = read_one(&mut stream).await;
+        assert!(
+            next.as_ref().is_some_and(|(code, ..)| *code == 200),
+            "after {method} {path} ({code}), the connection's next request: {next:?}"
+        );
+    }
+    // More than that left unread (a body announced at 300 KiB, of which 1 KiB is sent): the
+    // answer says the connection closes, and it does.
+    let mut stream = tls(&target).await.expect("connect");
+    let head = format!(
+        "PUT {services} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+        target.token,
+        300 << 10
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    stream.write_all(&[b'x'; 1024]).await.expect("body");
+    let read = tokio::time::timeout(Duration::from_secs(10), read_response(&mut stream)).await;
+    let (code, head, _) = read.expect("the connection closes after the answer");
+    assert_eq!(code, 405, "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    no_panic(&server);
+}

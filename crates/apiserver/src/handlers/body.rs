@@ -7,7 +7,7 @@ use super::*;
 pub(super) async fn decode_body(
     request: &ResourceRequest,
     call: &Call,
-    body: Option<hyper::body::Incoming>,
+    body: Option<crate::unread::RequestBody>,
 ) -> Result<(Value, Vec<String>, usize), ApiError> {
     let info = request.registry.strategy().info();
     let format = media::body_format(

@@ -65,7 +65,7 @@ pub struct Call {
     /// Query parameters.
     pub query: Query,
     /// Body (not yet read).
-    pub body: Option<hyper::body::Incoming>,
+    pub body: Option<crate::unread::RequestBody>,
     /// Ends watches when the server shuts down.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// The request's deadline and in-flight slot (none for watches).
@@ -98,7 +98,7 @@ struct Verb<'a> {
     request: &'a ResourceRequest,
     call: &'a Call,
     /// Taken from the call.
-    body: Option<hyper::body::Incoming>,
+    body: Option<crate::unread::RequestBody>,
     encoding: Encoding,
     subresource: Subresource,
 }

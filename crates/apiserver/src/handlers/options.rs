@@ -191,7 +191,7 @@ pub(super) fn field_validation(query: &Query) -> FieldValidation {
 /// The options of a DELETE: query parameters, then a `DeleteOptions` body over them.
 pub(super) async fn delete_options(
     call: &Call,
-    body: Option<hyper::body::Incoming>,
+    body: Option<crate::unread::RequestBody>,
 ) -> Result<DeleteOptions, ApiError> {
     let bytes = match body {
         Some(body) => read_body(body).await?,
