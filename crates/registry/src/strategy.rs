@@ -224,8 +224,9 @@ pub enum Deleting {
     Proceed,
     /// Keep the object, marked with `deletionTimestamp` (now) and what the rule changed.
     Mark,
-    /// Refuse with 409 Conflict: `Operation cannot be fulfilled on <resource> "<name>": <why>`.
-    Wait(&'static str),
+    /// Not yet: answer with the object as stored, unchanged (upstream's Namespace storage
+    /// answers a DELETE of a namespace still finalizing with the namespace, 200).
+    Wait,
 }
 
 /// A kind's rules as the registry calls them: on stored JSON, object-safe. Implemented for

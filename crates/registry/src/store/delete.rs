@@ -64,8 +64,11 @@ impl Registry {
             // The kind's own say first (a Namespace is only marked Terminating).
             let mut kept = old.clone();
             let deleting = self.strategy.deleting(&mut kept);
-            if let Deleting::Wait(why) = deleting {
-                return Err(ApiError::conflict(info.group_resource(), name, why));
+            if deleting == Deleting::Wait {
+                return Ok(DeleteResult {
+                    object: old,
+                    removed: false,
+                });
             }
             // The garbage collector's finalizers, as the options ask (upstream's
             // deletionFinalizersForGarbageCollection); a pending graceful deletion keeps them.

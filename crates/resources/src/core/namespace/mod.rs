@@ -32,9 +32,6 @@ pub const NAMESPACE_PREFIX: &str = "namespaces/";
 /// The finalizer that holds a namespace until its content is gone.
 pub const FINALIZER: &str = "kubernetes";
 
-/// Upstream's answer to a DELETE of a namespace whose content is still being removed.
-const STILL_FINALIZING: &str = "The system is ensuring all content is removed from this namespace.  Upon completion, this namespace will automatically be purged by the system.";
-
 /// The label upstream puts on every namespace, naming it (for namespace selectors).
 const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
@@ -97,7 +94,7 @@ impl Strategy for NamespaceStrategy {
         }
         let finalizers = namespace.spec.as_ref().and_then(|s| s.finalizers.as_ref());
         if finalizers.is_some_and(|f| !f.is_empty()) {
-            return Deleting::Wait(STILL_FINALIZING);
+            return Deleting::Wait;
         }
         Deleting::Proceed
     }
