@@ -228,6 +228,48 @@ fn garbage_collection_orphans_cascades_in_the_foreground_and_in_the_background()
     }
 }
 
+#[test]
+fn a_foreground_delete_through_a_cycle_of_blocking_owners_completes() {
+    let server = Server::start();
+    for pod in ["a", "b", "c"] {
+        let manifest = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: cyc-{pod}}}\nspec: {{containers: [{{name: c, image: x}}]}}\n"
+        );
+        server.apply(&format!("{pod}.yaml"), &manifest);
+    }
+    let uid = |pod: &str| server.jsonpath(&["pod", &format!("cyc-{pod}")], "{.metadata.uid}");
+    // a is owned by c, b by a, c by b: each blocks its owner's deletion.
+    for (dependent, owner) in [("a", "c"), ("b", "a"), ("c", "b")] {
+        let reference = format!(
+            r#"{{"metadata":{{"ownerReferences":[{{"apiVersion":"v1","kind":"Pod","name":"cyc-{owner}","uid":"{}","blockOwnerDeletion":true}}]}}}}"#,
+            uid(owner)
+        );
+        server.ok(&[
+            "patch",
+            "pod",
+            &format!("cyc-{dependent}"),
+            "--type=merge",
+            "-p",
+            &reference,
+        ]);
+    }
+    // Upstream's collector unblocks the references of the object that closes the cycle, and
+    // all three go.
+    server.ok(&[
+        "delete",
+        "pod",
+        "cyc-a",
+        "--cascade=foreground",
+        "--wait=false",
+    ]);
+    wait_for(
+        &server,
+        "the three pods gone",
+        &["get", "pods", "-o", "name"],
+        |out| !out.contains("cyc-"),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reflector_follows_a_services_slices_through_pod_churn() {
     use futures_util::StreamExt;

@@ -296,10 +296,14 @@ impl GarbageCollector {
         {
             work.push(Work::Dependent(key.clone()));
         }
-        // A reference taken away may have been what a foreground deletion waited for.
+        // A reference taken away may have been what a foreground deletion waited for, and so
+        // may one that no longer blocks its owner (upstream's graph builder queues an owner
+        // whose reference was unblocked).
+        let waiting_owners = owners.iter().filter(|o| graph.waiting.contains(*o));
         work.extend(
             dropped
                 .iter()
+                .chain(waiting_owners)
                 .filter_map(|o| graph.find(o))
                 .map(Work::Foreground),
         );
@@ -418,8 +422,23 @@ impl GarbageCollector {
             let gone: Vec<String> = dangling.into_iter().chain(waiting).collect();
             return self.remove_references(key, meta.uid(), &gone).await;
         }
-        let has_dependents = !self.graph().dependents_of(meta.uid()).is_empty();
-        let policy = if !waiting.is_empty() && has_dependents {
+        let dependents = self.graph().dependents_of(meta.uid());
+        let policy = if !waiting.is_empty() && !dependents.is_empty() {
+            // Upstream's cycle detection: when a dependent of this object is itself deleting
+            // its dependents first, this object's references stop blocking their owners, or
+            // they and it would wait on each other for good.
+            let cycle = {
+                let graph = self.graph();
+                dependents.iter().any(|dependent| {
+                    graph
+                        .uids
+                        .get(dependent)
+                        .is_some_and(|uid| graph.waiting.contains(uid))
+                })
+            };
+            if cycle {
+                self.unblock_owner_references(key, meta.uid()).await?;
+            }
             FOREGROUND_POLICY
         } else if meta.has_finalizer(ORPHAN) {
             "Orphan"
@@ -462,15 +481,44 @@ impl GarbageCollector {
             .await
     }
 
+    /// Makes every owner reference of a dependent non-blocking (upstream's
+    /// `unblockOwnerReferences` patch: `blockOwnerDeletion: false` where it was true).
+    async fn unblock_owner_references(&self, key: &Ref, uid: &str) -> Result<(), ApiError> {
+        let unblock = |mut reference: Value| {
+            if reference.get("blockOwnerDeletion") == Some(&Value::Bool(true)) {
+                reference["blockOwnerDeletion"] = Value::Bool(false);
+            }
+            reference
+        };
+        self.edit_list(key, Some(uid), "ownerReferences", |list| {
+            list.into_iter().map(unblock).collect()
+        })
+        .await
+    }
+
     /// Keeps the entries of a metadata list (`ownerReferences`, `finalizers`) that `keep`
-    /// accepts, the list removed when none is left; nothing when the object is gone or was
-    /// recreated (another UID than `uid`).
+    /// accepts ([`GarbageCollector::edit_list`]).
     async fn keep_in_list(
         &self,
         key: &Ref,
         uid: Option<&str>,
         field: &str,
         keep: impl Fn(&Value) -> bool,
+    ) -> Result<(), ApiError> {
+        self.edit_list(key, uid, field, |list| {
+            list.into_iter().filter(|v| keep(v)).collect()
+        })
+        .await
+    }
+
+    /// Edits a metadata list (`ownerReferences`, `finalizers`), the list removed when none is
+    /// left; nothing when the object is gone or was recreated (another UID than `uid`).
+    async fn edit_list(
+        &self,
+        key: &Ref,
+        uid: Option<&str>,
+        field: &str,
+        edit: impl Fn(Vec<Value>) -> Vec<Value>,
     ) -> Result<(), ApiError> {
         let registry = &self.kinds[key.0];
         let edited = registry
@@ -492,11 +540,8 @@ impl GarbageCollector {
                         ));
                     }
                     let metadata = capstan_machinery::meta::metadata_mut(&mut object);
-                    let kept: Vec<Value> = metadata
-                        .get(field)
-                        .and_then(Value::as_array)
-                        .map(|list| list.iter().filter(|v| keep(v)).cloned().collect())
-                        .unwrap_or_default();
+                    let list = metadata.get(field).and_then(Value::as_array).cloned();
+                    let kept = edit(list.unwrap_or_default());
                     if kept.is_empty() {
                         metadata.shift_remove(field);
                     } else {
