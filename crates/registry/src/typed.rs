@@ -190,4 +190,4 @@ pub fn read<T: Object, R>(object: &Value, rule: impl FnOnce(&T) -> R) -> Option<
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -6,7 +6,7 @@ use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Service;
 use serde_json::json;
 
-fn stored() -> Value {
+pub(crate) fn stored() -> Value {
     json!({
         "metadata": {
             "name": "web", "namespace": "default", "labels": {"app": "web"},

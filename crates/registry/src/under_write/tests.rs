@@ -5,20 +5,10 @@ use super::*;
 use crate::decode::for_rules;
 use crate::object::from_typed;
 use crate::typed::mutate;
+use crate::typed::tests::stored;
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
-
-fn stored() -> Value {
-    json!({
-        "metadata": {
-            "name": "web", "namespace": "default", "labels": {"app": "web"},
-            "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
-                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:type": {}}}}]
-        },
-        "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
-    })
-}
 
 fn affinity(s: &mut Service) {
     s.spec.get_or_insert_default().session_affinity = Some("ClientIP".into());
