@@ -9,6 +9,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::go_nulls::GoNulls;
 use crate::object::Object;
 
 /// The object as a rule sees it: everything but `metadata.managedFields`.
@@ -16,6 +17,14 @@ pub fn for_rules<T: Object>(object: &Value) -> Result<T, String> {
     T::deserialize(Skipping {
         inner: object,
         level: Level::Object,
+    })
+    .or_else(|strict| {
+        // Go's reading of `null` and of missing fields, only when the strict one fails.
+        T::deserialize(Skipping {
+            inner: GoNulls(object),
+            level: Level::Object,
+        })
+        .map_err(|_| strict)
     })
     .map_err(|e| e.to_string())
 }
@@ -26,14 +35,24 @@ pub fn for_rules<T: Object>(object: &Value) -> Result<T, String> {
 pub fn from_json_without_managed_fields<T: serde::de::DeserializeOwned>(
     json: &[u8],
 ) -> Result<T, String> {
-    let mut deserializer = serde_json::Deserializer::from_slice(json);
-    let object = T::deserialize(Skipping {
-        inner: &mut deserializer,
-        level: Level::Object,
-    })
-    .map_err(|e| e.to_string())?;
-    deserializer.end().map_err(|e| e.to_string())?;
-    Ok(object)
+    let read = |go: bool| {
+        let mut deserializer = serde_json::Deserializer::from_slice(json);
+        let object = match go {
+            false => T::deserialize(Skipping {
+                inner: &mut deserializer,
+                level: Level::Object,
+            }),
+            true => T::deserialize(Skipping {
+                inner: GoNulls(&mut deserializer),
+                level: Level::Object,
+            }),
+        }?;
+        deserializer.end().map(|()| object)
+    };
+    // Go's reading of `null` and of missing fields, only when the strict one fails.
+    read(false)
+        .or_else(|strict| read(true).map_err(|_| strict))
+        .map_err(|e| e.to_string())
 }
 
 /// A deserializer that hides `metadata.managedFields` from what it decodes, wrapping another

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod current;
 pub mod decode;
 pub mod detached;
+pub mod go_nulls;
 mod info;
 pub mod managed;
 mod members;

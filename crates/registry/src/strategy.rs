@@ -323,7 +323,8 @@ fn decode_typed<T: Object>(mut object: Value) -> Result<T, String> {
         map.insert("apiVersion".into(), T::API_VERSION.into());
         map.insert("kind".into(), T::KIND.into());
     }
-    serde_json::from_value(object).map_err(|e| e.to_string())
+    // Go's reading of `null` and of missing fields when the strict reading fails.
+    crate::object::to_typed(&object)
 }
 
 /// A decode failure as validation reports it (stored or patched JSON that the kind's types
@@ -570,7 +571,7 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn cells_json(&self, json: &[u8]) -> Vec<Value> {
-        serde_json::from_slice::<S::Object>(json)
+        crate::decode::from_json_without_managed_fields::<S::Object>(json)
             .map(|o| Strategy::cells(self, &o))
             .unwrap_or_default()
     }
