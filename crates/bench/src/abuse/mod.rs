@@ -49,6 +49,8 @@ struct Tally {
     documented_messages: BTreeMap<String, u64>,
     findings: Vec<String>,
     dropped: u64,
+    /// Requests sent on a kept-alive connection the server had closed without saying so.
+    dead: u64,
     timed_out: u64,
     garbage: u64,
 }
@@ -85,9 +87,9 @@ impl Bench {
                         Some(raw) => (raw.clone(), true),
                         None => (serialize(&plan, &credentials), false),
                     };
-                    // A kept-alive connection the server has since closed (after an answer
-                    // whose request body it did not read, say) is not a finding: the request
-                    // is sent again on a new connection, and only a failure there counts.
+                    // A kept-alive connection the server closed without saying so (Go's server
+                    // says `Connection: close` when it will) is counted, and the request is
+                    // sent again on a new connection; a failure there is a dropped one.
                     let mut outcome = Outcome::Dropped("not sent".into());
                     for attempt in 0..2 {
                         let reused = conn.is_some() && !fresh;
@@ -118,6 +120,7 @@ impl Bench {
                         if !(reused && matches!(outcome, Outcome::Dropped(_))) {
                             break;
                         }
+                        tally.lock().unwrap_or_else(|e| e.into_inner()).dead += 1;
                     }
                     let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
                     match outcome {
@@ -125,7 +128,7 @@ impl Bench {
                             t.garbage += 1;
                             conn = None;
                         }
-                        Outcome::Answered(code, body) => {
+                        Outcome::Answered(code, body, closing) => {
                             *t.codes.entry(code).or_default() += 1;
                             if code >= 500 {
                                 if documented(code, &body, &plan.target) {
@@ -157,7 +160,7 @@ impl Bench {
                                 }
                             }
                             // Keep-alive, unless the server said otherwise or the body was skipped.
-                            if plan.method == "HEAD" || code == 400 || code == 413 || code == 431 {
+                            if closing || plan.method == "HEAD" {
                                 conn = None;
                             }
                         }
@@ -238,6 +241,10 @@ impl Bench {
             t.dropped, t.timed_out
         );
         println!(
+            "  requests that met a dead kept-alive connection: {}",
+            t.dead
+        );
+        println!(
             "  afterwards: {}",
             match &still_works {
                 Ok(()) => "create/get/list/delete work".to_string(),
@@ -260,6 +267,7 @@ impl Bench {
             "documented_5xx": t.documented_5xx,
             "documented_5xx_messages": t.documented_messages,
             "dropped_connections": t.dropped,
+            "dead_connections": t.dead,
             "client_timeouts": t.timed_out,
             "findings": t.findings,
             "server_log_panics": log_panics,

@@ -17,7 +17,9 @@ pub(super) const BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// What one exchange came to.
 pub(super) enum Outcome {
-    Answered(u16, Vec<u8>),
+    /// The status, the body, and whether the server said it closes the connection
+    /// (`Connection: close`, or a body that runs to the end of the connection).
+    Answered(u16, Vec<u8>, bool),
     /// The server closed or reset the connection without an answer.
     Dropped(String),
     /// The client gave up waiting (a watch, a trickling list).
@@ -44,7 +46,7 @@ pub(super) async fn exchange(conn: &mut Box<dyn Io>, request: &[u8], head_only: 
 
 pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only: bool) -> Outcome {
     let mut buffer = BytesMut::with_capacity(16 * 1024);
-    let (code, body_start, length, chunked) = loop {
+    let (code, body_start, length, chunked, closing) = loop {
         match conn.read_buf(&mut buffer).await {
             Ok(0) => return Outcome::Dropped("closed before a response".into()),
             Ok(_) => {}
@@ -56,7 +58,14 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
             Ok(httparse::Status::Complete(end)) => {
                 let mut length = None;
                 let mut chunked = false;
+                let mut closing = false;
                 for header in response.headers.iter() {
+                    if header.name.eq_ignore_ascii_case("connection") {
+                        closing |= header
+                            .value
+                            .split(|b| *b == b',')
+                            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+                    }
                     if header.name.eq_ignore_ascii_case("content-length") {
                         length = std::str::from_utf8(header.value)
                             .ok()
@@ -68,7 +77,7 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
                         chunked = true;
                     }
                 }
-                break (response.code.unwrap_or(0), end, length, chunked);
+                break (response.code.unwrap_or(0), end, length, chunked, closing);
             }
             Ok(httparse::Status::Partial) if buffer.len() < 1 << 20 => continue,
             _ => return Outcome::Dropped("an unreadable response head".into()),
@@ -77,7 +86,7 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
     buffer.advance(body_start);
     let mut body = Vec::new();
     if head_only || code == 204 || code == 304 {
-        return Outcome::Answered(code, body);
+        return Outcome::Answered(code, body, closing);
     }
     if chunked {
         let mut decoder = Chunked::default();
@@ -89,7 +98,7 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
                     }
                     continue;
                 }
-                Ok(None) if decoder.is_done() => return Outcome::Answered(code, body),
+                Ok(None) if decoder.is_done() => return Outcome::Answered(code, body, closing),
                 Ok(None) => {}
                 Err(error) => return Outcome::Dropped(format!("chunked body: {error}")),
             }
@@ -109,7 +118,7 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
             .await;
         body.extend_from_slice(&buffer);
         body.extend_from_slice(&rest);
-        return Outcome::Answered(code, body);
+        return Outcome::Answered(code, body, true);
     };
     while buffer.len() < length {
         match conn.read_buf(&mut buffer).await {
@@ -119,7 +128,7 @@ pub(super) async fn read_response(conn: &mut (impl AsyncRead + Unpin), head_only
         }
     }
     body.extend_from_slice(&buffer[..length.min(BODY_LIMIT)]);
-    Outcome::Answered(code, body)
+    Outcome::Answered(code, body, closing)
 }
 
 pub(super) fn serialize(plan: &Planned, credentials: &[(String, Vec<u8>)]) -> Vec<u8> {
