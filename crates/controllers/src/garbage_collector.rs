@@ -471,13 +471,16 @@ impl GarbageCollector {
             let uid = r.get("uid").and_then(Value::as_str);
             !owners.iter().any(|o| uid == Some(o.as_str()))
         };
-        self.keep_in_list(key, Some(uid), "ownerReferences", names)
-            .await
+        self.edit_list(key, Some(uid), "ownerReferences", |r| {
+            names(&r).then_some(r)
+        })
+        .await
     }
 
     /// Takes a GC finalizer off an owner; the registry deletes it when it was the last.
     async fn remove_finalizer(&self, key: &Ref, finalizer: &str) -> Result<(), ApiError> {
-        self.keep_in_list(key, None, "finalizers", |f| f.as_str() != Some(finalizer))
+        let other = |f: &Value| f.as_str() != Some(finalizer);
+        self.edit_list(key, None, "finalizers", |f| other(&f).then_some(f))
             .await
     }
 
@@ -490,35 +493,19 @@ impl GarbageCollector {
             }
             reference
         };
-        self.edit_list(key, Some(uid), "ownerReferences", |list| {
-            list.into_iter().map(unblock).collect()
-        })
-        .await
+        self.edit_list(key, Some(uid), "ownerReferences", |r| Some(unblock(r)))
+            .await
     }
 
-    /// Keeps the entries of a metadata list (`ownerReferences`, `finalizers`) that `keep`
-    /// accepts ([`GarbageCollector::edit_list`]).
-    async fn keep_in_list(
-        &self,
-        key: &Ref,
-        uid: Option<&str>,
-        field: &str,
-        keep: impl Fn(&Value) -> bool,
-    ) -> Result<(), ApiError> {
-        self.edit_list(key, uid, field, |list| {
-            list.into_iter().filter(|v| keep(v)).collect()
-        })
-        .await
-    }
-
-    /// Edits a metadata list (`ownerReferences`, `finalizers`), the list removed when none is
-    /// left; nothing when the object is gone or was recreated (another UID than `uid`).
+    /// Edits each entry of a metadata list (`ownerReferences`, `finalizers`), keeping those
+    /// `edit` answers; the list is removed when none is left. Nothing when the object is gone
+    /// or was recreated (another UID than `uid`).
     async fn edit_list(
         &self,
         key: &Ref,
         uid: Option<&str>,
         field: &str,
-        edit: impl Fn(Vec<Value>) -> Vec<Value>,
+        edit: impl Fn(Value) -> Option<Value>,
     ) -> Result<(), ApiError> {
         let registry = &self.kinds[key.0];
         let edited = registry
@@ -541,7 +528,7 @@ impl GarbageCollector {
                     }
                     let metadata = capstan_machinery::meta::metadata_mut(&mut object);
                     let list = metadata.get(field).and_then(Value::as_array).cloned();
-                    let kept = edit(list.unwrap_or_default());
+                    let kept: Vec<Value> = list.into_iter().flatten().filter_map(&edit).collect();
                     if kept.is_empty() {
                         metadata.shift_remove(field);
                     } else {

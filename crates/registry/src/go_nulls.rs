@@ -39,6 +39,17 @@ enum Zero {
 
 static NULL: Value = Value::Null;
 
+/// What every visitor here shares with the one it wraps: its value, and what it expects.
+macro_rules! wrapping {
+    ($wrapped:tt) => {
+        type Value = V::Value;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            self.$wrapped.expecting(formatter)
+        }
+    };
+}
+
 macro_rules! zero_when_null {
     ($($method:ident => $zero:expr),* $(,)?) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
@@ -112,11 +123,7 @@ struct OrZero<V> {
 }
 
 impl<'de, V: Visitor<'de>> Visitor<'de> for OrZero<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        self.visitor.expecting(formatter)
-    }
+    wrapping!(visitor);
 
     fn visit_none<E: de::Error>(self) -> Result<V::Value, E> {
         let visitor = self.visitor;
@@ -136,16 +143,16 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for OrZero<V> {
                 )>()))
                 .map_err(E::custom),
             // Every field missing: each as it reads from `null`.
-            Zero::Struct(_, fields) => visitor
-                .visit_map(Fields {
-                    inner: de::value::MapDeserializer::<_, serde_json::Error>::new(
-                        std::iter::empty::<(Value, Value)>(),
-                    ),
-                    fields: Some(fields),
-                    seen: Vec::new(),
-                    missing: None,
-                })
-                .map_err(E::custom),
+            Zero::Struct(_, fields) => {
+                visitor
+                    .visit_map(Fields::new(
+                        de::value::MapDeserializer::<_, serde_json::Error>::new(
+                            std::iter::empty::<(Value, Value)>(),
+                        ),
+                        Some(fields),
+                    ))
+                    .map_err(E::custom)
+            }
             Zero::Time(_) => {
                 visitor.visit_newtype_struct(de::value::StrDeserializer::<E>::new(ZERO_TIME))
             }
@@ -178,11 +185,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for OrZero<V> {
 struct Wrap<V>(V);
 
 impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        self.0.expecting(formatter)
-    }
+    wrapping!(0);
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<V::Value, E> {
         self.0.visit_bool(v)
@@ -236,12 +239,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.0.visit_map(Fields {
-            inner: map,
-            fields: None,
-            seen: Vec::new(),
-            missing: None,
-        })
+        self.0.visit_map(Fields::new(map, None))
     }
 }
 
@@ -249,19 +247,10 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
 struct Fielded<V>(V, &'static [&'static str]);
 
 impl<'de, V: Visitor<'de>> Visitor<'de> for Fielded<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        self.0.expecting(formatter)
-    }
+    wrapping!(0);
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.0.visit_map(Fields {
-            inner: map,
-            fields: Some(self.1),
-            seen: Vec::new(),
-            missing: None,
-        })
+        self.0.visit_map(Fields::new(map, Some(self.1)))
     }
 }
 
@@ -291,6 +280,17 @@ struct Fields<A> {
     seen: Vec<String>,
     /// The missing field whose `null` is to be read next.
     missing: Option<&'static str>,
+}
+
+impl<A> Fields<A> {
+    fn new(inner: A, fields: Option<&'static [&'static str]>) -> Self {
+        Fields {
+            inner,
+            fields,
+            seen: Vec::new(),
+            missing: None,
+        }
+    }
 }
 
 impl<'de, A: MapAccess<'de>> MapAccess<'de> for Fields<A> {

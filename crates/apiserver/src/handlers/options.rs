@@ -2,11 +2,20 @@
 
 use super::*;
 
+/// A `resourceVersion` query parameter. Upstream's storage parses it as a uint64 and refuses
+/// it as a field error wrapped in a 400 (the strconv error's text after the quoted value).
 pub(super) fn parse_revision(text: &str) -> Result<i64, ApiError> {
-    text.parse::<u64>()
-        .ok()
-        .and_then(|r| i64::try_from(r).ok())
-        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {text}")))
+    let why = match text.parse::<u64>() {
+        Ok(revision) => match i64::try_from(revision) {
+            Ok(revision) => return Ok(revision),
+            Err(_) => "value out of range",
+        },
+        Err(_) => "invalid syntax",
+    };
+    let quoted = capstan_gostd::quote(text);
+    Err(ApiError::bad_request(format!(
+        "invalid resource version: resourceVersion: Invalid value: {quoted}: parsing {quoted}: {why}"
+    )))
 }
 
 pub(super) fn list_options_invalid(error: FieldError) -> ApiError {

@@ -218,6 +218,8 @@ impl Registry {
                     (false, _) => OnConflict::Fail,
                 },
                 Reads::Members,
+                // An update's object is its own precondition (its uid, when it names one).
+                true,
             ),
         )
         .await
@@ -266,7 +268,7 @@ impl Registry {
                 options,
                 subresource,
                 compute,
-                (OnConflict::Retry, reads),
+                (OnConflict::Retry, reads, false),
             )
             .await?;
         Ok(object)
@@ -314,19 +316,21 @@ impl Registry {
                     groups.join("\n")
                 )
             };
-            let mut error = ApiError::conflict(info.group_resource(), name, "");
-            error.message = message;
-            if let Some(details) = error.details.as_mut() {
-                details.causes = conflicts
-                    .iter()
-                    .map(|c| capstan_machinery::field::Cause {
-                        reason: "FieldManagerConflict".into(),
-                        message: format!("conflict with {}", c.manager),
-                        field: c.field.clone(),
-                    })
-                    .collect();
-            }
-            error
+            // Upstream's NewApplyConflict: the causes alone, no name, group or kind.
+            let causes = conflicts
+                .iter()
+                .map(|c| capstan_machinery::field::Cause {
+                    reason: "FieldManagerConflict".into(),
+                    message: format!("conflict with {}", c.manager),
+                    field: c.field.clone(),
+                })
+                .collect();
+            ApiError::new(409, capstan_machinery::Reason::Conflict, message).with_details(
+                capstan_machinery::Details {
+                    causes,
+                    ..Default::default()
+                },
+            )
         };
         let merge = |live: Option<&Current<'_>>| {
             let live = live.map(Current::whole).transpose()?;
@@ -346,7 +350,7 @@ impl Registry {
             &options,
             subresource,
             merge,
-            (OnConflict::Retry, Reads::Whole),
+            (OnConflict::Retry, Reads::Whole, false),
         )
         .await
     }
@@ -358,7 +362,7 @@ impl Registry {
         options: &WriteOptions,
         subresource: Subresource,
         compute: impl Fn(Option<&Current<'_>>) -> Result<UnderWrite, ApiError>,
-        (on_conflict, reads): (OnConflict, Reads),
+        (on_conflict, reads, uid_precondition): (OnConflict, Reads, bool),
     ) -> Result<(Value, bool), ApiError> {
         let main = subresource == Subresource::Main;
         let info = self.strategy.info();
@@ -400,7 +404,9 @@ impl Registry {
             }
             let sent_uid = meta::meta_str(new.json(), "uid").to_string();
             let old_uid = meta::meta_str(old.meta(), "uid").to_string();
-            if !sent_uid.is_empty() && sent_uid != old_uid {
+            // Upstream's update takes the object's uid as a precondition; a patch's or an
+            // apply's object has none, and a changed uid is refused as immutable.
+            if uid_precondition && !sent_uid.is_empty() && sent_uid != old_uid {
                 return Err(ApiError::conflict(
                     info.group_resource(),
                     name,
@@ -559,13 +565,13 @@ impl Registry {
     }
 
     /// Upstream's answer to an update without `resourceVersion` where one is required (the
-    /// missing version printed as Go's `%#v` of a uint64).
+    /// missing version printed as 1.36 prints values in field errors: `0`).
     fn version_required(&self, name: &str) -> ApiError {
         let info = self.strategy.info();
         let errors = FieldErrors(vec![FieldError {
             kind: capstan_machinery::field::ErrorType::Invalid,
             field: "metadata.resourceVersion".into(),
-            value: "0x0".into(),
+            value: "0".into(),
             detail: "must be specified for an update".into(),
         }]);
         let resource = info.group_resource().to_string();

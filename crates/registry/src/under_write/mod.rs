@@ -244,8 +244,8 @@ impl UnderWrite {
     }
 
     /// Upstream's `rest.BeforeUpdate` on the metadata: the object is in `namespace` (`None`:
-    /// cluster-scoped, left as sent); its uid and creation time are the stored ones
-    /// (`stored`'s metadata); a deletion time and grace period once set stay (setting them by
+    /// cluster-scoped, left as sent); its creation time is the stored one, and so is its uid
+    /// unless it names one (a different one is refused later as immutable); a deletion time and grace period once set stay (setting them by
     /// update is refused later); generation and selfLink are the server's.
     pub(crate) fn before_update(&mut self, namespace: Option<&str>, stored: &Value) {
         self.sync();
@@ -262,6 +262,7 @@ impl UnderWrite {
             let kept = meta::metadata(stored).and_then(|m| m.get(field)).cloned();
             let sent = meta::metadata(new).and_then(|m| m.get(field)).is_some();
             match kept {
+                Some(_) if field == "uid" && !meta::meta_str(new, "uid").is_empty() => {}
                 Some(value) if field != "deletionGracePeriodSeconds" || !sent => {
                     meta::metadata_mut(new).insert(field.into(), value);
                 }
