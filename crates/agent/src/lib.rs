@@ -7,7 +7,8 @@ use std::path::Path;
 
 use anyhow::Context;
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::ServiceSpec;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -26,6 +27,50 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// A Service as the node agents read it: its metadata and spec, never its status. Go's
+/// clients read a status whose conditions carry `null` times (a zero `metav1.Time`, which
+/// client-go writes), and the API server keeps them; `k8s_openapi`'s `Service` refuses them,
+/// which would stop an agent's whole Service watch at such an object.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct ServiceView {
+    /// The Service's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The Service's spec.
+    pub spec: Option<ServiceSpec>,
+}
+
+impl k8s_openapi::Resource for ServiceView {
+    const API_VERSION: &'static str = <Service as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Service as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Service as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Service as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Service as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Service as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for ServiceView {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl From<ServiceView> for Service {
+    fn from(view: ServiceView) -> Service {
+        Service {
+            metadata: view.metadata,
+            spec: view.spec,
+            status: None,
+        }
+    }
+}
+
 /// A watch's news, a relist delivered whole.
 pub enum Change<K> {
     /// Every object, after a (re)list.
@@ -34,6 +79,17 @@ pub enum Change<K> {
     Applied(K),
     /// An object deleted (its last state).
     Deleted(K),
+}
+
+impl<K> Change<K> {
+    /// The same news, of each object made into another type.
+    pub fn map<T>(self, into: impl Fn(K) -> T) -> Change<T> {
+        match self {
+            Change::Listed(all) => Change::Listed(all.into_iter().map(into).collect()),
+            Change::Applied(object) => Change::Applied(into(object)),
+            Change::Deleted(object) => Change::Deleted(into(object)),
+        }
+    }
 }
 
 /// Follows a watch (with kube-runtime's backoff after errors) until the process ends, handing

@@ -85,6 +85,20 @@ fn setup(server: &Server) {
         "-f",
         common::path_str(&server.dir.path().join("objects.yaml")),
     ]);
+    // A status condition timed as client-go leaves an unset time (null): the agents read the
+    // Service all the same (k8s_openapi's Service refuses it, so they read its spec alone).
+    let condition = r#"{"status":{"conditions":[{"type":"Checked","status":"True","reason":"R","message":"m","lastTransitionTime":null}]}}"#;
+    server.ok(&[
+        "-n",
+        "dz",
+        "patch",
+        "service",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        condition,
+    ]);
     for i in 1..=3 {
         let pod = format!(
             r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p{i}","namespace":"dz","labels":{{"app":"web"}}}},"spec":{{"hostname":"h{i}","subdomain":"hl","containers":[{{"name":"c","image":"x"}}]}}}}"#

@@ -182,8 +182,8 @@ async fn into_index<K>(
     .await
 }
 
-fn service_change(index: &mut Index, change: Change<Service>) {
-    match change {
+fn service_change(index: &mut Index, change: Change<capstan_agent::ServiceView>) {
+    match change.map(Service::from) {
         Change::Listed(all) => index.replace_services(all),
         Change::Applied(service) => index.put_service(service),
         Change::Deleted(service) => index.remove_service(&service),

@@ -304,11 +304,11 @@ impl Watches {
         self.notify.notify_one();
     }
 
-    async fn services(self, api: Api<Service>) {
+    async fn services(self, api: Api<capstan_agent::ServiceView>) {
         let config = watcher::Config::default().labels(SELECTOR);
         follow(api, config, "Services", |change| {
             let mut shared = lock(&self.shared);
-            let name = match change {
+            let name = match change.map(Service::from) {
                 Change::Listed(services) => {
                     shared.services_listed(services);
                     None
