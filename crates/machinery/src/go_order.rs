@@ -24,8 +24,30 @@ static ORDERS: LazyLock<Definitions<[&'static str]>> = LazyLock::new(|| {
     )
 });
 
-/// The definitions of a member-order text: a line a definition, its name then its members.
+/// The members of each definition whose zero value Go writes in JSON (marked `*` in the
+/// member-order texts): pointers (written whenever set, `0` and `false` too) and plain fields
+/// without `omitempty` (always written).
+static ZERO_WRITTEN: LazyLock<Definitions<[&'static str]>> = LazyLock::new(|| {
+    Definitions::new(
+        parse_zero_written,
+        include_bytes!("../data/member_order_apimachinery.txt"),
+    )
+});
+
+/// The definitions of a member-order text: a line a definition, its name then its members
+/// (a member marked `*` writes its zero value: [`writes_zero`]).
 fn parse_orders(text: &'static [u8]) -> Vec<(String, &'static [&'static str])> {
+    parse_members(text, |member| Some(member.trim_end_matches('*')))
+}
+
+fn parse_zero_written(text: &'static [u8]) -> Vec<(String, &'static [&'static str])> {
+    parse_members(text, |member| member.strip_suffix('*'))
+}
+
+fn parse_members(
+    text: &'static [u8],
+    keep: fn(&'static str) -> Option<&'static str>,
+) -> Vec<(String, &'static [&'static str])> {
     std::str::from_utf8(text)
         .unwrap_or_default()
         .lines()
@@ -33,10 +55,20 @@ fn parse_orders(text: &'static [u8]) -> Vec<(String, &'static [&'static str])> {
         .filter_map(|line| {
             let mut words = line.split_whitespace();
             let name = words.next()?.to_string();
-            let members: &'static [&'static str] = Box::leak(words.collect::<Box<[_]>>());
+            let members: &'static [&'static str] =
+                Box::leak(words.filter_map(keep).collect::<Box<[_]>>());
             Some((name, members))
         })
         .collect()
+}
+
+/// Whether Go writes member `member` of definition `definition` (its OpenAPI name) when its
+/// value is zero (`0`, `false`, `""`): a pointer that was set, or a field without
+/// `omitempty`. A protobuf body carries every plain field, zero or not; only these keep it.
+pub fn writes_zero(definition: &str, member: &str) -> bool {
+    ZERO_WRITTEN
+        .get(definition)
+        .is_some_and(|members| members.contains(&member))
 }
 
 /// The member order known for the definition `name` (`None`: none is, and the writer leaves
@@ -50,6 +82,7 @@ pub fn declared(name: &str) -> Option<&'static [&'static str]> {
 /// can reach the writer: a definition met without an order is remembered as having none.
 pub fn load(member_order: &'static str) {
     ORDERS.load(member_order.as_bytes());
+    ZERO_WRITTEN.load(member_order.as_bytes());
 }
 
 /// `metadata`'s definition, which every kind shares.

@@ -44,9 +44,11 @@ impl GroupVersionData {
         self
     }
 
-    /// The protobuf messages its request bodies decode as, if it has them.
+    /// The protobuf messages its request bodies decode as, if it has them (its member order
+    /// loaded first: it says which zero values a decoded body keeps).
     pub fn messages(&self) -> Option<protobuf::Messages> {
         let (package, table) = self.protobuf?;
+        go_order::load(self.member_order);
         let path = self.openapi_path;
         let api_version = path.strip_prefix("apis/").or(path.strip_prefix("api/"));
         Some(protobuf::Messages {

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use crate::definitions::Definitions;
+use crate::go_order;
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
@@ -52,22 +53,13 @@ fn lookup(name: &str) -> Option<&'static [Field]> {
 
 const MAGIC: &[u8] = b"k8s\x00";
 
-/// Fields that are pointers upstream, so a zero or `false` value was set on purpose. Every
-/// other zero number or `false` is Go's zero value of a plain field, which JSON clients omit.
-const MEANINGFUL_ZERO: &[&str] = &[
-    "allocateLoadBalancerNodePorts",
-    "timeoutSeconds",
-    "deletionGracePeriodSeconds",
-    "gracePeriodSeconds",
-    "controller",
-    "blockOwnerDeletion",
-    "orphanDependents",
-    "ready",
-    "serving",
-    "terminating",
-    "insecureSkipTLSVerify",
-    "port",
-];
+/// The OpenAPI name of a protobuf message (`k8s.io.api.core.v1.ServicePort` is
+/// `io.k8s.api.core.v1.ServicePort`; `k8s.io.kube_aggregator…` is `io.k8s.kube-aggregator…`).
+fn definition_of(message: &str) -> String {
+    let rest = message.strip_prefix("k8s.io.").unwrap_or(message);
+    format!("io.k8s.{}", rest.replace('_', "-"))
+}
+
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
 
 struct Reader<'a> {
@@ -278,10 +270,15 @@ fn message(name: &str, bytes: &[u8], depth: usize) -> Result<Value, String> {
                 list.extend(values);
             }
         } else if let Some(value) = values.into_iter().next() {
+            // Go's protobuf carries every plain field, zero or not; its JSON leaves a zero out
+            // (`omitempty`) unless the field is a pointer (set on purpose) or has no
+            // `omitempty` (the member order's `*`).
             let zero = value.as_str().is_some_and(str::is_empty)
-                || ((value.as_i64() == Some(0) || value.as_bool() == Some(false))
-                    && !MEANINGFUL_ZERO.contains(&field.as_str()));
-            if !value.is_null() && !zero {
+                || value.as_i64() == Some(0)
+                || value.as_bool() == Some(false);
+            if !value.is_null()
+                && (!zero || go_order::writes_zero(&definition_of(name), field.as_str()))
+            {
                 out.insert(field.clone(), value);
             }
         }

@@ -140,3 +140,47 @@ fn every_group_but_apiregistration_takes_protobuf_bodies() {
         }
     }
 }
+
+/// A protobuf body as kubectl's typed clients send it: `k8s\0`, then an `Unknown` holding the
+/// type meta and the object's message.
+fn protobuf_body(api_version: &str, kind: &str, object: &[u8]) -> Vec<u8> {
+    let field = |number: u32, payload: &[u8]| {
+        let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
+        out.extend_from_slice(payload);
+        out
+    };
+    let type_meta = [field(1, api_version.as_bytes()), field(2, kind.as_bytes())].concat();
+    let unknown = [field(1, &type_meta), field(2, object)].concat();
+    [b"k8s\x00".to_vec(), unknown].concat()
+}
+
+#[test]
+fn a_protobuf_body_keeps_the_zero_values_go_writes() {
+    let field = |number: u32, payload: &[u8]| {
+        let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
+        out.extend_from_slice(payload);
+        out
+    };
+    let zero = |number: u32| vec![(number << 3) as u8, 0];
+    // A Lease whose pointer fields leaseDurationSeconds and leaseTransitions are set to 0.
+    let meta = field(1, b"l");
+    let spec = [zero(2), zero(5)].concat();
+    let lease = [field(1, &meta), field(2, &spec)].concat();
+    let body = protobuf_body("coordination.k8s.io/v1", "Lease", &lease);
+    let messages = crate::coordination::V1.messages();
+    let (_, _, object) = capstan_machinery::protobuf::decode(&body, messages).expect("decodes");
+    assert_eq!(
+        object["spec"],
+        json!({"leaseDurationSeconds": 0, "leaseTransitions": 0})
+    );
+    // A Service port: `port` (no omitempty) keeps its 0, `nodePort` (omitempty) does not.
+    let port = [zero(3), zero(5), field(2, b"TCP")].concat();
+    let service = [field(1, &meta), field(2, &field(1, &port))].concat();
+    let body = protobuf_body("v1", "Service", &service);
+    let messages = crate::core::V1.messages();
+    let (_, _, object) = capstan_machinery::protobuf::decode(&body, messages).expect("decodes");
+    assert_eq!(
+        object["spec"]["ports"],
+        json!([{"port": 0, "protocol": "TCP"}])
+    );
+}
