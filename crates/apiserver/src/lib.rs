@@ -219,7 +219,18 @@ impl ApiServer {
         }
         let pretty = request::pretty_requested(request.headers(), &query);
         let discovery = |value: serde_json::Value| document_response(&accept, &value, pretty);
-        match path.trim_end_matches('/') {
+        let root = path.trim_end_matches('/');
+        // Upstream serves these through go-restful web services with a GET route alone: any
+        // other method is its 405 (what `/apis` and the health paths, plain handlers there,
+        // do not do).
+        if matches!(root, "/version" | "/api" | "/api/v1") && request.method() != Method::GET {
+            return request::negotiated_error(
+                &ApiError::method_not_allowed(),
+                request.headers(),
+                &query,
+            );
+        }
+        match root {
             // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
             "/version" => {
                 return request::raw_json_response(StatusCode::OK, &discovery::version());

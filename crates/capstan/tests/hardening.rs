@@ -757,3 +757,43 @@ async fn a_connection_serves_on_after_answers_given_before_the_body_was_read() {
     assert!(head.contains("connection: close"), "{head}");
     no_panic(&server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_watch_gets_its_bookmarks_as_one_row_tables() {
+    let (server, _client) = with_service(Server::start(), "web").await;
+    let target = target(&server);
+    let revision = server.ok(&[
+        "get",
+        "services",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    let mut stream = tls(&target).await.expect("connect");
+    // A bookmark is due two seconds before the watch's end, once a change went by.
+    let path = format!(
+        "/api/v1/namespaces/default/services?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds=3",
+        revision.trim()
+    );
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nAccept: application/json;as=Table;v=v1;g=meta.k8s.io\r\nConnection: close\r\n\r\n",
+        target.token
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.ok(&["create", "service", "clusterip", "other", "--tcp=80"]);
+    let (code, _, body) = read_response(&mut stream).await;
+    assert_eq!(code, 200, "{body}");
+    // The chunked body's lines that are events.
+    let events: Vec<Value> = body
+        .lines()
+        .filter(|line| line.starts_with("{\"type\""))
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let bookmark = events
+        .iter()
+        .find(|event| event["type"] == "BOOKMARK")
+        .unwrap_or_else(|| panic!("no bookmark in {body}"));
+    assert_eq!(bookmark["object"]["kind"], "Table", "{bookmark}");
+    assert_eq!(bookmark["object"]["rows"].as_array().map(Vec::len), Some(1));
+    no_panic(&server);
+}

@@ -249,6 +249,21 @@ impl WatchStream {
                         Output::Metadata => capstan_machinery::json::to_vec(
                             &crate::request::partial_metadata(&object),
                         ),
+                        // Upstream transforms a bookmark as any event: a one-row Table.
+                        Output::Table(version) => {
+                            let mut list_meta = Map::new();
+                            list_meta.insert("resourceVersion".into(), json!(revision.to_string()));
+                            let table = to_table(
+                                self.strategy.as_ref(),
+                                version,
+                                &[&object],
+                                list_meta,
+                                self.include,
+                                self.first_table,
+                            );
+                            self.first_table = false;
+                            capstan_machinery::json::to_vec(&table)
+                        }
                         _ => capstan_machinery::go_order::to_vec(&object, self.strategy.schema()),
                     };
                     return Some(event_line("BOOKMARK", &json));
