@@ -277,7 +277,9 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for Items<A> {
 struct Fields<A> {
     inner: A,
     fields: Option<&'static [&'static str]>,
-    seen: Vec<String>,
+    /// The declared fields met so far (at most `fields`: a body's other keys, however many,
+    /// are not kept).
+    seen: Vec<&'static str>,
     /// The missing field whose `null` is to be read next.
     missing: Option<&'static str>,
 }
@@ -306,17 +308,19 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Fields<A> {
         if self.missing.is_none()
             && let Some(key) = self.inner.next_key::<String>()?
         {
-            let read = seed.deserialize(de::value::StrDeserializer::<A::Error>::new(&key));
-            self.seen.push(key);
-            return read.map(Some);
+            if let Some(field) = fields.iter().find(|field| **field == key)
+                && !self.seen.contains(field)
+            {
+                self.seen.push(field);
+            }
+            return seed
+                .deserialize(de::value::StrDeserializer::<A::Error>::new(&key))
+                .map(Some);
         }
-        let next = fields
-            .iter()
-            .find(|field| !self.seen.iter().any(|seen| seen == *field));
-        let Some(field) = next else {
+        let Some(field) = fields.iter().find(|field| !self.seen.contains(field)) else {
             return Ok(None);
         };
-        self.seen.push((*field).to_string());
+        self.seen.push(field);
         self.missing = Some(field);
         seed.deserialize(de::value::StrDeserializer::<A::Error>::new(field))
             .map(Some)

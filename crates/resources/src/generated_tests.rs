@@ -141,14 +141,16 @@ fn every_group_but_apiregistration_takes_protobuf_bodies() {
     }
 }
 
+/// A length-delimited protobuf field (payloads under 128 bytes).
+fn field(number: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
+    out.extend_from_slice(payload);
+    out
+}
+
 /// A protobuf body as kubectl's typed clients send it: `k8s\0`, then an `Unknown` holding the
 /// type meta and the object's message.
 fn protobuf_body(api_version: &str, kind: &str, object: &[u8]) -> Vec<u8> {
-    let field = |number: u32, payload: &[u8]| {
-        let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
-        out.extend_from_slice(payload);
-        out
-    };
     let type_meta = [field(1, api_version.as_bytes()), field(2, kind.as_bytes())].concat();
     let unknown = [field(1, &type_meta), field(2, object)].concat();
     [b"k8s\x00".to_vec(), unknown].concat()
@@ -156,11 +158,6 @@ fn protobuf_body(api_version: &str, kind: &str, object: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_protobuf_body_keeps_the_zero_values_go_writes() {
-    let field = |number: u32, payload: &[u8]| {
-        let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
-        out.extend_from_slice(payload);
-        out
-    };
     let zero = |number: u32| vec![(number << 3) as u8, 0];
     // A Lease whose pointer fields leaseDurationSeconds and leaseTransitions are set to 0.
     let meta = field(1, b"l");
