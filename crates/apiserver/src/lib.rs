@@ -230,6 +230,18 @@ impl ApiServer {
                 &query,
             );
         }
+        // Their routes produce JSON (`/version`) or the served types; upstream's router
+        // refuses an `Accept` naming neither before the handler runs.
+        let produces = match root {
+            "/version" => Some(vec!["application/json"]),
+            "/api" | "/api/v1" => Some(capstan_machinery::media::route_produces(false)),
+            _ => None,
+        };
+        if let Some(produces) = produces
+            && let Err(error) = capstan_machinery::media::route_accepts(&accept, &produces)
+        {
+            return request::unnegotiated_error(&error);
+        }
         match root {
             // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
             "/version" => {
@@ -307,8 +319,29 @@ impl ApiServer {
         let group = segments.next().unwrap_or_default();
         let version = segments.next().filter(|v| !v.is_empty());
         let tail = segments.next().unwrap_or_default();
+        // A local group's discovery routes (`/apis/<group>`, `/apis/<group>/<version>`) are
+        // go-restful's: `Accept` is checked against what they produce first.
+        let method = request.method().clone();
+        let route_refused = || {
+            if method != Method::GET {
+                return Some(request::negotiated_error(
+                    &ApiError::method_not_allowed(),
+                    request.headers(),
+                    &query,
+                ));
+            }
+            capstan_machinery::media::route_accepts(
+                &accept,
+                &capstan_machinery::media::route_produces(false),
+            )
+            .err()
+            .map(|error| request::unnegotiated_error(&error))
+        };
         let Some(version) = version else {
             if discovery::serves_group(&self.registries, group) {
+                if let Some(refused) = route_refused() {
+                    return refused;
+                }
                 return document_response(
                     &accept,
                     &discovery::local_group(&self.registries, group),
@@ -342,6 +375,9 @@ impl ApiServer {
             return not_found();
         }
         if tail.is_empty() {
+            if let Some(refused) = route_refused() {
+                return refused;
+            }
             return document_response(
                 &accept,
                 &discovery::group_resources(&self.registries, group, version),

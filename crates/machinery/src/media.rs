@@ -110,6 +110,36 @@ pub const SERVED_TYPES: &[&str] = &["application/json", "application/yaml"];
 /// Media types listed in a 406 for watches.
 pub const SERVED_STREAM_TYPES: &[&str] = &["application/json;stream=watch"];
 
+/// What a route of the API produces, as upstream's router declares it: the served types, and
+/// for a list route (which also serves `?watch=true`) the stream types after them.
+pub fn route_produces(list: bool) -> Vec<&'static str> {
+    let mut produces = SERVED_TYPES.to_vec();
+    if list {
+        produces.extend_from_slice(SERVED_STREAM_TYPES);
+    }
+    produces
+}
+
+/// Upstream's router (go-restful) before any handler runs: some clause of `Accept` (parameters
+/// dropped, an empty header meaning `*/*`) must be `*/*` or exactly a type the route produces,
+/// else its 406. Wildcards such as `application/*` are not understood there.
+pub fn route_accepts(accept: &str, produces: &[&str]) -> Result<(), ApiError> {
+    let accept = if accept.is_empty() { "*/*" } else { accept };
+    let matches = accept.split(',').any(|clause| {
+        let media = clause
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim_matches(' ');
+        media == "*/*" || produces.contains(&media)
+    });
+    if matches {
+        Ok(())
+    } else {
+        Err(ApiError::route_not_acceptable(produces))
+    }
+}
+
 /// Picks the response representation for an API request. `watch` requests cannot have YAML.
 pub fn negotiate(accept: &str, watch: bool) -> Result<Negotiated, ApiError> {
     for range in parse_accept(accept) {
@@ -218,6 +248,25 @@ pub fn body_format(content_type: Option<&str>) -> Result<BodyFormat, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_router_wants_an_exact_type_or_any() {
+        let produces = route_produces(false);
+        assert!(route_accepts("", &produces).is_ok());
+        assert!(route_accepts("text/html, */*;q=0.1", &produces).is_ok());
+        assert!(route_accepts("application/json;as=Table;v=v1;g=meta.k8s.io", &produces).is_ok());
+        let refused = route_accepts("application/*", &produces).expect_err("406");
+        assert_eq!(refused.code, 406);
+        assert_eq!(
+            refused.message,
+            "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml"
+        );
+        let list = route_accepts("text/plain", &route_produces(true)).expect_err("406");
+        assert!(
+            list.message
+                .ends_with("application/yaml, application/json;stream=watch")
+        );
+    }
 
     #[test]
     fn kubectl_get_asks_for_a_table() {

@@ -306,6 +306,20 @@ impl ApiError {
         )
     }
 
+    /// 406 from upstream's router (go-restful) when no type the route produces is accepted:
+    /// its text, with empty details (`NewGenericServerResponse`).
+    pub fn route_not_acceptable(produces: &[&str]) -> Self {
+        Self::new(
+            406,
+            Reason::NotAcceptable,
+            format!(
+                "406: Not Acceptable\n\nAvailable representations: {}",
+                produces.join(", ")
+            ),
+        )
+        .with_details(Details::default())
+    }
+
     /// 415 for a request body in an unknown format.
     pub fn unsupported_media_type(accepted: &[&str]) -> Self {
         Self::new(

@@ -125,52 +125,96 @@ pub async fn handle(request: ResourceRequest, call: Call) -> Response<Body> {
     with_warnings(response, &warnings)
 }
 
-async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
-    let watch_path = request.info.watch_path();
-    let is_watch = watch_path || (request.info.verb == "watch" && call.method == Method::GET);
-    let encoding = match Encoding::negotiate(&call.headers, &call.query, is_watch) {
-        Ok(encoding) => encoding,
-        Err(error) => return crate::request::unnegotiated_error(&error),
-    };
+/// What a resource path and method route to, as upstream's installer registers the routes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Watch,
+    List,
+    Get,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+/// The route a request takes, or upstream's router's 405 when its path has none for the method.
+fn route(request: &ResourceRequest, method: &Method, subresource: Subresource) -> Option<Route> {
     let info = request.registry.strategy().info();
+    let watch_path = request.info.watch_path();
+    let is_watch = watch_path || (request.info.verb == "watch" && method == Method::GET);
+    // `/finalize` serves PUT only, as upstream registers it.
+    if subresource == Subresource::Finalize && method != Method::PUT {
+        return None;
+    }
+    // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
+    // only, as upstream routes it: no create, and no deletecollection across namespaces.
+    if info.namespaced && request.namespace.is_empty() && method != Method::GET {
+        return None;
+    }
+    // The legacy `/watch/` paths are routed for GET only.
+    if watch_path && method != Method::GET {
+        return None;
+    }
+    Some(match (method, request.name(), is_watch) {
+        (&Method::GET, _, true) => Route::Watch,
+        (&Method::GET, None, false) => Route::List,
+        (&Method::GET, Some(_), false) => Route::Get,
+        (&Method::POST, None, _) if subresource == Subresource::Main => Route::Create,
+        (&Method::PUT, Some(_), _) => Route::Update,
+        (&Method::PATCH, Some(_), _) => Route::Patch,
+        (&Method::DELETE, Some(_), _) if subresource == Subresource::Main => Route::Delete,
+        (&Method::DELETE, None, _) if info.verbs.contains(&"deletecollection") => {
+            Route::DeleteCollection
+        }
+        _ => return None,
+    })
+}
+
+async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let subresource = match request.info.subresource.as_str() {
         "status" => Subresource::Status,
         "finalize" => Subresource::Finalize,
         _ => Subresource::Main,
     };
-    // `/finalize` serves PUT only, as upstream registers it.
-    if subresource == Subresource::Finalize && call.method != Method::PUT {
-        return error_response(&ApiError::method_not_allowed(), encoding);
+    // Upstream's router first: the method (405), a PATCH's Content-Type (415), then `Accept`
+    // against what the route produces (406); only then the handler's own negotiation.
+    let refused =
+        |error: ApiError| crate::request::negotiated_error(&error, &call.headers, &call.query);
+    let Some(route) = route(&request, &call.method, subresource) else {
+        return refused(ApiError::method_not_allowed());
+    };
+    if route == Route::Patch
+        && let Err(error) = PatchType::from_content_type(
+            call.headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+        )
+    {
+        return refused(error);
     }
-    // A namespaced kind's cluster-wide collection (`/api/v1/services`) serves list and watch
-    // only, as upstream routes it: no create, and no deletecollection across namespaces.
-    if info.namespaced && request.namespace.is_empty() && call.method != Method::GET {
-        return error_response(&ApiError::method_not_allowed(), encoding);
+    // A watch at a list's path is the list route (`?watch=true`), which produces streams.
+    let list_route = matches!(route, Route::List | Route::Watch);
+    let accept = crate::request::header_text(&call.headers, header::ACCEPT);
+    if let Err(error) = media::route_accepts(accept, &media::route_produces(list_route)) {
+        return crate::request::unnegotiated_error(&error);
     }
-    // The legacy `/watch/` paths are routed for GET only.
-    if watch_path && call.method != Method::GET {
-        return error_response(&ApiError::method_not_allowed(), encoding);
-    }
-    let result = match (&call.method, request.name(), is_watch) {
-        (&Method::GET, _, true) => return watch(&request, &call, encoding).await,
-        (&Method::GET, None, false) => list(&request, &call, encoding).await,
-        (&Method::GET, Some(name), false) => get(&request, name, &call, encoding).await,
-        (&Method::POST, None, _) if subresource == Subresource::Main => {
-            create(verb(&request, &mut call, encoding, subresource)).await
-        }
-        (&Method::PUT, Some(name), _) => {
-            update(verb(&request, &mut call, encoding, subresource), name).await
-        }
-        (&Method::PATCH, Some(name), _) => {
-            patch_object(verb(&request, &mut call, encoding, subresource), name).await
-        }
-        (&Method::DELETE, Some(name), _) if subresource == Subresource::Main => {
-            delete(verb(&request, &mut call, encoding, subresource), name).await
-        }
-        (&Method::DELETE, None, _) if info.verbs.contains(&"deletecollection") => {
+    let encoding = match Encoding::negotiate(&call.headers, &call.query, route == Route::Watch) {
+        Ok(encoding) => encoding,
+        Err(error) => return crate::request::unnegotiated_error(&error),
+    };
+    let name = request.name().unwrap_or_default();
+    let result = match route {
+        Route::Watch => return watch(&request, &call, encoding).await,
+        Route::List => list(&request, &call, encoding).await,
+        Route::Get => get(&request, name, &call, encoding).await,
+        Route::Create => create(verb(&request, &mut call, encoding, subresource)).await,
+        Route::Update => update(verb(&request, &mut call, encoding, subresource), name).await,
+        Route::Patch => patch_object(verb(&request, &mut call, encoding, subresource), name).await,
+        Route::Delete => delete(verb(&request, &mut call, encoding, subresource), name).await,
+        Route::DeleteCollection => {
             delete_collection(verb(&request, &mut call, encoding, subresource)).await
         }
-        _ => Err(ApiError::method_not_allowed()),
     };
     match result {
         Ok(response) => response,

@@ -284,13 +284,34 @@ async fn addresses(
     Ok(allocated)
 }
 
-/// `normalizeClusterIPs`: a `clusterIP` without `clusterIPs` fills them.
-pub fn normalize(service: &mut Service) {
+/// `normalizeClusterIPs`: guesses what a client meant when it set only one of `clusterIP` and
+/// `clusterIPs`. On create a `clusterIP` alone fills `clusterIPs`; on update (`old`) a changed
+/// `clusterIP` with `clusterIPs` as they were takes `clusterIPs` along (cleared with it, or
+/// becoming it), so that validation reports the change itself ("may not change once set").
+pub fn normalize(service: &mut Service, old: Option<&Service>) {
     let Some(spec) = service.spec.as_mut() else {
         return;
     };
     let ip = super::spec::cluster_ip(spec).to_string();
-    if !ip.is_empty() && spec.cluster_ips.as_ref().is_none_or(Vec::is_empty) {
-        spec.cluster_ips = Some(vec![ip]);
+    let ips = spec.cluster_ips.clone().unwrap_or_default();
+    let Some(old) = old else {
+        if !ip.is_empty() && ips.is_empty() {
+            spec.cluster_ips = Some(vec![ip]);
+        }
+        return;
+    };
+    let old_spec = super::spec::of(old);
+    let old_ip = super::spec::cluster_ip(&old_spec);
+    let old_ips = old_spec.cluster_ips.as_deref().unwrap_or_default();
+    if !old_ips.is_empty() && ips.is_empty() && old_ip == ip {
+        spec.cluster_ips = old_spec.cluster_ips.clone();
+    }
+    let same = spec.cluster_ips.as_deref().unwrap_or_default() == old_ips;
+    if old_ip != ip && same {
+        spec.cluster_ips = if !old_ip.is_empty() && ip.is_empty() {
+            None
+        } else {
+            Some(vec![ip])
+        };
     }
 }

@@ -74,12 +74,12 @@ impl Strategy for ServiceStrategy {
 
     fn prepare_for_create(&self, service: &mut Service) {
         service.status = Some(transitions::empty_status());
-        cluster_ips::normalize(service);
+        cluster_ips::normalize(service, None);
     }
 
     fn prepare_for_update(&self, new: &mut Service, old: &Service) {
         node_ports::keep_allocated_values(new, old);
-        cluster_ips::normalize(new);
+        cluster_ips::normalize(new, Some(old));
         transitions::drop_type_dependent_fields(new, old);
     }
 
@@ -117,7 +117,7 @@ impl Strategy for ServiceStrategy {
                 dry_run,
             };
             cluster_ips::allocate(&picker, service, old).await?;
-            node_ports::allocate(&picker, service).await?;
+            node_ports::allocate(&picker, service, old.is_none()).await?;
         }
         let before = old.map(Allocations::of).unwrap_or_default().keys();
         let after = Allocations::of(service).keys();

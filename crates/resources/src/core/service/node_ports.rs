@@ -26,11 +26,15 @@ async fn fresh_port(picker: &Picker<'_>, used: &[i32]) -> Result<i32, ApiError> 
 }
 
 /// Gives `service`'s ports their node ports, and its health check node port when it needs one.
-pub(super) async fn allocate(picker: &Picker<'_>, service: &mut Service) -> Result<(), ApiError> {
+pub(super) async fn allocate(
+    picker: &Picker<'_>,
+    service: &mut Service,
+    creating: bool,
+) -> Result<(), ApiError> {
     let Some(spec) = service.spec.as_mut() else {
         return Ok(());
     };
-    let used = assign_node_ports(picker, &service.metadata, spec).await?;
+    let used = assign_node_ports(picker, &service.metadata, spec, creating).await?;
     if super::spec::needs_health_check(spec) {
         assign_health_check_port(picker, spec, &used).await?;
     }
@@ -44,6 +48,7 @@ async fn assign_node_ports(
     picker: &Picker<'_>,
     metadata: &ObjectMeta,
     spec: &mut ServiceSpec,
+    creating: bool,
 ) -> Result<Vec<i32>, ApiError> {
     // Only NodePort and LoadBalancer Services take node ports (upstream's txnAllocNodePorts);
     // any other asking for one is refused by validation.
@@ -58,27 +63,68 @@ async fn assign_node_ports(
         .health_check_node_port
         .filter(|p| *p > 0 && super::spec::needs_health_check(spec));
     let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();
-    for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
-        let requested = port.node_port.unwrap_or(0);
-        if requested > 0 {
-            if !used.contains(&requested) {
-                check_requested(picker, metadata, i, requested).await?;
-                used.push(requested);
-            }
-            by_port.entry(port.port).or_insert(requested);
-        } else if wants_node_ports {
-            let value = match by_port.get(&port.port) {
-                Some(shared) => *shared,
+    // What a port number asks for: the first port of that number with a node port.
+    let requested_for = |ports: &[ServicePort], number: i32| {
+        ports
+            .iter()
+            .find(|p| p.port == number && p.node_port.unwrap_or(0) != 0)
+            .and_then(|p| p.node_port)
+    };
+    let Some(ports) = spec.ports.as_mut() else {
+        return Ok(used);
+    };
+    for i in 0..ports.len() {
+        let requested = ports[i].node_port.unwrap_or(0);
+        let number = ports[i].port;
+        if requested == 0 && !wants_node_ports {
+            // Nothing to hand out, and nothing asked for.
+            continue;
+        }
+        let shared = by_port.get(&number).copied();
+        let value = match shared {
+            // Upstream's initNodePorts on create: a port number's first port takes what any
+            // port of that number asked for, and every request is allocated in turn, so a
+            // second port asking for a node port already taken in this Service is refused
+            // ("already allocated") before validation could call it a duplicate.
+            None if creating => match requested_for(ports, number) {
+                Some(asked) => {
+                    check_requested(picker, metadata, i, asked, &used).await?;
+                    used.push(asked);
+                    asked
+                }
                 None => {
                     let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
                     let fresh = fresh_port(picker, &avoided).await?;
                     used.push(fresh);
-                    by_port.insert(port.port, fresh);
                     fresh
                 }
-            };
-            port.node_port = Some(value);
-        }
+            },
+            Some(shared) if creating && requested != 0 && requested != shared => {
+                check_requested(picker, metadata, i, requested, &used).await?;
+                used.push(requested);
+                ports[i].node_port = Some(requested);
+                continue;
+            }
+            // An update allocates each node port new to the Service once; a duplicate within
+            // it is left to validation.
+            _ if requested > 0 => {
+                if !used.contains(&requested) {
+                    check_requested(picker, metadata, i, requested, &[]).await?;
+                    used.push(requested);
+                }
+                by_port.entry(number).or_insert(requested);
+                continue;
+            }
+            Some(shared) => shared,
+            None => {
+                let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
+                let fresh = fresh_port(picker, &avoided).await?;
+                used.push(fresh);
+                fresh
+            }
+        };
+        by_port.entry(number).or_insert(value);
+        ports[i].node_port = Some(value);
     }
     Ok(used)
 }
@@ -90,6 +136,7 @@ async fn check_requested(
     metadata: &ObjectMeta,
     i: usize,
     requested: i32,
+    taken: &[i32],
 ) -> Result<(), ApiError> {
     let refuse = |message: String| {
         invalid(
@@ -107,9 +154,10 @@ async fn check_requested(
             "provided port is not in the valid range. The range of valid ports is {range}"
         )));
     }
-    if picker
-        .held_by_other(&format!("{PORT_PREFIX}{requested}"))
-        .await?
+    if taken.contains(&requested)
+        || picker
+            .held_by_other(&format!("{PORT_PREFIX}{requested}"))
+            .await?
     {
         return Err(refuse("provided port is already allocated".into()));
     }
@@ -161,16 +209,9 @@ pub fn keep_allocated_values(new: &mut Service, old: &Service) {
     let blank = |v: &Option<String>| v.as_deref().is_none_or(str::is_empty);
     let none = |v: &Option<Vec<String>>| v.as_ref().is_none_or(Vec::is_empty);
     if blank(&spec.cluster_ip) {
-        if old_spec.cluster_ip.is_some() {
-            spec.cluster_ip.clone_from(&old_spec.cluster_ip);
-        }
-        if old_spec.cluster_ips.is_some() {
-            spec.cluster_ips.clone_from(&old_spec.cluster_ips);
-        }
-    } else if none(&spec.cluster_ips)
-        && spec.cluster_ip == old_spec.cluster_ip
-        && old_spec.cluster_ips.is_some()
-    {
+        spec.cluster_ip.clone_from(&old_spec.cluster_ip);
+    }
+    if none(&spec.cluster_ips) && !none(&old_spec.cluster_ips) {
         spec.cluster_ips.clone_from(&old_spec.cluster_ips);
     }
     if none(&spec.ip_families) && old_spec.ip_families.is_some() {
