@@ -480,25 +480,39 @@ impl Registry {
                     self.strategy.deleting(&mut new.json().clone()),
                     crate::Deleting::Proceed
                 );
+            // The last finalizer is gone: the update deletes the object instead, and answers
+            // with it as it was last stored (upstream's deleteWithoutFinalizers answers with
+            // what storage deleted, at the deletion's revision; a dry run, as it stands).
+            let last = if finalized {
+                Some(old.into_whole()?)
+            } else {
+                None
+            };
             if options.dry_run {
-                return Ok((new.into_json(), false));
+                return Ok((last.unwrap_or_else(|| new.into_json()), false));
             }
             let unchanged = Compare::ModRevision(key.clone(), kv.mod_revision);
-            let txn = if finalized {
-                // The last finalizer is gone: the update deletes the object.
-                let mut txn = Txn::new().when(unchanged).then(Op::Delete(key.clone()));
-                let released = self.strategy.release(old.whole()?);
-                txn.compares
-                    .extend(extras.compares.into_iter().chain(released.compares));
-                txn.ops.extend(released.ops);
-                txn
-            } else {
-                self.put(unchanged, &key, &mut new, options.applied, extras)?
-                    .0
+            let txn = match &last {
+                Some(last) => {
+                    let mut txn = Txn::new().when(unchanged).then(Op::Delete(key.clone()));
+                    let released = self.strategy.release(last);
+                    txn.compares
+                        .extend(extras.compares.into_iter().chain(released.compares));
+                    txn.ops.extend(released.ops);
+                    txn
+                }
+                None => {
+                    self.put(unchanged, &key, &mut new, options.applied, extras)?
+                        .0
+                }
             };
             let written = self.storage.txn(txn).await;
             match written.map_err(|error| storage_error(error).after_warnings(&warnings))? {
                 TxnOutcome::Committed { revision, .. } => {
+                    if let Some(mut last) = last {
+                        meta::set_meta_str(&mut last, "resourceVersion", &revision.to_string());
+                        return Ok((last, false));
+                    }
                     return Ok((new.into_written(revision), false));
                 }
                 TxnOutcome::Failed { current, .. } => {

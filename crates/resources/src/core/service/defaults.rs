@@ -63,10 +63,6 @@ pub fn apply(service: &mut Service) {
     if spec.selector.as_ref().is_some_and(|s| s.is_empty()) {
         spec.selector = None;
     }
-    if service_type == "ExternalName" {
-        // Read-time normalisation upstream: ExternalName Services show no traffic policy.
-        spec.internal_traffic_policy = None;
-    }
     if service_type == "LoadBalancer" {
         let ingress = service
             .status

@@ -75,12 +75,14 @@ impl Strategy for ServiceStrategy {
     fn prepare_for_create(&self, service: &mut Service) {
         service.status = Some(transitions::empty_status());
         cluster_ips::normalize(service, None);
+        transitions::hide_internal_traffic_policy(service);
     }
 
     fn prepare_for_update(&self, new: &mut Service, old: &Service) {
         node_ports::keep_allocated_values(new, old);
         cluster_ips::normalize(new, Some(old));
         transitions::drop_type_dependent_fields(new, old);
+        transitions::hide_internal_traffic_policy(new);
     }
 
     fn validate_create(&self, service: &Service) -> FieldErrors {

@@ -63,6 +63,18 @@ pub fn drop_type_dependent_fields(new: &mut Service, old: &Service) {
     }
 }
 
+/// Upstream's `defaultOnReadInternalTrafficPolicy`: an ExternalName Service shows no
+/// internal traffic policy. Upstream stores the field and drops it on every read; here it is
+/// dropped once the field manager has seen the object (so the manager that set it, or left
+/// it as it was across a change of type, keeps owning it) and never stored.
+pub fn hide_internal_traffic_policy(service: &mut Service) {
+    if let Some(spec) = service.spec.as_mut()
+        && kind(spec) == "ExternalName"
+    {
+        spec.internal_traffic_policy = None;
+    }
+}
+
 /// `status: {loadBalancer: {}}`, a Service's status when nothing has set it.
 pub fn empty_status() -> ServiceStatus {
     ServiceStatus {
