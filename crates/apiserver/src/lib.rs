@@ -204,6 +204,15 @@ impl ApiServer {
         if let Some(response) = self.health(&path, &query).await {
             return response;
         }
+        // Upstream's index (`routes.Index`): any method, written raw.
+        if matches!(path.as_str(), "/" | "/index.html") {
+            let remote = match &self.remote {
+                Some(remote) => remote.legacy_groups().await,
+                None => Vec::new(),
+            };
+            let paths = discovery::root_paths(&self.registries, &remote);
+            return request::raw_json_response(StatusCode::OK, &paths);
+        }
         let accept = request::header_text(request.headers(), header::ACCEPT).to_string();
         if path.starts_with("/openapi/") {
             if request.method() != Method::GET {
@@ -478,13 +487,16 @@ impl ApiServer {
             tracing::debug!(%problem, "{endpoint}: the store is unhealthy");
         }
         let store = store.is_ok();
-        let mut checks: Vec<(&str, bool)> = vec![("ping", true), ("log", true), ("etcd", store)];
+        let mut checks: Vec<(&str, bool)> = HEALTH_CHECKS.iter().map(|c| (*c, true)).collect();
         if endpoint == "readyz" {
-            checks.extend([
-                ("etcd-readiness", store),
-                ("informer-sync", true),
-                ("shutdown", !shutting_down),
-            ]);
+            checks.extend(READY_CHECKS.iter().map(|c| (*c, true)));
+        }
+        for (name, ok) in &mut checks {
+            *ok = match *name {
+                "etcd" | "etcd-readiness" => store,
+                "shutdown" => !shutting_down,
+                _ => true,
+            };
         }
         if let Some(name) = only {
             return Some(match checks.iter().find(|(n, _)| *n == name) {
@@ -528,6 +540,11 @@ impl ApiServer {
         }
     }
 }
+
+/// The checks of `/healthz`, `/livez` and `/readyz`, in the order they are reported.
+pub(crate) const HEALTH_CHECKS: &[&str] = &["ping", "log", "etcd"];
+/// The checks `/readyz` adds.
+pub(crate) const READY_CHECKS: &[&str] = &["etcd-readiness", "informer-sync", "shutdown"];
 
 /// The token of an `Authorization: Bearer <token>` header, read as upstream's bearer-token
 /// authenticator reads it: the scheme in any case, the token the second space-separated word

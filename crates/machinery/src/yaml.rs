@@ -9,7 +9,28 @@ pub fn from_slice(bytes: &[u8]) -> Result<Value, String> {
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
     };
-    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| e.to_string())
+    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| go_yaml_error(&e))
+}
+
+/// A YAML syntax error as go-yaml words it (`yaml: line N: problem`): one line, no excerpt,
+/// and no line on the first line (go-yaml's marks count from 0 and it leaves out line 0).
+fn go_yaml_error(error: &serde_saphyr::Error) -> String {
+    let text = error.without_snippet().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    // `line L column C: problem`
+    let problem = text
+        .strip_prefix("line ")
+        .and_then(|rest| rest.split_once(": "))
+        .map_or(text, |(_, problem)| problem);
+    let problem = problem.lines().next().unwrap_or_default();
+    // `problem at line L, column C`
+    let problem = problem
+        .rsplit_once(" at line ")
+        .map_or(problem, |(problem, _)| problem);
+    match error.location().map(|at| at.line()) {
+        Some(line) if line > 1 => format!("yaml: line {line}: {problem}"),
+        _ => format!("yaml: {problem}"),
+    }
 }
 
 /// Strict decoding's complaint about a key a mapping of the document repeats, as upstream's
@@ -55,6 +76,20 @@ pub fn to_string(value: &Value) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syntax_errors_read_as_go_yaml_writes_them() {
+        assert_eq!(
+            from_slice(b"a: b: c\n").expect_err("invalid"),
+            "yaml: mapping values are not allowed in this context"
+        );
+        let later =
+            from_slice(b"kind: Service\nmetadata:\n  name: x\n  a: b: c\n").expect_err("invalid");
+        assert_eq!(
+            later,
+            "yaml: line 4: mapping values are not allowed in this context"
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -30,27 +30,34 @@ pub(super) async fn decode_body(
                 }
                 object
             })
-            .map_err(|e| format!("json parse error: {e}")),
-        BodyFormat::Yaml => yaml::from_slice(&bytes).map_err(|e| format!("yaml: {e}")),
+            .map_err(|e| format!("couldn't get version/kind; json parse error: {e}")),
+        // The YAML serializer converts to JSON first, and answers with that conversion's
+        // error as it is.
+        BodyFormat::Yaml => yaml::from_slice(&bytes),
         BodyFormat::Protobuf => capstan_machinery::protobuf::decode(&bytes, info.data.messages())
             .map(|(_, _, object)| object),
     };
     let unrecognized = |detail: String| {
-        let shown: String = if bytes.is_empty() {
-            "<empty>".to_string()
-        } else {
-            String::from_utf8_lossy(&bytes[..bytes.len().min(30)]).into_owned()
-        };
         ApiError::bad_request(format!(
-            "the object provided is unrecognized (must be of type {}): couldn't get version/kind; {detail} ({shown})",
-            info.kind
+            "the object provided is unrecognized (must be of type {}): {detail} ({})",
+            info.kind,
+            summarize(&bytes)
         ))
     };
     let mut object = parsed.map_err(unrecognized)?;
     let Some(map) = object.as_object_mut() else {
-        return Err(unrecognized(
-            "json parse error: the body is not a JSON object".into(),
-        ));
+        // What Go's JSON decoder says of a document that is not an object, read for its
+        // apiVersion and kind.
+        let found = match object {
+            Value::Array(_) => "array",
+            Value::String(_) => "string",
+            Value::Number(_) => "number",
+            Value::Bool(_) => "bool",
+            _ => "null",
+        };
+        return Err(unrecognized(format!(
+            "couldn't get version/kind; json parse error: json: cannot unmarshal {found} into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }}"
+        )));
     };
     let api_version = info.api_version();
     let body_version = meta::text(map.get("apiVersion")).to_string();
@@ -124,6 +131,22 @@ pub(super) async fn decode_body(
         ))
     })?;
     Ok((decoded, warnings, bytes.len()))
+}
+
+/// Upstream's `summarizeData`: the first 30 bytes of a body, as text when it starts with `{`,
+/// else in hex; ` ...` when there is more.
+fn summarize(bytes: &[u8]) -> String {
+    const MAX: usize = 30;
+    let head = &bytes[..bytes.len().min(MAX)];
+    let mut shown = match bytes.first() {
+        None => return "<empty>".to_string(),
+        Some(b'{') => String::from_utf8_lossy(head).into_owned(),
+        Some(_) => head.iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    if bytes.len() > MAX {
+        shown.push_str(" ...");
+    }
+    shown
 }
 
 /// What upstream's decoder (the legacy scheme) makes of a core/v1 body that names another
