@@ -397,6 +397,54 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
     None
 }
 
+/// `/`: upstream's `RootPaths`, every path its mux lists, sorted: discovery for the core
+/// group and each group served here or by another server, OpenAPI, health and `/version`.
+pub fn root_paths(registries: &[Arc<Registry>], remote: &[Value]) -> Value {
+    let mut paths: Vec<String> = [
+        "/api",
+        "/api/v1",
+        "/apis",
+        "/apis/",
+        "/openapi/v2",
+        "/openapi/v3",
+        "/openapi/v3/",
+        "/version",
+    ]
+    .iter()
+    .map(|p| p.to_string())
+    .collect();
+    for endpoint in ["healthz", "livez", "readyz"] {
+        paths.push(format!("/{endpoint}"));
+        paths.extend(
+            crate::HEALTH_CHECKS
+                .iter()
+                .chain(if endpoint == "readyz" {
+                    crate::READY_CHECKS
+                } else {
+                    &[]
+                })
+                .map(|check| format!("/{endpoint}/{check}")),
+        );
+    }
+    for (group, version, _) in local_groups(registries) {
+        paths.push(format!("/apis/{group}"));
+        paths.push(format!("/apis/{group}/{version}"));
+    }
+    for group in remote {
+        let name = group["name"].as_str().unwrap_or_default();
+        paths.push(format!("/apis/{name}"));
+        for version in group["versions"].as_array().into_iter().flatten() {
+            paths.push(format!(
+                "/apis/{}",
+                version["groupVersion"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    json!({ "paths": paths })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,52 +494,4 @@ mod tests {
         assert_eq!(wants_aggregated("application/json"), None);
         assert_eq!(wants_aggregated(""), None);
     }
-}
-
-/// `/`: upstream's `RootPaths`, every path its mux lists, sorted: discovery for the core
-/// group and each group served here or by another server, OpenAPI, health and `/version`.
-pub fn root_paths(registries: &[Arc<Registry>], remote: &[Value]) -> Value {
-    let mut paths: Vec<String> = [
-        "/api",
-        "/api/v1",
-        "/apis",
-        "/apis/",
-        "/openapi/v2",
-        "/openapi/v3",
-        "/openapi/v3/",
-        "/version",
-    ]
-    .iter()
-    .map(|p| p.to_string())
-    .collect();
-    for endpoint in ["healthz", "livez", "readyz"] {
-        paths.push(format!("/{endpoint}"));
-        paths.extend(
-            crate::HEALTH_CHECKS
-                .iter()
-                .chain(if endpoint == "readyz" {
-                    crate::READY_CHECKS
-                } else {
-                    &[]
-                })
-                .map(|check| format!("/{endpoint}/{check}")),
-        );
-    }
-    for (group, version, _) in local_groups(registries) {
-        paths.push(format!("/apis/{group}"));
-        paths.push(format!("/apis/{group}/{version}"));
-    }
-    for group in remote {
-        let name = group["name"].as_str().unwrap_or_default();
-        paths.push(format!("/apis/{name}"));
-        for version in group["versions"].as_array().into_iter().flatten() {
-            paths.push(format!(
-                "/apis/{}",
-                version["groupVersion"].as_str().unwrap_or_default()
-            ));
-        }
-    }
-    paths.sort();
-    paths.dedup();
-    json!({ "paths": paths })
 }

@@ -202,6 +202,28 @@ pub fn json_response(status: StatusCode, value: &Value, pretty: bool) -> Respons
     response(status, "application/json", full(json_bytes(value, pretty)))
 }
 
+/// `value` (with its `apiVersion` and `kind`) as Kubernetes protobuf: its message is one of
+/// `messages` (its group's) or an apimachinery one. An object the messages cannot carry is a
+/// 500, in JSON.
+pub fn protobuf_response(
+    status: StatusCode,
+    value: &Value,
+    messages: Option<capstan_machinery::protobuf::Messages>,
+) -> Response<Body> {
+    match capstan_machinery::protobuf::encode(value, messages) {
+        Ok(bytes) => response(
+            status,
+            capstan_machinery::protobuf::CONTENT_TYPE,
+            full(bytes),
+        ),
+        Err(problem) => {
+            tracing::warn!(%problem, "a response could not be written as protobuf");
+            let error = ApiError::internal(format!("unable to encode as protobuf: {problem}"));
+            json_response(StatusCode::INTERNAL_SERVER_ERROR, &error.to_status(), false)
+        }
+    }
+}
+
 /// What upstream writes with `WriteRawJSON` (`/version`, and a Status when negotiation
 /// fails): `value` indented, without a trailing newline, whatever the request asked for.
 pub fn raw_json_response(status: StatusCode, value: &Value) -> Response<Body> {
@@ -236,6 +258,9 @@ pub fn document_response(accept: &str, value: &Value, pretty: bool) -> Response<
             "application/yaml",
             full(yaml::to_string(value).unwrap_or_default()),
         ),
+        Ok(negotiated) if negotiated.output == Output::Protobuf => {
+            protobuf_response(StatusCode::OK, value, None)
+        }
         Ok(negotiated) => json_response(StatusCode::OK, value, pretty || negotiated.pretty),
         Err(error) => unnegotiated_error(&error),
     }
@@ -245,14 +270,14 @@ pub fn document_response(accept: &str, value: &Value, pretty: bool) -> Response<
 pub fn error_response(error: &ApiError, encoding: Encoding) -> Response<Body> {
     let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = error.to_status();
-    let mut response = if encoding.negotiated.output == Output::Yaml {
-        response(
+    let mut response = match encoding.negotiated.output {
+        Output::Yaml => response(
             status,
             "application/yaml",
             full(yaml::to_string(&body).unwrap_or_default()),
-        )
-    } else {
-        json_response(status, &body, encoding.pretty)
+        ),
+        Output::Protobuf => protobuf_response(status, &body, None),
+        _ => json_response(status, &body, encoding.pretty),
     };
     if let Some(seconds) = error.retry_after()
         && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
@@ -485,6 +510,11 @@ pub fn object_response(
                 yaml::to_string(&meta::with_type_meta(object, type_meta.0, type_meta.1))
                     .unwrap_or_default(),
             ),
+        ),
+        Output::Protobuf => protobuf_response(
+            status,
+            &meta::with_type_meta(object, type_meta.0, type_meta.1),
+            info.data.messages(),
         ),
         Output::Metadata => json_response(status, &partial_metadata(object), encoding.pretty),
         Output::Table(version) => {

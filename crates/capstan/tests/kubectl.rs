@@ -137,6 +137,73 @@ fn kubectl_create_service_generators_and_server_dry_run() {
     assert!(server.fails(&["get", "svc", "dry"]).contains("not found"));
 }
 
+/// kubectl's typed clients ask for `application/vnd.kubernetes.protobuf,application/json`:
+/// the created object, and the Status of a refused create, reach them as protobuf, and what
+/// kubectl decodes is what the JSON API shows.
+#[test]
+fn typed_clients_get_protobuf_answers() {
+    let server = Server::start();
+    let out = server.kubectl(&[
+        "-v=8",
+        "create",
+        "service",
+        "nodeport",
+        "pb",
+        "--tcp=80:8080",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.lines()
+            .any(|line| line.contains("Accept: application/vnd.kubernetes.protobuf")),
+        "kubectl no longer asks for protobuf: {log}"
+    );
+    // The headers logged after the POST's "Response Headers:" are the create's answer's.
+    let answer = log
+        .split_once("] POST https://")
+        .and_then(|(_, after)| after.split("Response Headers:").nth(1))
+        .and_then(|rest| rest.lines().find(|line| line.contains("Content-Type:")))
+        .unwrap_or_default();
+    assert!(
+        answer
+            .trim_end()
+            .ends_with("Content-Type: application/vnd.kubernetes.protobuf"),
+        "the answer was not protobuf: {log}"
+    );
+    let decoded: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let stored: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "svc", "pb", "-o", "json"])).expect("json");
+    assert_eq!(decoded["spec"], stored["spec"]);
+    assert_eq!(decoded["metadata"], stored["metadata"]);
+    assert!(
+        decoded["spec"]["ports"][0]["nodePort"]
+            .as_i64()
+            .is_some_and(|p| p >= 30000)
+    );
+    // The refusal is a protobuf Status kubectl reads.
+    let again = server.kubectl(&[
+        "-v=8",
+        "create",
+        "service",
+        "nodeport",
+        "pb",
+        "--tcp=80:8080",
+    ]);
+    assert!(!again.status.success());
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(log.contains("services \"pb\" already exists"), "{log}");
+    assert!(
+        log.lines().any(|line| line.contains("409 Conflict")),
+        "{log}"
+    );
+}
+
 #[test]
 fn selectors_filter_lists() {
     let server = Server::start();

@@ -94,6 +94,9 @@ pub enum Output {
     Table(&'static str),
     /// `PartialObjectMetadata` / `PartialObjectMetadataList` (`meta.k8s.io/v1`).
     Metadata,
+    /// Kubernetes protobuf (`application/vnd.kubernetes.protobuf`): the object in its
+    /// envelope; a watch as length-prefixed `WatchEvent` frames.
+    Protobuf,
 }
 
 /// The chosen representation, and whether the Accept clause asked for pretty output.
@@ -106,9 +109,16 @@ pub struct Negotiated {
 }
 
 /// Media types listed in a 406 for ordinary requests.
-pub const SERVED_TYPES: &[&str] = &["application/json", "application/yaml"];
+pub const SERVED_TYPES: &[&str] = &[
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
 /// Media types listed in a 406 for watches.
-pub const SERVED_STREAM_TYPES: &[&str] = &["application/json;stream=watch"];
+pub const SERVED_STREAM_TYPES: &[&str] = &[
+    "application/json;stream=watch",
+    "application/vnd.kubernetes.protobuf;stream=watch",
+];
 
 /// What a route of the API produces, as upstream's router declares it: the served types, and
 /// for a list route (which also serves `?watch=true`) the stream types after them.
@@ -198,7 +208,7 @@ pub fn negotiate_plain(accept: &str) -> Result<Negotiated, ApiError> {
         .ok_or_else(|| ApiError::not_acceptable(SERVED_TYPES))
 }
 
-/// JSON or YAML (not for watches), if the clause accepts either.
+/// JSON, YAML (not for watches) or protobuf, if the clause accepts one.
 fn plain(range: &MediaRange, watch: bool) -> Option<Negotiated> {
     let pretty = range.param("pretty").is_some_and(|v| v == "1");
     let json_like = range.kind == "*"
@@ -207,6 +217,12 @@ fn plain(range: &MediaRange, watch: bool) -> Option<Negotiated> {
         return Some(Negotiated {
             output: Output::Json,
             pretty,
+        });
+    }
+    if range.kind == "application" && range.subtype == "vnd.kubernetes.protobuf" {
+        return Some(Negotiated {
+            output: Output::Protobuf,
+            pretty: false,
         });
     }
     (!watch && range.kind == "application" && range.subtype == "yaml").then_some(Negotiated {
@@ -259,13 +275,12 @@ mod tests {
         assert_eq!(refused.code, 406);
         assert_eq!(
             refused.message,
-            "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml"
+            "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml, application/vnd.kubernetes.protobuf"
         );
         let list = route_accepts("text/plain", &route_produces(true)).expect_err("406");
-        assert!(
-            list.message
-                .ends_with("application/yaml, application/json;stream=watch")
-        );
+        assert!(list.message.ends_with(
+            "application/vnd.kubernetes.protobuf, application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch"
+        ));
     }
 
     #[test]
@@ -290,11 +305,23 @@ mod tests {
 
     #[test]
     fn unservable_is_406() {
-        let err = negotiate("application/vnd.kubernetes.protobuf", false).expect_err("must fail");
+        let err = negotiate("text/html", false).expect_err("must fail");
         assert_eq!(err.code, 406);
         assert_eq!(
             err.message,
-            "only the following media types are accepted: application/json, application/yaml"
+            "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf"
+        );
+        // Tables and metadata are served as JSON only.
+        assert!(
+            negotiate(
+                "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io",
+                false
+            )
+            .is_err()
+        );
+        assert_eq!(
+            negotiate("application/vnd.kubernetes.protobuf, */*", true).map(|n| n.output),
+            Ok(Output::Protobuf)
         );
         assert_eq!(
             negotiate("application/yaml", true)

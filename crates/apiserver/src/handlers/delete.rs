@@ -41,11 +41,11 @@ pub(super) async fn delete(verb: Verb<'_>, name: &str) -> Result<Response<Body>,
         uid: meta::meta_str(&result.object, "uid").to_string(),
         ..Details::default()
     };
-    Ok(json_response(
-        StatusCode::OK,
-        &success_status(&details),
-        verb.encoding.pretty,
-    ))
+    let status = success_status(&details);
+    Ok(match verb.encoding.negotiated.output {
+        Output::Protobuf => crate::request::protobuf_response(StatusCode::OK, &status, None),
+        _ => json_response(StatusCode::OK, &status, verb.encoding.pretty),
+    })
 }
 
 pub(super) async fn delete_collection(verb: Verb<'_>) -> Result<Response<Body>, ApiError> {

@@ -70,6 +70,11 @@ pub(super) fn list_response(
                 json_response(StatusCode::OK, &list, encoding.pretty)
             }
         }
+        Output::Protobuf => {
+            let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
+            let list = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
+            crate::request::protobuf_response(StatusCode::OK, &list, info.data.messages())
+        }
         Output::Metadata => {
             let items: Vec<Value> = result
                 .items

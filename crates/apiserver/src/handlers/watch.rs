@@ -126,7 +126,11 @@ pub(super) async fn start_watch(
         ))
     });
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
-    Ok(response(StatusCode::OK, "application/json", body))
+    let content_type = match encoding.negotiated.output {
+        Output::Protobuf => capstan_machinery::protobuf::STREAM_CONTENT_TYPE,
+        _ => "application/json",
+    };
+    Ok(response(StatusCode::OK, content_type, body))
 }
 
 /// How often a watch that allows bookmarks gets one (upstream's cacher: every minute).
@@ -177,6 +181,21 @@ pub(super) struct WatchStream {
 }
 
 impl WatchStream {
+    /// One event as a protobuf frame; `None` (the event skipped, and said in the log) for an
+    /// object its messages cannot carry.
+    fn frame(&self, event_type: &str, object: &Value) -> Option<Bytes> {
+        let messages = self.strategy.info().data.messages();
+        match capstan_machinery::protobuf::encode(object, messages) {
+            Ok(encoded) => Some(Bytes::from(capstan_machinery::protobuf::watch_frame(
+                event_type, &encoded,
+            ))),
+            Err(problem) => {
+                tracing::warn!(%problem, "a watch event could not be written as protobuf");
+                None
+            }
+        }
+    }
+
     async fn next_line(&mut self) -> Option<Bytes> {
         if self.finished {
             return None;
@@ -231,6 +250,17 @@ impl WatchStream {
                                 &object.object(),
                             )),
                         ),
+                        Output::Protobuf => {
+                            let typed = meta::with_type_meta(
+                                &object.object(),
+                                &info.api_version(),
+                                info.kind,
+                            );
+                            match self.frame(kind.as_str(), &typed) {
+                                Some(frame) => frame,
+                                None => continue,
+                            }
+                        }
                         // Every watcher of this change shares one encoded line.
                         _ => object.watch_line(kind, || {
                             event_line(
@@ -245,6 +275,12 @@ impl WatchStream {
                         continue;
                     }
                     let object = bookmark_object(self.strategy.as_ref(), revision, initial_end);
+                    if self.output == Output::Protobuf {
+                        match self.frame("BOOKMARK", &object) {
+                            Some(frame) => return Some(frame),
+                            None => continue,
+                        }
+                    }
                     let json = match self.output {
                         Output::Metadata => capstan_machinery::json::to_vec(
                             &crate::request::partial_metadata(&object),
@@ -270,6 +306,9 @@ impl WatchStream {
                 }
                 WatchItem::Error(error) => {
                     self.finished = true;
+                    if self.output == Output::Protobuf {
+                        return self.frame("ERROR", &error.to_status());
+                    }
                     return Some(event_line(
                         "ERROR",
                         &capstan_machinery::json::to_vec(&error.to_status()),
