@@ -71,6 +71,80 @@ pub fn writes_zero(definition: &str, member: &str) -> bool {
         .is_some_and(|members| members.contains(&member))
 }
 
+/// Go's `omitempty` on plain fields: a struct member that is an empty string, `0` or `false`
+/// is left out, as decoding into the Go type and writing it again would leave it out, unless
+/// Go writes that member's zero (a pointer, or a field without `omitempty`: [`writes_zero`]).
+/// `value` is an object of the definition `definition`; nested structs (through `$ref`, list
+/// items and map values) are walked too. A definition with no known member order is left as
+/// it is (which of its members are pointers is not known).
+pub fn drop_omitted_zeros(value: &mut Value, definition: &str) {
+    let Some(properties) = schema::named(definition)
+        .map(schema::resolve)
+        .and_then(|node| node.get("properties"))
+        .and_then(Value::as_object)
+    else {
+        return;
+    };
+    let Value::Object(map) = value else {
+        return;
+    };
+    if declared(definition).is_some() {
+        map.retain(|member, value| {
+            let zero = matches!(value, Value::String(text) if text.is_empty())
+                || value.as_f64() == Some(0.0)
+                || value == &Value::Bool(false);
+            !(zero
+                && properties.get(member).is_some_and(plain_scalar)
+                && !writes_zero(definition, member))
+        });
+    }
+    for (member, value) in map.iter_mut() {
+        if let Some(schema) = properties.get(member) {
+            drop_member_zeros(value, schema);
+        }
+    }
+}
+
+/// Walks a member's value for the structs it holds.
+fn drop_member_zeros(value: &mut Value, schema: &Value) {
+    if let Some(name) = referenced(schema) {
+        return drop_omitted_zeros(value, name);
+    }
+    if let (Some(items), Value::Array(list)) = (schema.get("items"), &mut *value) {
+        list.iter_mut()
+            .for_each(|item| drop_member_zeros(item, items));
+    } else if let (Some(values), Value::Object(map)) = (
+        schema.get("additionalProperties").filter(|v| v.is_object()),
+        &mut *value,
+    ) {
+        map.values_mut()
+            .for_each(|item| drop_member_zeros(item, values));
+    }
+}
+
+/// The definition a member's schema names (`$ref`, or the one `allOf` entry OpenAPI v3 wraps
+/// it in).
+fn referenced(schema: &Value) -> Option<&str> {
+    let reference = schema.get("$ref").or_else(|| {
+        schema
+            .get("allOf")
+            .and_then(Value::as_array)
+            .and_then(|all| all.first())
+            .and_then(|first| first.get("$ref"))
+    })?;
+    reference.as_str()?.rsplit('/').next()
+}
+
+/// A member Go declares as a plain string, number or bool: not a struct written as a string
+/// (times, int-or-strings, quantities are `$ref`s or say so in their format).
+fn plain_scalar(schema: &Value) -> bool {
+    let kind = schema.get("type").and_then(Value::as_str);
+    let format = schema.get("format").and_then(Value::as_str);
+    matches!(kind, Some("string" | "integer" | "number" | "boolean"))
+        && !matches!(format, Some("int-or-string" | "date-time"))
+        && schema.get("x-kubernetes-int-or-string").is_none()
+}
+
 /// The member order known for the definition `name` (`None`: none is, and the writer leaves
 /// its members in the order they come).
 pub fn declared(name: &str) -> Option<&'static [&'static str]> {
@@ -334,6 +408,27 @@ mod tests {
     fn written(value: &Value, definition: &str) -> String {
         let _ = crate::testdata::SERVICE.definition("io.k8s.api.core.v1.Service");
         String::from_utf8(to_vec(value, schema::named(definition))).expect("JSON is UTF-8")
+    }
+
+    #[test]
+    fn omitempty_zeros_go_pointers_and_plain_fields_stay() {
+        let _ = crate::testdata::SERVICE.definition("io.k8s.api.core.v1.Service");
+        let mut service = json!({"metadata": {"name": "web", "namespace": "", "generation": 0,
+                "labels": {"empty": ""}},
+            "spec": {"clusterIP": "", "clusterIPs": [""], "type": "ExternalName",
+                "externalName": "x.example.com", "loadBalancerClass": "",
+                "allocateLoadBalancerNodePorts": false, "publishNotReadyAddresses": false,
+                "ports": [{"name": "", "port": 0, "targetPort": 0, "nodePort": 0,
+                    "appProtocol": ""}]}});
+        drop_omitted_zeros(&mut service, "io.k8s.api.core.v1.Service");
+        assert_eq!(
+            service,
+            json!({"metadata": {"name": "web", "labels": {"empty": ""}},
+                "spec": {"clusterIPs": [""], "type": "ExternalName",
+                    "externalName": "x.example.com", "loadBalancerClass": "",
+                    "allocateLoadBalancerNodePorts": false,
+                    "ports": [{"port": 0, "targetPort": 0, "appProtocol": ""}]}})
+        );
     }
 
     #[test]

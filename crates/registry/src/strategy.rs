@@ -362,11 +362,14 @@ impl<S: Strategy> DynStrategy for S {
     }
 
     fn decode(&self, object: Value) -> Result<Value, String> {
-        Ok(from_typed(&decode_typed::<S::Object>(object)?))
+        let mut json = from_typed(&decode_typed::<S::Object>(object)?);
+        omit_zeros(Strategy::info(self), &mut json);
+        Ok(json)
     }
 
     fn decode_for_write(&self, object: Value) -> Result<UnderWrite, String> {
-        let json = from_typed(&decode_typed::<S::Object>(object)?);
+        let mut json = from_typed(&decode_typed::<S::Object>(object)?);
+        omit_zeros(Strategy::info(self), &mut json);
         // The rules see the object as the JSON has it (empty lists left out, times at the
         // JSON's precision), as they would had they decoded it themselves.
         let typed: S::Object = for_rules(&json)?;
@@ -628,5 +631,13 @@ impl<S: Strategy> Project for S {
                 (*field, value.unwrap_or_default())
             }),
         ))
+    }
+}
+
+/// What Go's `omitempty` leaves out of an object decoded into its type (`"clusterIP": ""`,
+/// a port's `"nodePort": 0`) is left out here too: such a value and no value are one to Go.
+fn omit_zeros(info: &ResourceInfo, json: &mut Value) {
+    if info.schema().is_some() {
+        capstan_machinery::go_order::drop_omitted_zeros(json, info.definition);
     }
 }
