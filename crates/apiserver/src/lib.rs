@@ -246,10 +246,11 @@ impl ApiServer {
             "/api" | "/api/v1" => Some(capstan_machinery::media::route_produces(false)),
             _ => None,
         };
+        // The router's error is negotiated as any other (written raw when it cannot be).
         if let Some(produces) = produces
             && let Err(error) = capstan_machinery::media::route_accepts(&accept, &produces)
         {
-            return request::unnegotiated_error(&error);
+            return request::negotiated_error(&error, request.headers(), &query);
         }
         match root {
             // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
@@ -344,7 +345,7 @@ impl ApiServer {
                 &capstan_machinery::media::route_produces(false),
             )
             .err()
-            .map(|error| request::unnegotiated_error(&error))
+            .map(|error| request::negotiated_error(&error, request.headers(), &query))
         };
         let Some(version) = version else {
             if discovery::serves_group(&self.registries, group) {

@@ -219,7 +219,15 @@ pub fn protobuf_response(
         Err(problem) => {
             tracing::warn!(%problem, "a response could not be written as protobuf");
             let error = ApiError::internal(format!("unable to encode as protobuf: {problem}"));
-            json_response(StatusCode::INTERNAL_SERVER_ERROR, &error.to_status(), false)
+            let status = error.to_status();
+            match capstan_machinery::protobuf::encode(&status, None) {
+                Ok(bytes) => response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    capstan_machinery::protobuf::CONTENT_TYPE,
+                    full(bytes),
+                ),
+                Err(_) => json_response(StatusCode::INTERNAL_SERVER_ERROR, &status, false),
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod field;
 pub mod fields;
 pub mod go_json;
 pub mod go_order;
+pub mod go_scanner;
 pub mod group;
 pub mod hash;
 pub mod ip;

@@ -420,7 +420,8 @@ fn encode_value(
 
 /// Encodes `value` as the message `name` (the inverse of [`message`]): its fields in number
 /// order, as Go's generated marshallers write them. A member the JSON leaves out (or sets to
-/// `null`) is left out; one it sets, zero or not, is written.
+/// `null`) is left out; one it sets, zero or not, is written. (Go also writes the zero of
+/// every non-pointer field; a decoder reads both the same, as Go's zero.)
 fn encode_message(
     out: &mut Vec<u8>,
     name: &str,
@@ -438,7 +439,13 @@ fn encode_message(
             };
             let at: jiff::Timestamp = text.parse().map_err(|e: jiff::Error| e.to_string())?;
             put_int(out, 1, at.as_second());
-            put_int(out, 2, i64::from(at.subsec_nanosecond()));
+            // `Time.ProtoTime` leaves the nanoseconds out (JSON carries whole seconds);
+            // `MicroTime` keeps them.
+            let nanos = match name.ends_with(".MicroTime") {
+                true => i64::from(at.subsec_nanosecond()),
+                false => 0,
+            };
+            put_int(out, 2, nanos);
             return Ok(());
         }
         "k8s.io.apimachinery.pkg.util.intstr.IntOrString" => {

@@ -30,7 +30,12 @@ pub(super) async fn decode_body(
                 }
                 object
             })
-            .map_err(|e| format!("couldn't get version/kind; json parse error: {e}")),
+            .map_err(|e| {
+                // Go's decoder words a syntax error its own way; serde's words for the rest.
+                let why = capstan_machinery::go_scanner::syntax_error(&bytes)
+                    .unwrap_or_else(|| e.to_string());
+                format!("couldn't get version/kind; json parse error: {why}")
+            }),
         // The YAML serializer converts to JSON first, and answers with that conversion's
         // error as it is.
         BodyFormat::Yaml => yaml::from_slice(&bytes),
@@ -45,6 +50,10 @@ pub(super) async fn decode_body(
         ))
     };
     let mut object = parsed.map_err(unrecognized)?;
+    // Go decodes `null` into a struct as nothing at all: an empty object.
+    if object.is_null() {
+        object = Value::Object(Map::new());
+    }
     let Some(map) = object.as_object_mut() else {
         // What Go's JSON decoder says of a document that is not an object, read for its
         // apiVersion and kind.
@@ -52,8 +61,7 @@ pub(super) async fn decode_body(
             Value::Array(_) => "array",
             Value::String(_) => "string",
             Value::Number(_) => "number",
-            Value::Bool(_) => "bool",
-            _ => "null",
+            _ => "bool",
         };
         return Err(unrecognized(format!(
             "couldn't get version/kind; json parse error: json: cannot unmarshal {found} into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }}"

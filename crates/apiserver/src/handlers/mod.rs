@@ -197,7 +197,7 @@ async fn dispatch(request: ResourceRequest, mut call: Call) -> Response<Body> {
     let list_route = matches!(route, Route::List | Route::Watch);
     let accept = crate::request::header_text(&call.headers, header::ACCEPT);
     if let Err(error) = media::route_accepts(accept, &media::route_produces(list_route)) {
-        return crate::request::unnegotiated_error(&error);
+        return refused(error);
     }
     let encoding = match Encoding::negotiate(&call.headers, &call.query, route == Route::Watch) {
         Ok(encoding) => encoding,

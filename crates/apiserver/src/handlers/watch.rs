@@ -181,19 +181,24 @@ pub(super) struct WatchStream {
 }
 
 impl WatchStream {
-    /// One event as a protobuf frame; `None` (the event skipped, and said in the log) for an
-    /// object its messages cannot carry.
-    fn frame(&self, event_type: &str, object: &Value) -> Option<Bytes> {
+    /// One event as a protobuf frame. An object its messages cannot carry ends the watch
+    /// with an ERROR event (as upstream's watch server does when it cannot encode one): the
+    /// client lists again rather than miss a change.
+    fn frame(&mut self, event_type: &str, object: &Value) -> Bytes {
         let messages = self.strategy.info().data.messages();
-        match capstan_machinery::protobuf::encode(object, messages) {
-            Ok(encoded) => Some(Bytes::from(capstan_machinery::protobuf::watch_frame(
-                event_type, &encoded,
-            ))),
+        let (event_type, encoded) = match capstan_machinery::protobuf::encode(object, messages) {
+            Ok(encoded) => (event_type, encoded),
             Err(problem) => {
                 tracing::warn!(%problem, "a watch event could not be written as protobuf");
-                None
+                self.finished = true;
+                let error = ApiError::internal(format!("unable to encode watch object: {problem}"));
+                let status = capstan_machinery::protobuf::encode(&error.to_status(), None);
+                ("ERROR", status.unwrap_or_default())
             }
-        }
+        };
+        Bytes::from(capstan_machinery::protobuf::watch_frame(
+            event_type, &encoded,
+        ))
     }
 
     async fn next_line(&mut self) -> Option<Bytes> {
@@ -256,10 +261,7 @@ impl WatchStream {
                                 &info.api_version(),
                                 info.kind,
                             );
-                            match self.frame(kind.as_str(), &typed) {
-                                Some(frame) => frame,
-                                None => continue,
-                            }
+                            self.frame(kind.as_str(), &typed)
                         }
                         // Every watcher of this change shares one encoded line.
                         _ => object.watch_line(kind, || {
@@ -276,10 +278,7 @@ impl WatchStream {
                     }
                     let object = bookmark_object(self.strategy.as_ref(), revision, initial_end);
                     if self.output == Output::Protobuf {
-                        match self.frame("BOOKMARK", &object) {
-                            Some(frame) => return Some(frame),
-                            None => continue,
-                        }
+                        return Some(self.frame("BOOKMARK", &object));
                     }
                     let json = match self.output {
                         Output::Metadata => capstan_machinery::json::to_vec(
@@ -307,7 +306,7 @@ impl WatchStream {
                 WatchItem::Error(error) => {
                     self.finished = true;
                     if self.output == Output::Protobuf {
-                        return self.frame("ERROR", &error.to_status());
+                        return Some(self.frame("ERROR", &error.to_status()));
                     }
                     return Some(event_line(
                         "ERROR",

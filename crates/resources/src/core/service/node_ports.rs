@@ -115,8 +115,10 @@ async fn assign_node_ports(
                 by_port.entry(number).or_insert(requested);
                 continue;
             }
-            Some(shared) => shared,
-            None => {
+            // Only create shares a node port between ports of one number (initNodePorts);
+            // an update picks each missing one afresh (updateNodePorts).
+            Some(shared) if creating => shared,
+            _ => {
                 let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
                 let fresh = fresh_port(picker, &avoided).await?;
                 used.push(fresh);
