@@ -229,28 +229,17 @@ impl ApiServer {
         let pretty = request::pretty_requested(request.headers(), &query);
         let discovery = |value: serde_json::Value| document_response(&accept, &value, pretty);
         let root = path.trim_end_matches('/');
-        // Upstream serves these through go-restful web services with a GET route alone: any
-        // other method is its 405 (what `/apis` and the health paths, plain handlers there,
-        // do not do).
-        if matches!(root, "/version" | "/api" | "/api/v1") && request.method() != Method::GET {
-            return request::negotiated_error(
-                &ApiError::method_not_allowed(),
-                request.headers(),
-                &query,
-            );
-        }
-        // Their routes produce JSON (`/version`) or the served types; upstream's router
-        // refuses an `Accept` naming neither before the handler runs.
+        // Upstream serves these through go-restful web services with a GET route alone (what
+        // `/apis` and the health paths, plain handlers there, are not).
         let produces = match root {
             "/version" => Some(vec!["application/json"]),
             "/api" | "/api/v1" => Some(capstan_machinery::media::route_produces(false)),
             _ => None,
         };
-        // The router's error is negotiated as any other (written raw when it cannot be).
         if let Some(produces) = produces
-            && let Err(error) = capstan_machinery::media::route_accepts(&accept, &produces)
+            && let Some(refused) = get_route_refusal(&request, &query, &produces)
         {
-            return request::negotiated_error(&error, request.headers(), &query);
+            return refused;
         }
         match root {
             // `/version` is written raw: it never negotiates (upstream's WriteRawJSON).
@@ -330,22 +319,10 @@ impl ApiServer {
         let version = segments.next().filter(|v| !v.is_empty());
         let tail = segments.next().unwrap_or_default();
         // A local group's discovery routes (`/apis/<group>`, `/apis/<group>/<version>`) are
-        // go-restful's: `Accept` is checked against what they produce first.
-        let method = request.method().clone();
+        // go-restful's too.
         let route_refused = || {
-            if method != Method::GET {
-                return Some(request::negotiated_error(
-                    &ApiError::method_not_allowed(),
-                    request.headers(),
-                    &query,
-                ));
-            }
-            capstan_machinery::media::route_accepts(
-                &accept,
-                &capstan_machinery::media::route_produces(false),
-            )
-            .err()
-            .map(|error| request::negotiated_error(&error, request.headers(), &query))
+            let produces = capstan_machinery::media::route_produces(false);
+            get_route_refusal(&request, &query, &produces)
         };
         let Some(version) = version else {
             if discovery::serves_group(&self.registries, group) {
@@ -488,17 +465,23 @@ impl ApiServer {
             tracing::debug!(%problem, "{endpoint}: the store is unhealthy");
         }
         let store = store.is_ok();
-        let mut checks: Vec<(&str, bool)> = HEALTH_CHECKS.iter().map(|c| (*c, true)).collect();
-        if endpoint == "readyz" {
-            checks.extend(READY_CHECKS.iter().map(|c| (*c, true)));
-        }
-        for (name, ok) in &mut checks {
-            *ok = match *name {
-                "etcd" | "etcd-readiness" => store,
-                "shutdown" => !shutting_down,
-                _ => true,
-            };
-        }
+        let ready = if endpoint == "readyz" {
+            READY_CHECKS
+        } else {
+            &[]
+        };
+        let checks: Vec<(&str, bool)> = HEALTH_CHECKS
+            .iter()
+            .chain(ready)
+            .map(|&name| {
+                let ok = match name {
+                    "etcd" | "etcd-readiness" => store,
+                    "shutdown" => !shutting_down,
+                    _ => true,
+                };
+                (name, ok)
+            })
+            .collect();
         if let Some(name) = only {
             return Some(match checks.iter().find(|(n, _)| *n == name) {
                 Some((_, true)) => text_response(StatusCode::OK, "ok"),
@@ -540,6 +523,24 @@ impl ApiServer {
             Some(text_response(StatusCode::OK, text))
         }
     }
+}
+
+/// Upstream's router (go-restful) for a route that serves GET alone: another method is its
+/// 405, and an `Accept` naming nothing the route produces its 406, both negotiated as any
+/// error (written raw when nothing is acceptable).
+fn get_route_refusal(
+    request: &Request<RequestBody>,
+    query: &Query,
+    produces: &[&str],
+) -> Option<Response<Body>> {
+    let refused = |error: ApiError| request::negotiated_error(&error, request.headers(), query);
+    if request.method() != Method::GET {
+        return Some(refused(ApiError::method_not_allowed()));
+    }
+    let accept = request::header_text(request.headers(), header::ACCEPT);
+    capstan_machinery::media::route_accepts(accept, produces)
+        .err()
+        .map(refused)
 }
 
 /// The checks of `/healthz`, `/livez` and `/readyz`, in the order they are reported.

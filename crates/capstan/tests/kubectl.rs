@@ -143,16 +143,15 @@ fn kubectl_create_service_generators_and_server_dry_run() {
 #[test]
 fn typed_clients_get_protobuf_answers() {
     let server = Server::start();
-    let out = server.kubectl(&[
+    let create = [
         "-v=8",
         "create",
         "service",
         "nodeport",
         "pb",
         "--tcp=80:8080",
-        "-o",
-        "json",
-    ]);
+    ];
+    let out = server.kubectl(&[&create[..], &["-o", "json"]].concat());
     assert!(
         out.status.success(),
         "{}",
@@ -187,14 +186,7 @@ fn typed_clients_get_protobuf_answers() {
             .is_some_and(|p| p >= 30000)
     );
     // The refusal is a protobuf Status kubectl reads.
-    let again = server.kubectl(&[
-        "-v=8",
-        "create",
-        "service",
-        "nodeport",
-        "pb",
-        "--tcp=80:8080",
-    ]);
+    let again = server.kubectl(&create);
     assert!(!again.status.success());
     let log = String::from_utf8_lossy(&again.stderr);
     assert!(log.contains("services \"pb\" already exists"), "{log}");

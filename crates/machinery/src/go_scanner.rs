@@ -78,148 +78,149 @@ pub fn syntax_error(bytes: &[u8]) -> Option<String> {
 
 /// One byte through the scanner.
 fn step(stack: &mut Vec<Within>, state: &mut State, c: u8) -> Result<(), String> {
-    // A state that ends a value hands the byte on to `EndValue`.
-    let mut next = Some(*state);
-    while let Some(current) = next.take() {
-        *state = match current {
-            State::BeginValueOrEmpty if is_space(c) => State::BeginValueOrEmpty,
-            // `]` closes the empty array, as after an element.
-            State::BeginValueOrEmpty if c == b']' => end_value(stack, c)?,
-            State::BeginValueOrEmpty | State::BeginValue => {
-                if is_space(c) {
-                    current
-                } else {
-                    match c {
-                        b'{' => {
-                            if stack.len() >= MAX_DEPTH {
-                                return Err(invalid(c, "exceeded max depth"));
-                            }
-                            stack.push(Within::ObjectKey);
-                            State::BeginStringOrEmpty
-                        }
-                        b'[' => {
-                            if stack.len() >= MAX_DEPTH {
-                                return Err(invalid(c, "exceeded max depth"));
-                            }
-                            stack.push(Within::ArrayValue);
-                            State::BeginValueOrEmpty
-                        }
-                        b'"' => State::InString,
-                        b'-' => State::Neg,
-                        b'0' => State::Zero,
-                        b'1'..=b'9' => State::One,
-                        b't' => State::Literal(b"true", 1),
-                        b'f' => State::Literal(b"false", 1),
-                        b'n' => State::Literal(b"null", 1),
-                        _ => return Err(invalid(c, "looking for beginning of value")),
-                    }
+    let current = *state;
+    *state = match current {
+        State::BeginValueOrEmpty if is_space(c) => State::BeginValueOrEmpty,
+        // `]` closes the empty array, as after an element.
+        State::BeginValueOrEmpty if c == b']' => end_value(stack, c)?,
+        State::BeginValueOrEmpty | State::BeginValue => {
+            if is_space(c) {
+                current
+            } else {
+                match c {
+                    b'{' => open(stack, Within::ObjectKey, c)?,
+                    b'[' => open(stack, Within::ArrayValue, c)?,
+                    b'"' => State::InString,
+                    b'-' => State::Neg,
+                    b'0' => State::Zero,
+                    b'1'..=b'9' => State::One,
+                    b't' => State::Literal(b"true", 1),
+                    b'f' => State::Literal(b"false", 1),
+                    b'n' => State::Literal(b"null", 1),
+                    _ => return Err(invalid(c, "looking for beginning of value")),
                 }
             }
-            State::BeginStringOrEmpty if is_space(c) => State::BeginStringOrEmpty,
-            State::BeginStringOrEmpty if c == b'}' => {
-                if let Some(top) = stack.last_mut() {
-                    *top = Within::ObjectValue;
-                }
-                end_value(stack, c)?
-            }
-            State::BeginStringOrEmpty | State::BeginString => {
-                if is_space(c) {
-                    current
-                } else if c == b'"' {
-                    State::InString
-                } else {
-                    return Err(invalid(c, "looking for beginning of object key string"));
-                }
-            }
-            State::EndValue => end_value(stack, c)?,
-            State::EndTop => {
-                if is_space(c) {
-                    State::EndTop
-                } else {
-                    return Err(invalid(c, "after top-level value"));
-                }
-            }
-            State::InString => match c {
-                b'"' => State::EndValue,
-                b'\\' => State::InStringEsc,
-                0..0x20 => return Err(invalid(c, "in string literal")),
-                _ => State::InString,
-            },
-            State::InStringEsc => match c {
-                b'b' | b'f' | b'n' | b'r' | b't' | b'\\' | b'/' | b'"' => State::InString,
-                b'u' => State::InStringEscU(0),
-                _ => return Err(invalid(c, "in string escape code")),
-            },
-            State::InStringEscU(read) => {
-                if !c.is_ascii_hexdigit() {
-                    return Err(invalid(c, "in \\u hexadecimal character escape"));
-                }
-                if read == 3 {
-                    State::InString
-                } else {
-                    State::InStringEscU(read + 1)
-                }
-            }
-            State::Neg => match c {
-                b'0' => State::Zero,
-                b'1'..=b'9' => State::One,
-                _ => return Err(invalid(c, "in numeric literal")),
-            },
-            State::One if c.is_ascii_digit() => State::One,
-            State::One | State::Zero => match c {
-                b'.' => State::Dot,
-                b'e' | b'E' => State::E,
-                _ => {
-                    next = Some(State::EndValue);
-                    continue;
-                }
-            },
-            State::Dot if c.is_ascii_digit() => State::Dot0,
-            State::Dot => {
-                return Err(invalid(c, "after decimal point in numeric literal"));
-            }
-            State::Dot0 if c.is_ascii_digit() => State::Dot0,
-            State::Dot0 => match c {
-                b'e' | b'E' => State::E,
-                _ => {
-                    next = Some(State::EndValue);
-                    continue;
-                }
-            },
-            State::E if matches!(c, b'+' | b'-') => State::ESign,
-            State::E | State::ESign => {
-                if c.is_ascii_digit() {
-                    State::E0
-                } else {
-                    return Err(invalid(c, "in exponent of numeric literal"));
-                }
-            }
-            State::E0 if c.is_ascii_digit() => State::E0,
-            State::E0 => {
-                next = Some(State::EndValue);
-                continue;
-            }
-            State::Literal(word, read) => {
-                if c != word[read] {
-                    let name = std::str::from_utf8(word).unwrap_or_default();
-                    let expected = char::from(word[read]);
-                    return Err(invalid(
-                        c,
-                        &format!("in literal {name} (expecting '{expected}')"),
-                    ));
-                }
-                if read + 1 == word.len() {
-                    State::EndValue
-                } else {
-                    State::Literal(word, read + 1)
-                }
-            }
-        };
-        if *state == State::EndValue && stack.is_empty() {
-            *state = State::EndTop;
         }
+        State::BeginStringOrEmpty if is_space(c) => State::BeginStringOrEmpty,
+        State::BeginStringOrEmpty if c == b'}' => {
+            if let Some(top) = stack.last_mut() {
+                *top = Within::ObjectValue;
+            }
+            end_value(stack, c)?
+        }
+        State::BeginStringOrEmpty | State::BeginString => {
+            if is_space(c) {
+                current
+            } else if c == b'"' {
+                State::InString
+            } else {
+                return Err(invalid(c, "looking for beginning of object key string"));
+            }
+        }
+        State::EndValue => end_value(stack, c)?,
+        State::EndTop => {
+            if is_space(c) {
+                State::EndTop
+            } else {
+                return Err(invalid(c, "after top-level value"));
+            }
+        }
+        State::InString => match c {
+            b'"' => State::EndValue,
+            b'\\' => State::InStringEsc,
+            0..0x20 => return Err(invalid(c, "in string literal")),
+            _ => State::InString,
+        },
+        State::InStringEsc => match c {
+            b'b' | b'f' | b'n' | b'r' | b't' | b'\\' | b'/' | b'"' => State::InString,
+            b'u' => State::InStringEscU(0),
+            _ => return Err(invalid(c, "in string escape code")),
+        },
+        State::InStringEscU(read) => {
+            if !c.is_ascii_hexdigit() {
+                return Err(invalid(c, "in \\u hexadecimal character escape"));
+            }
+            if read == 3 {
+                State::InString
+            } else {
+                State::InStringEscU(read + 1)
+            }
+        }
+        State::Neg => match c {
+            b'0' => State::Zero,
+            b'1'..=b'9' => State::One,
+            _ => return Err(invalid(c, "in numeric literal")),
+        },
+        State::One if c.is_ascii_digit() => State::One,
+        State::One | State::Zero => match c {
+            b'.' => State::Dot,
+            b'e' | b'E' => State::E,
+            // The number ends: the byte is what follows it.
+            _ => end_value(stack, c)?,
+        },
+        State::Dot if c.is_ascii_digit() => State::Dot0,
+        State::Dot => {
+            return Err(invalid(c, "after decimal point in numeric literal"));
+        }
+        State::Dot0 if c.is_ascii_digit() => State::Dot0,
+        State::Dot0 => match c {
+            b'e' | b'E' => State::E,
+            // The number ends: the byte is what follows it.
+            _ => end_value(stack, c)?,
+        },
+        State::E if matches!(c, b'+' | b'-') => State::ESign,
+        State::E | State::ESign => {
+            if c.is_ascii_digit() {
+                State::E0
+            } else {
+                return Err(invalid(c, "in exponent of numeric literal"));
+            }
+        }
+        State::E0 if c.is_ascii_digit() => State::E0,
+        State::E0 => end_value(stack, c)?,
+        State::Literal(word, read) => {
+            if c != word[read] {
+                let name = std::str::from_utf8(word).unwrap_or_default();
+                let expected = char::from(word[read]);
+                return Err(invalid(
+                    c,
+                    &format!("in literal {name} (expecting '{expected}')"),
+                ));
+            }
+            if read + 1 == word.len() {
+                State::EndValue
+            } else {
+                State::Literal(word, read + 1)
+            }
+        }
+    };
+    // A value ends the document when nothing holds it.
+    if *state == State::EndValue && stack.is_empty() {
+        *state = State::EndTop;
     }
     Ok(())
+}
+
+/// Opens an object or array (`[` or `{`, as `c`), at most [`MAX_DEPTH`] deep.
+fn open(stack: &mut Vec<Within>, within: Within, c: u8) -> Result<State, String> {
+    if stack.len() >= MAX_DEPTH {
+        return Err(invalid(c, "exceeded max depth"));
+    }
+    stack.push(within);
+    Ok(match within {
+        Within::ArrayValue => State::BeginValueOrEmpty,
+        _ => State::BeginStringOrEmpty,
+    })
+}
+
+/// Closes the innermost object or array: the document ends with the outermost.
+fn close(stack: &mut Vec<Within>) -> State {
+    stack.pop();
+    if stack.is_empty() {
+        State::EndTop
+    } else {
+        State::EndValue
+    }
 }
 
 /// Go's `stateEndValue` for byte `c`: what follows a value depends on what holds it.
@@ -248,24 +249,10 @@ fn end_value(stack: &mut Vec<Within>, c: u8) -> Result<State, String> {
             }
             Ok(State::BeginString)
         }
-        Within::ObjectValue if c == b'}' => {
-            stack.pop();
-            Ok(if stack.is_empty() {
-                State::EndTop
-            } else {
-                State::EndValue
-            })
-        }
+        Within::ObjectValue if c == b'}' => Ok(close(stack)),
         Within::ObjectValue => Err(invalid(c, "after object key:value pair")),
         Within::ArrayValue if c == b',' => Ok(State::BeginValue),
-        Within::ArrayValue if c == b']' => {
-            stack.pop();
-            Ok(if stack.is_empty() {
-                State::EndTop
-            } else {
-                State::EndValue
-            })
-        }
+        Within::ArrayValue if c == b']' => Ok(close(stack)),
         Within::ArrayValue => Err(invalid(c, "after array element")),
     }
 }

@@ -60,20 +60,19 @@ pub(super) fn list_response(
                 http_body_util::BodyExt::boxed(body),
             )
         }
-        Output::Json | Output::Yaml => {
+        output @ (Output::Json | Output::Yaml | Output::Protobuf) => {
             let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
             let list = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
-            if encoding.negotiated.output == Output::Yaml {
-                let yaml = yaml::to_string(&list).unwrap_or_default();
-                response(StatusCode::OK, "application/yaml", full(yaml))
-            } else {
-                json_response(StatusCode::OK, &list, encoding.pretty)
+            match output {
+                Output::Yaml => {
+                    let yaml = yaml::to_string(&list).unwrap_or_default();
+                    response(StatusCode::OK, "application/yaml", full(yaml))
+                }
+                Output::Protobuf => {
+                    crate::request::protobuf_response(StatusCode::OK, &list, info.data.messages())
+                }
+                _ => json_response(StatusCode::OK, &list, encoding.pretty),
             }
-        }
-        Output::Protobuf => {
-            let items: Vec<Value> = result.items.iter().map(|o| o.object()).collect();
-            let list = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": list_meta, "items": items});
-            crate::request::protobuf_response(StatusCode::OK, &list, info.data.messages())
         }
         Output::Metadata => {
             let items: Vec<Value> = result

@@ -42,8 +42,9 @@ pub(super) async fn allocate(
 }
 
 /// Checks each requested node port and, when the type wants node ports, picks the missing
-/// ones (ports with the same number share one, as upstream's allocator hands them out), in
-/// port order: a dry run's placeholders depend on it. Returns the node ports in use.
+/// ones, in port order (a dry run's placeholders depend on it), as upstream's allocator does on
+/// create ([`init_node_ports`]) and on update ([`update_node_ports`]). Returns the node ports
+/// in use.
 async fn assign_node_ports(
     picker: &Picker<'_>,
     metadata: &ObjectMeta,
@@ -57,78 +58,111 @@ async fn assign_node_ports(
         "LoadBalancer" => spec.allocate_load_balancer_node_ports != Some(false),
         _ => return Ok(Vec::new()),
     };
-    let mut used: Vec<i32> = Vec::new();
     // A health check node port the Service asks for is not handed out to one of its ports.
     let health_check = spec
         .health_check_node_port
         .filter(|p| *p > 0 && super::spec::needs_health_check(spec));
-    let mut by_port: BTreeMap<i32, i32> = BTreeMap::new();
-    // What a port number asks for: the first port of that number with a node port.
-    let requested_for = |ports: &[ServicePort], number: i32| {
-        ports
-            .iter()
-            .find(|p| p.port == number && p.node_port.unwrap_or(0) != 0)
-            .and_then(|p| p.node_port)
+    let mut ports = Ports {
+        picker,
+        metadata,
+        health_check,
+        used: Vec::new(),
     };
-    let Some(ports) = spec.ports.as_mut() else {
-        return Ok(used);
-    };
-    for i in 0..ports.len() {
-        let requested = ports[i].node_port.unwrap_or(0);
-        let number = ports[i].port;
+    if let Some(list) = spec.ports.as_mut() {
+        if creating {
+            init_node_ports(&mut ports, list, wants_node_ports).await?;
+        } else {
+            update_node_ports(&mut ports, list, wants_node_ports).await?;
+        }
+    }
+    Ok(ports.used)
+}
+
+/// The node ports one write hands out.
+struct Ports<'a> {
+    picker: &'a Picker<'a>,
+    metadata: &'a ObjectMeta,
+    health_check: Option<i32>,
+    /// Handed out so far, in order.
+    used: Vec<i32>,
+}
+
+impl Ports<'_> {
+    /// Port `i`'s requested node port, checked against the range, other Services and (`here`)
+    /// this write's own.
+    async fn claim(&mut self, i: usize, requested: i32, here: bool) -> Result<(), ApiError> {
+        let taken: &[i32] = if here { &self.used } else { &[] };
+        check_requested(self.picker, self.metadata, i, requested, taken).await?;
+        self.used.push(requested);
+        Ok(())
+    }
+
+    /// A node port nobody holds.
+    async fn pick(&mut self) -> Result<i32, ApiError> {
+        let avoided: Vec<i32> = self.used.iter().copied().chain(self.health_check).collect();
+        let fresh = fresh_port(self.picker, &avoided).await?;
+        self.used.push(fresh);
+        Ok(fresh)
+    }
+}
+
+/// Upstream's `initNodePorts`: a port number's first port takes what any port of that number
+/// asked for (or a fresh one), later ports of the number share it; every request is allocated
+/// in turn, so a second port asking for a node port this Service already took is refused
+/// ("already allocated") before validation could call it a duplicate.
+async fn init_node_ports(
+    ports: &mut Ports<'_>,
+    list: &mut [ServicePort],
+    wants_node_ports: bool,
+) -> Result<(), ApiError> {
+    let mut by_number: BTreeMap<i32, i32> = BTreeMap::new();
+    for i in 0..list.len() {
+        let (requested, number) = (list[i].node_port.unwrap_or(0), list[i].port);
         if requested == 0 && !wants_node_ports {
-            // Nothing to hand out, and nothing asked for.
             continue;
         }
-        let shared = by_port.get(&number).copied();
-        let value = match shared {
-            // Upstream's initNodePorts on create: a port number's first port takes what any
-            // port of that number asked for, and every request is allocated in turn, so a
-            // second port asking for a node port already taken in this Service is refused
-            // ("already allocated") before validation could call it a duplicate.
-            None if creating => match requested_for(ports, number) {
-                Some(asked) => {
-                    check_requested(picker, metadata, i, asked, &used).await?;
-                    used.push(asked);
-                    asked
-                }
-                None => {
-                    let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
-                    let fresh = fresh_port(picker, &avoided).await?;
-                    used.push(fresh);
-                    fresh
-                }
-            },
-            Some(shared) if creating && requested != 0 && requested != shared => {
-                check_requested(picker, metadata, i, requested, &used).await?;
-                used.push(requested);
-                ports[i].node_port = Some(requested);
-                continue;
+        match by_number.get(&number).copied() {
+            None => {
+                let asked = list
+                    .iter()
+                    .find(|p| p.port == number && p.node_port.unwrap_or(0) != 0)
+                    .and_then(|p| p.node_port);
+                let value = match asked {
+                    Some(asked) => {
+                        ports.claim(i, asked, true).await?;
+                        asked
+                    }
+                    None => ports.pick().await?,
+                };
+                by_number.insert(number, value);
+                list[i].node_port = Some(value);
             }
-            // An update allocates each node port new to the Service once; a duplicate within
-            // it is left to validation.
-            _ if requested > 0 => {
-                if !used.contains(&requested) {
-                    check_requested(picker, metadata, i, requested, &[]).await?;
-                    used.push(requested);
-                }
-                by_port.entry(number).or_insert(requested);
-                continue;
-            }
-            // Only create shares a node port between ports of one number (initNodePorts);
-            // an update picks each missing one afresh (updateNodePorts).
-            Some(shared) if creating => shared,
-            _ => {
-                let avoided: Vec<i32> = used.iter().copied().chain(health_check).collect();
-                let fresh = fresh_port(picker, &avoided).await?;
-                used.push(fresh);
-                fresh
-            }
-        };
-        by_port.entry(number).or_insert(value);
-        ports[i].node_port = Some(value);
+            Some(shared) if requested == 0 => list[i].node_port = Some(shared),
+            Some(shared) if requested != shared => ports.claim(i, requested, true).await?,
+            Some(_) => {}
+        }
     }
-    Ok(used)
+    Ok(())
+}
+
+/// Upstream's `updateNodePorts`: each node port new to the Service is allocated once (a
+/// duplicate within it is left to validation), and each port without one gets a fresh one.
+async fn update_node_ports(
+    ports: &mut Ports<'_>,
+    list: &mut [ServicePort],
+    wants_node_ports: bool,
+) -> Result<(), ApiError> {
+    for (i, port) in list.iter_mut().enumerate() {
+        match port.node_port.unwrap_or(0) {
+            0 if wants_node_ports => port.node_port = Some(ports.pick().await?),
+            0 => {}
+            requested if !ports.used.contains(&requested) => {
+                ports.claim(i, requested, false).await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A requested node port must be in the range (a dry run skips that, as upstream's dry-run
